@@ -1,0 +1,34 @@
+# Two commands do everything on a fresh machine:  `make demo`  and  `make test`.
+# They create .venv, install torch first (TORCH=... to choose another build),
+# then the package with its extras, then run.
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+FBGEMM ?= fbgemm-gpu-cpu==1.8.0
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install -q
+
+.PHONY: setup demo test experiments clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) "$(TORCH)"
+	$(PIP) -e ".[test]"
+	-$(PIP) "$(FBGEMM)" || echo "fbgemm not installed: kernels fall back to torch.nn.EmbeddingBag"
+	-$(PIP) --no-deps torchrec==1.8.0 && $(PIP) tensordict torchmetrics==1.0.3 pyre-extensions \
+	  || echo "torchrec not installed: its planner baseline is skipped"
+	touch $@
+
+demo: setup
+	$(VENV)/bin/neuroshard demo --out out/demo
+
+test: setup
+	$(PY) -m pytest tests
+
+experiments: setup
+	$(PY) experiments/evaluate.py
+
+clean:
+	rm -rf $(VENV) out

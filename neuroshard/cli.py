@@ -1,0 +1,98 @@
+"""The one command, ``neuroshard``: a subcommand per stage.
+
+Each stage registers its own subcommands (``register(subparsers)`` in
+``neuroshard/<stage>/cli.py``); those modules import heavy libraries lazily so
+``--help`` stays fast. Errors a user can fix print as one line and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from .errors import NeuroShardError
+
+STAGE_CLIS = (
+    "neuroshard.datasets.cli",
+    "neuroshard.costmodels.measure.cli",
+    "neuroshard.costmodels.cli",
+    "neuroshard.search.cli",
+    "neuroshard.runtime.cli",
+)
+
+
+def _plan_validate(args: argparse.Namespace) -> int:
+    from .plan import Plan
+    plan = Plan.read(args.plan)
+    problems = plan.problems()
+    if problems:
+        for p in problems:
+            print(f"{args.plan}: {p}", file=sys.stderr)
+        return 1
+    used = max(plan.memory_used_bytes())
+    print(f"{args.plan}: valid plan, {len(plan.tables)} tables, {len(plan.shards)} shards on "
+          f"{plan.num_devices} devices (fullest device {100.0 * used / plan.device_memory_bytes:.1f}% of memory)")
+    return 0
+
+
+def _plan_show(args: argparse.Namespace) -> int:
+    from .plan import Plan
+    plan = Plan.read(args.plan)
+    print(plan.format_summary())
+    problems = plan.problems()
+    if problems:
+        print(f"warning: plan is invalid: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="neuroshard",
+                                     description="Shard DLRM embedding tables with pre-trained neural cost models.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    for module in STAGE_CLIS:
+        importlib.import_module(module).register(sub)
+
+    plan = sub.add_parser("plan", help="inspect plan files", description="Inspect neuroshard.plan/v1 files.")
+    plan_sub = plan.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
+    p = plan_sub.add_parser("validate", help="check tiling and memory of a plan", description=
+                            "Check that the shards tile every table exactly once and fit every device.")
+    p.add_argument("plan", help="plan file (JSON)")
+    p.set_defaults(func=_plan_validate)
+    p = plan_sub.add_parser("show", help="print the per-device table of a plan",
+                            description="Print memory, shards, width and lookups per device.")
+    p.add_argument("plan", help="plan file (JSON)")
+    p.set_defaults(func=_plan_show)
+
+    p = sub.add_parser("demo", help="run a small end-to-end example",
+                       description="Generate benchmark tables, search plans, validate and show them.")
+    p.add_argument("--out", default="out/demo", help="folder for the demo's files (default: out/demo)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except NeuroShardError as exc:
+        print(f"neuroshard: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("neuroshard: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Cost models: measurement, neural compute/communication models, checkpoints."""

@@ -1,0 +1,1 @@
+"""Measure real costs: fused embedding kernels and all-to-all communication."""

@@ -1,0 +1,2 @@
+"""Datasets: tables from dlrm_datasets tensors, a calibrated synthetic benchmark,
+augmentation and sharding tasks."""

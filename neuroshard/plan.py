@@ -1,0 +1,274 @@
+"""Sharding plans: ``Shard``, ``Plan`` and the ``neuroshard.plan/v1`` file."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .errors import FormatError, InvalidPlanError
+from .tables import Table, TableSet, _is_int, _is_number
+
+PLAN_FORMAT = "neuroshard.plan/v1"
+_SHARD_KEYS = ("table", "row_offset", "num_rows", "col_offset", "num_cols", "device")
+_PLAN_KEYS = ("format", "tables_name", "num_devices", "device_memory_bytes", "bytes_per_element",
+              "tables", "shards", "estimate", "provenance")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The rectangle [row_offset, row_offset+num_rows) x [col_offset, col_offset+num_cols)
+    of one table, placed on one device."""
+
+    table: str
+    row_offset: int
+    num_rows: int
+    col_offset: int
+    num_cols: int
+    device: int
+
+    def size_bytes(self, bytes_per_element: int = 4) -> int:
+        return self.num_rows * self.num_cols * bytes_per_element
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in _SHARD_KEYS}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "Shard":
+        if not isinstance(data, Mapping):
+            raise FormatError(f"{where}: must be an object")
+        if not isinstance(data.get("table"), str):
+            raise FormatError(f"{where}: field 'table' must be a table name, got {data.get('table')!r}")
+        for key in _SHARD_KEYS[1:]:
+            if key not in data:
+                raise FormatError(f"{where} (table '{data['table']}'): field '{key}' is missing")
+            low = 1 if key in ("num_rows", "num_cols") else 0
+            if not (_is_int(data[key]) and data[key] >= low):
+                raise FormatError(f"{where} (table '{data['table']}'): field '{key}' must be an integer >= {low}, "
+                                  f"got {data[key]!r}")
+        return cls(*(data[k] for k in _SHARD_KEYS))
+
+
+@dataclass
+class Plan:
+    """Where every part of every table lives: shards over ``num_devices`` devices of
+    ``device_memory_bytes`` each."""
+
+    tables: list[Table]
+    shards: list[Shard]
+    num_devices: int
+    device_memory_bytes: int
+    bytes_per_element: int = 4
+    tables_name: str = "tables"
+    estimate: dict | None = None
+    provenance: dict | None = None
+    extra: dict = field(default_factory=dict, repr=False)
+
+    # ---------------------------------------------------------------- access
+    def table(self, name: str) -> Table:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def shards_of(self, table: str) -> list[Shard]:
+        return [s for s in self.shards if s.table == table]
+
+    def shards_on(self, device: int) -> list[Shard]:
+        return [s for s in self.shards if s.device == device]
+
+    def memory_used_bytes(self) -> list[int]:
+        used = [0] * self.num_devices
+        for s in self.shards:
+            if 0 <= s.device < self.num_devices:
+                used[s.device] += s.size_bytes(self.bytes_per_element)
+        return used
+
+    def sharding_type(self, table: str) -> str:
+        """'table_wise', 'column_wise', 'row_wise' or 'mixed' (split along both)."""
+        shards = self.shards_of(table)
+        rows = {(s.row_offset, s.num_rows) for s in shards}
+        cols = {(s.col_offset, s.num_cols) for s in shards}
+        if len(shards) == 1:
+            return "table_wise"
+        if len(rows) == 1:
+            return "column_wise"
+        if len(cols) == 1:
+            return "row_wise"
+        return "mixed"
+
+    # ------------------------------------------------------------ validation
+    def problems(self) -> list[str]:
+        """Everything that makes this plan invalid, one sentence each (empty when valid)."""
+        out: list[str] = []
+        names = [t.name for t in self.tables]
+        if len(set(names)) != len(names):
+            out.append("the plan lists a table twice")
+        by_table: dict[str, list[Shard]] = {n: [] for n in names}
+        for i, s in enumerate(self.shards):
+            if s.table not in by_table:
+                out.append(f"shard #{i}: table '{s.table}' is not among the plan's tables")
+                continue
+            if not 0 <= s.device < self.num_devices:
+                out.append(f"shard #{i} of table '{s.table}': device {s.device} is outside 0..{self.num_devices - 1}")
+            by_table[s.table].append(s)
+        for t in self.tables:
+            out.extend(_tiling_problems(t, by_table[t.name]))
+        for d, used in enumerate(self.memory_used_bytes()):
+            if used > self.device_memory_bytes:
+                out.append(f"device {d}: shards need {used} bytes, over its {self.device_memory_bytes} "
+                           f"by {used - self.device_memory_bytes}")
+        return out
+
+    def validate(self) -> "Plan":
+        """Raise InvalidPlanError naming every problem; return self when valid."""
+        problems = self.problems()
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            raise InvalidPlanError("invalid plan: " + "; ".join(problems[:3]) + more)
+        return self
+
+    def check_matches(self, tables: TableSet) -> None:
+        """Refuse a plan made for other tables than ``tables``."""
+        mine = {t.name: t for t in self.tables}
+        theirs = {t.name: t for t in tables}
+        if set(mine) != set(theirs):
+            missing = sorted(set(theirs) - set(mine))[:3]
+            unknown = sorted(set(mine) - set(theirs))[:3]
+            raise InvalidPlanError(f"plan does not match tables '{tables.name}': tables not in plan {missing}, "
+                                   f"plan tables not in file {unknown}")
+        for name, t in mine.items():
+            o = theirs[name]
+            if (t.num_embeddings, t.embedding_dim) != (o.num_embeddings, o.embedding_dim):
+                raise InvalidPlanError(f"plan does not match tables '{tables.name}': table '{name}' is "
+                                       f"{t.num_embeddings}x{t.embedding_dim} in the plan, "
+                                       f"{o.num_embeddings}x{o.embedding_dim} in the file")
+
+    # ---------------------------------------------------------------- format
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<plan>") -> "Plan":
+        if not isinstance(data, Mapping):
+            raise FormatError(f"{source}: a plan file must be a JSON object")
+        if data.get("format") != PLAN_FORMAT:
+            raise FormatError(f"{source}: field 'format' is {data.get('format')!r}; "
+                              f"this version of neuroshard reads {PLAN_FORMAT!r}")
+        for key in ("num_devices", "device_memory_bytes"):
+            if key not in data:
+                raise FormatError(f"{source}: field '{key}' is missing")
+            if not (_is_int(data[key]) and data[key] >= 1):
+                raise FormatError(f"{source}: field '{key}' must be an integer >= 1, got {data[key]!r}")
+        bpe = data.get("bytes_per_element", 4)
+        if not (_is_int(bpe) and bpe >= 1):
+            raise FormatError(f"{source}: field 'bytes_per_element' must be an integer >= 1, got {bpe!r}")
+        if not isinstance(data.get("tables"), list) or not data["tables"]:
+            raise FormatError(f"{source}: field 'tables' must be a non-empty list")
+        if not isinstance(data.get("shards"), list):
+            raise FormatError(f"{source}: field 'shards' must be a list")
+        tables = [Table.from_dict(t, where=f"{source}: table #{i}") for i, t in enumerate(data["tables"])]
+        shards = [Shard.from_dict(s, where=f"{source}: shard #{i}") for i, s in enumerate(data["shards"])]
+        for key in ("estimate", "provenance"):
+            if data.get(key) is not None and not isinstance(data[key], Mapping):
+                raise FormatError(f"{source}: field '{key}' must be an object")
+        extra = {k: v for k, v in data.items() if k not in _PLAN_KEYS}
+        return cls(tables, shards, data["num_devices"], data["device_memory_bytes"], bpe,
+                   str(data.get("tables_name", "tables")), data.get("estimate"), data.get("provenance"), extra)
+
+    def to_dict(self) -> dict:
+        out: dict = {"format": PLAN_FORMAT, "tables_name": self.tables_name, "num_devices": self.num_devices,
+                     "device_memory_bytes": self.device_memory_bytes, "bytes_per_element": self.bytes_per_element,
+                     "tables": [t.to_dict() for t in self.tables],
+                     "shards": [s.to_dict() for s in self.shards]}
+        if self.estimate is not None:
+            out["estimate"] = self.estimate
+        if self.provenance is not None:
+            out["provenance"] = self.provenance
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def read(cls, path: str | Path) -> "Plan":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except OSError as exc:
+            raise FormatError(f"{path}: cannot read plan file ({exc.strerror or exc})") from None
+        except json.JSONDecodeError as exc:
+            raise FormatError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        return cls.from_dict(data, source=str(path))
+
+    def write(self, path: str | Path) -> Path:
+        """Validate, then write atomically: an invalid plan never leaves the tool."""
+        from .io import atomic_write_text
+        self.validate()
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+
+    # --------------------------------------------------------------- summary
+    def summary(self):
+        """Per-device table (pandas): memory used/limit, shards, total width, lookups per
+        sample, and the estimated cost when the plan carries one."""
+        import pandas as pd
+        by_name = {t.name: t for t in self.tables}
+        rows = []
+        costs = (self.estimate or {}).get("per_device_cost_ms")
+        for d in range(self.num_devices):
+            shards = self.shards_on(d)
+            used = sum(s.size_bytes(self.bytes_per_element) for s in shards)
+            lookups = sum(by_name[s.table].pooling_factor * s.num_rows / by_name[s.table].num_embeddings
+                          for s in shards if s.table in by_name)
+            row = {"device": d, "shards": len(shards), "tables": len({s.table for s in shards}),
+                   "width": sum(s.num_cols for s in shards), "lookups/sample": round(lookups, 2),
+                   "memory_used": used, "memory_limit": self.device_memory_bytes,
+                   "memory_%": round(100.0 * used / self.device_memory_bytes, 1)}
+            if costs is not None and d < len(costs):
+                row["cost_ms"] = round(float(costs[d]), 3)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def format_summary(self) -> str:
+        """The per-device table as text, with a header line a person reads at a glance."""
+        from .units import format_bytes
+        df = self.summary()
+        df["memory_used"] = df["memory_used"].map(format_bytes)
+        df["memory_limit"] = df["memory_limit"].map(format_bytes)
+        kinds: dict[str, int] = {}
+        for t in self.tables:
+            kind = self.sharding_type(t.name)
+            kinds[kind] = kinds.get(kind, 0) + 1
+        algo = (self.provenance or {}).get("algorithm", "?")
+        head = (f"plan for '{self.tables_name}': {len(self.tables)} tables, {len(self.shards)} shards "
+                f"on {self.num_devices} devices (algorithm: {algo}; "
+                + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")")
+        if self.estimate and "max_device_cost_ms" in self.estimate:
+            head += f"\nestimated max device cost: {self.estimate['max_device_cost_ms']:.3f} ms/iteration"
+        return head + "\n" + df.to_string(index=False)
+
+
+def _tiling_problems(table: Table, shards: Sequence[Shard]) -> list[str]:
+    """Gaps, overlaps and out-of-bounds shards of one table."""
+    name = table.name
+    if not shards:
+        return [f"table '{name}' has no shard"]
+    out = []
+    for s in shards:
+        if s.row_offset + s.num_rows > table.num_embeddings or s.col_offset + s.num_cols > table.embedding_dim:
+            out.append(f"table '{name}': shard rows [{s.row_offset}, {s.row_offset + s.num_rows}) x cols "
+                       f"[{s.col_offset}, {s.col_offset + s.num_cols}) lies outside the table's "
+                       f"{table.num_embeddings} x {table.embedding_dim}")
+    if out:
+        return out
+    # Coordinate-compressed coverage grid: every cell must be covered exactly once.
+    row_cuts = sorted({0, table.num_embeddings} | {s.row_offset for s in shards} | {s.row_offset + s.num_rows for s in shards})
+    col_cuts = sorted({0, table.embedding_dim} | {s.col_offset for s in shards} | {s.col_offset + s.num_cols for s in shards})
+    cover = np.zeros((len(row_cuts) - 1, len(col_cuts) - 1), dtype=np.int32)
+    for s in shards:
+        r0, r1 = np.searchsorted(row_cuts, [s.row_offset, s.row_offset + s.num_rows])
+        c0, c1 = np.searchsorted(col_cuts, [s.col_offset, s.col_offset + s.num_cols])
+        cover[r0:r1, c0:c1] += 1
+    for what, mask in (("not covered by any shard", cover == 0), ("covered by more than one shard", cover > 1)):
+        if mask.any():
+            i, j = map(int, np.argwhere(mask)[0])
+            out.append(f"table '{name}': rows [{row_cuts[i]}, {row_cuts[i + 1]}) x cols "
+                       f"[{col_cuts[j]}, {col_cuts[j + 1]}) {what}")
+    return out

@@ -1,0 +1,1 @@
+"""A DLRM training runtime on torch.distributed that executes a plan and measures it."""

@@ -1,0 +1,1 @@
+"""Search sharding plans against cost models."""
