@@ -10,19 +10,95 @@ Every model has the same verbs (scikit-learn style): ``fit``, ``predict``,
   columns of the shards on each device) of plans with ``num_devices`` devices to
   per-device forward time (which includes waiting for devices that start later:
   ``skews_ms``), backward time, and the time to reduce row-wise partial sums.
+  One model serves every device count: ``num_devices`` is the width of the
+  ``(P, D)`` arrays (and an argument of ``predict_reduce``), and the formulas
+  scale with it, so a model measured on 2-4 devices answers for 128.
 
 Costs are for the batch size the model was measured at (``CostModels.batch_size``);
-``CostModels`` scales them linearly to another batch size.
+``CostModels.scale`` turns them into another batch size (linearly).
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from ..errors import NeuroShardError
 
+
+# ----------------------------------------------------------------- shard sets
+def pack_sets(sets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Concatenate shard sets: (all shards ``(N, F)`` float32, set index of each shard ``(N,)``,
+    number of sets). Empty sets are allowed (they own no rows)."""
+    sizes = np.fromiter((len(s) for s in sets), dtype=np.int64, count=len(sets))
+    if sizes.sum() == 0:
+        width = sets[0].shape[1] if len(sets) and np.ndim(sets[0]) == 2 else 0
+        return np.zeros((0, width), np.float32), np.zeros(0, np.int64), len(sets)
+    shards = np.concatenate([np.asarray(s, dtype=np.float32) for s in sets if len(s)], axis=0)
+    return shards, np.repeat(np.arange(len(sets)), sizes), len(sets)
+
+
+def set_sums(values: np.ndarray, index: np.ndarray, num_sets: int) -> np.ndarray:
+    """Sum per set of per-shard ``values`` (``(N,)`` or ``(N, K)``)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim == 1:
+        return np.bincount(index, weights=values, minlength=num_sets)
+    out = np.zeros((num_sets, values.shape[1]))
+    np.add.at(out, index, values)
+    return out
+
+
+# ---------------------------------------------------------------- comm samples
+@dataclass
+class CommSamples:
+    """Measured all-to-all samples at one device count ``D``: ``widths``, ``skews_ms``,
+    ``fwd_ms``, ``bwd_ms``, ``reduce_ms`` of shape (P, D); ``reduce_width`` of shape (P,)."""
+
+    widths: np.ndarray
+    skews_ms: np.ndarray
+    fwd_ms: np.ndarray
+    bwd_ms: np.ndarray
+    reduce_width: np.ndarray
+    reduce_ms: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.widths = np.asarray(self.widths, dtype=np.float64)
+        self.skews_ms = np.asarray(self.skews_ms, dtype=np.float64)
+        self.fwd_ms = np.asarray(self.fwd_ms, dtype=np.float64)
+        self.bwd_ms = np.asarray(self.bwd_ms, dtype=np.float64)
+        self.reduce_width = np.asarray(self.reduce_width, dtype=np.float64)
+        self.reduce_ms = np.asarray(self.reduce_ms, dtype=np.float64)
+        if self.reduce_ms.ndim == 1:
+            self.reduce_ms = np.repeat(self.reduce_ms[:, None], self.num_devices, axis=1)
+
+    @property
+    def num_devices(self) -> int:
+        return int(self.widths.shape[1])
+
+    def __len__(self) -> int:
+        return int(self.widths.shape[0])
+
+    def reducing(self) -> "CommSamples":
+        """The samples that reduce row-wise partial sums (``reduce_width > 0``)."""
+        return self.subset(np.flatnonzero(self.reduce_width > 0))
+
+    def subset(self, rows: np.ndarray) -> "CommSamples":
+        return CommSamples(self.widths[rows], self.skews_ms[rows], self.fwd_ms[rows], self.bwd_ms[rows],
+                           self.reduce_width[rows], self.reduce_ms[rows])
+
+
+def as_comm_groups(samples: "CommSamples | Sequence[CommSamples]") -> list[CommSamples]:
+    groups = [samples] if isinstance(samples, CommSamples) else list(samples)
+    groups = [g for g in groups if len(g)]
+    if not groups:
+        raise NeuroShardError("no communication samples to fit")
+    return groups
+
+
+# ------------------------------------------------------------------ interfaces
 class ComputeCostModel(ABC):
     """Shard set -> fused forward+backward kernel time (ms)."""
 
@@ -36,6 +112,11 @@ class ComputeCostModel(ABC):
     def predict(self, sets: Sequence[np.ndarray]) -> np.ndarray:
         """Predicted ms for each shard set (thousands per call)."""
 
+    def evaluate(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray, **kwargs) -> dict:
+        """GMAE, MAPE, Kendall tau and plan-pair accuracy on measured sets (see ``metrics``)."""
+        from .metrics import cost_metrics
+        return cost_metrics(self.predict(sets), np.asarray(costs_ms), **kwargs)
+
     def state_dict(self) -> dict:
         return {}
 
@@ -44,14 +125,13 @@ class ComputeCostModel(ABC):
 
 
 class CommCostModel(ABC):
-    """Per-device all-to-all widths -> per-device communication times (ms)."""
+    """Per-device all-to-all widths -> per-device communication times (ms), any device count."""
 
     name = "comm"
 
     @abstractmethod
-    def fit(self, widths: np.ndarray, skews_ms: np.ndarray, fwd_ms: np.ndarray, bwd_ms: np.ndarray,
-            reduce_width: np.ndarray, reduce_ms: np.ndarray) -> "CommCostModel":
-        """Learn from measurements: arrays of shape (P, D), reduce_* of shape (P,)."""
+    def fit(self, samples: "CommSamples | Sequence[CommSamples]") -> "CommCostModel":
+        """Learn from measurements at one or more device counts."""
 
     @abstractmethod
     def predict_forward(self, widths: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
@@ -62,8 +142,14 @@ class CommCostModel(ABC):
         """(P, D) widths -> (P, D) backward all-to-all ms."""
 
     @abstractmethod
-    def predict_reduce(self, reduce_width: np.ndarray) -> np.ndarray:
-        """(P,) columns of row-wise partial sums to reduce -> (P,) ms per device."""
+    def predict_reduce(self, reduce_width: np.ndarray, num_devices: int) -> np.ndarray:
+        """(P,) columns of row-wise partial sums to reduce over ``num_devices`` -> (P,) ms per device
+        (0 where there is nothing to reduce)."""
+
+    def evaluate(self, samples: "CommSamples | Sequence[CommSamples]", **kwargs) -> dict:
+        """Metrics per direction (``fwd``, ``bwd``, ``reduce``) over all devices of all samples."""
+        from .metrics import comm_metrics
+        return comm_metrics(self, as_comm_groups(samples), **kwargs)
 
     def state_dict(self) -> dict:
         return {}
@@ -72,22 +158,63 @@ class CommCostModel(ABC):
         pass
 
 
+class CommAtDevices:
+    """A communication model bound to one device count (what ``CostModels.comm_for`` returns)."""
+
+    def __init__(self, model: CommCostModel, num_devices: int):
+        self.model = model
+        self.num_devices = int(num_devices)
+
+    def _check(self, widths: np.ndarray) -> np.ndarray:
+        widths = np.asarray(widths, dtype=np.float64)
+        if widths.ndim == 1:
+            widths = widths[None, :]
+        if widths.shape[1] != self.num_devices:
+            raise NeuroShardError(f"widths have {widths.shape[1]} devices, this model is bound to {self.num_devices}")
+        return widths
+
+    def predict_forward(self, widths: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
+        widths = self._check(widths)
+        return self.model.predict_forward(widths, np.asarray(skews_ms, dtype=np.float64).reshape(widths.shape))
+
+    def predict_backward(self, widths: np.ndarray) -> np.ndarray:
+        return self.model.predict_backward(self._check(widths))
+
+    def predict_reduce(self, reduce_width: np.ndarray) -> np.ndarray:
+        return self.model.predict_reduce(np.atleast_1d(np.asarray(reduce_width, dtype=np.float64)), self.num_devices)
+
+
 @dataclass
 class CostModels:
-    """What search needs: a compute model and a communication model per device count,
+    """What search needs: a compute model and one communication model (any device count),
     measured at ``batch_size`` on ``hardware``."""
 
     compute: ComputeCostModel
-    comm: dict[int, CommCostModel]
+    comm: CommCostModel
     batch_size: int
     hardware: dict = field(default_factory=dict)
     name: str = "cost-models"
     metrics: dict = field(default_factory=dict)
+    data_summary: dict = field(default_factory=dict)
+    path: Path | None = field(default=None, compare=False)
 
-    def comm_for(self, num_devices: int) -> CommCostModel:
-        """The communication model for ``num_devices`` (the nearest measured count,
-        extrapolated, when that count was not measured)."""
-        if num_devices in self.comm:
-            return self.comm[num_devices]
-        nearest = min(self.comm, key=lambda d: (abs(d - num_devices), -d))
-        return self.comm[nearest]
+    def comm_for(self, num_devices: int) -> CommAtDevices:
+        """The communication model for plans over ``num_devices`` devices."""
+        if num_devices < 1:
+            raise NeuroShardError(f"num_devices must be >= 1, got {num_devices}")
+        return CommAtDevices(self.comm, num_devices)
+
+    def scale(self, batch_size: int) -> float:
+        """Factor turning this bundle's ms into ms at ``batch_size`` (linear in the batch)."""
+        return float(batch_size) / float(self.batch_size)
+
+    def save(self, path: str | Path) -> Path:
+        """Write one checkpoint file (atomically); see ``checkpoint``."""
+        from .checkpoint import save_cost_models
+        return save_cost_models(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostModels":
+        """Read a checkpoint written by ``save``; refuses another feature schema version."""
+        from .checkpoint import load_cost_models_file
+        return load_cost_models_file(path)

@@ -1,8 +1,55 @@
-"""Subcommands of this stage (registered by ``neuroshard.cli``)."""
+"""Subcommands of this stage (registered by ``neuroshard.cli``): ``pretrain``, ``costmodel show``."""
 from __future__ import annotations
 
 import argparse
+import json
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from .pretrain import format_table, pretrain
+    result = pretrain(args.data, args.comm_data or (), args.out, tune=args.tune, epochs=args.epochs,
+                      test_tables=args.test_tables, seed=args.seed)
+    summary = result.models.data_summary["compute"]
+    print(f"compute: {summary['shard_sets']} measured shard sets over {summary['source_tables']} tables; "
+          f"trained on {summary['train_sets']} (+{summary['val_sets']} validation), held out {summary['test_sets']} "
+          f"sets of unseen tables, {summary['mixed_sets_set_aside']} mixed sets set aside")
+    print(format_table(result.table))
+    print(f"wrote {args.out} and {args.out.with_suffix('.parity.png')}")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from .checkpoint import read_checkpoint
+    payload = read_checkpoint(args.model)
+    print(f"{args.model}: {payload['name']}, batch size {payload['batch_size']}, feature schema "
+          f"v{payload['feature_schema_version']}")
+    print(f"  compute: {payload['compute']['class']}   comm: {payload['comm']['class']}")
+    print(f"  hardware: {json.dumps(payload.get('hardware', {}))}")
+    print(f"  data: {json.dumps(payload.get('data_summary', {}).get('compute', {}))}")
+    for key, metrics in payload.get("metrics", {}).items():
+        print(f"  {key:24s} " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float))))
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this stage's subcommands."""
+    from pathlib import Path
+    p = sub.add_parser("pretrain", help="train cost models on measured data",
+                       description="Train the neural compute and communication models on measured cost data, "
+                                   "compare them with gradient-boosted trees and the analytic model on tables "
+                                   "held out of training, and save a checkpoint (+ a parity plot beside it).")
+    p.add_argument("--data", required=True, type=Path, help="folder with compute.jsonl (+ meta.json)")
+    p.add_argument("--comm-data", nargs="*", type=Path, metavar="DIR",
+                   help="folders with comm.jsonl, one per device count")
+    p.add_argument("--out", required=True, type=Path, help="checkpoint to write (MODEL.pt)")
+    p.add_argument("--tune", type=int, default=0, metavar="N", help="optuna trials over width/depth/lr/weight decay")
+    p.add_argument("--epochs", type=int, default=400, help="maximum epochs (early stopping on validation)")
+    p.add_argument("--test-tables", type=float, default=0.3, help="share of source tables held out (default 0.3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_pretrain)
+
+    cm = sub.add_parser("costmodel", help="inspect cost-model checkpoints", description="Inspect checkpoints.")
+    cm_sub = cm.add_subparsers(dest="costmodel_command", required=True, metavar="ACTION")
+    p = cm_sub.add_parser("show", help="print a checkpoint's hardware, data and metrics")
+    p.add_argument("model", type=Path, help="checkpoint (MODEL.pt)")
+    p.set_defaults(func=_show)

@@ -19,6 +19,34 @@ def _describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _from_dlrm(args: argparse.Namespace) -> int:
+    from pathlib import Path
+    from .dlrm import tables_from_dlrm
+    out = Path(args.output)
+    tables = tables_from_dlrm(args.file, name=args.name, batch_size=args.batch_size, embedding_dim=args.dim,
+                              relative_to=out.parent)
+    tables.write(out)
+    print(f"{out}: {len(tables)} tables from {args.file}, batch size {tables.batch_size}")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .synthetic import calibration_report, generate
+    tables = generate(args.preset, num_tables=args.num_tables, seed=args.seed)
+    tables.write(args.output)
+    print(f"{args.output}: {len(tables)} synthetic tables ({args.preset}, seed {args.seed}), "
+          f"batch size {tables.batch_size}")
+    if args.calibration_tables == 0:
+        return 0
+    report = calibration_report(tables, seed=args.seed, max_tables=args.calibration_tables)
+    print(f"calibration against the published statistics ({report['tables_sampled']} tables sampled, one batch):")
+    print(f"  L1 distance, share of distinct rows per reuse bin   {report['distinct_hist_l1']:.4f}")
+    print(f"  L1 distance, share of lookups per reuse bin         {report['lookup_share_l1']:.4f}")
+    print(f"  relative error, lookups per table per sample        {report['lookups_per_table_rel_err']:.2%}")
+    print(f"  relative error, lookups per distinct row            {report['mean_reuse_rel_err']:.2%}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     tables = sub.add_parser("tables", help="describe, generate and import tables files",
                             description="Work with neuroshard.tables/v1 files.")
@@ -28,3 +56,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("tables", help="tables file (JSON)")
     p.add_argument("--all", action="store_true", help="also print one row per table")
     p.set_defaults(func=_describe)
+
+    p = tsub.add_parser("from-dlrm", help="tables from a dlrm_datasets tensor file",
+                        description="Write a tables file from Meta's dlrm_datasets tensors "
+                                    "(torch.save((indices, offsets, lengths)), .pt or .pt.gz).")
+    p.add_argument("file", help="dlrm_datasets file (.pt or .pt.gz)")
+    p.add_argument("-o", "--output", required=True, help="tables file to write (JSON)")
+    p.add_argument("--name", help="name of the table set (default: the file's name)")
+    p.add_argument("--batch-size", type=int, help="batch size of the tables file (default: the recorded one)")
+    p.add_argument("--dim", type=int, default=128, help="embedding width of every table (default: 128)")
+    p.set_defaults(func=_from_dlrm)
+
+    from .synthetic import PRESETS
+    p = tsub.add_parser("generate", help="synthetic tables calibrated to published statistics",
+                        description="Generate a synthetic benchmark calibrated to the dlrm_datasets locality "
+                                    "statistics and print how close one sampled batch comes to them.")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="dlrm-2021")
+    p.add_argument("--num-tables", type=int, help="number of tables (default: the preset's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--output", required=True, help="tables file to write (JSON)")
+    p.add_argument("--calibration-tables", type=int, default=16, metavar="N",
+                   help="tables sampled for the calibration report (default: 16; 0 skips it)")
+    p.set_defaults(func=_generate)

@@ -1,1 +1,10 @@
-"""Search sharding plans against cost models."""
+"""Search sharding plans against cost models: the simulator, the NeuroShard search
+(beam over splits, greedy grid over placement, row splits), the classic greedy
+baselines, Bayesian optimisation and TorchRec's planner.
+
+``shard(tables, devices=, memory=)`` is the one call most users need.
+"""
+from .api import ALGORITHMS, search_placement, shard
+from .simulator import Estimate, Piece, Placement, Simulator
+
+__all__ = ["shard", "search_placement", "ALGORITHMS", "Simulator", "Estimate", "Piece", "Placement"]

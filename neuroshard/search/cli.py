@@ -1,8 +1,82 @@
-"""Subcommands of this stage (registered by ``neuroshard.cli``)."""
+"""``neuroshard search`` and ``neuroshard export`` (registered by ``neuroshard.cli``)."""
 from __future__ import annotations
 
 import argparse
+import json
+
+ALGORITHM_CHOICES = ("neuroshard", "random", "size", "dim", "lookup", "size-lookup", "bayes", "torchrec")
+
+
+def _param(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` with VALUE read as JSON when it parses (numbers, true/false), else a string."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
+
+
+def _search(args: argparse.Namespace) -> int:
+    from ..tables import TableSet
+    from .api import shard
+    tables = TableSet.read(args.tables)
+    plan = shard(tables, devices=args.devices, memory=args.memory, algorithm=args.algorithm,
+                 cost_models=args.cost_model, bytes_per_element=args.bytes_per_element, seed=args.seed,
+                 **dict(args.param or []))
+    plan.write(args.output)
+    print(plan.format_summary())
+    est, prov = plan.estimate or {}, plan.provenance or {}
+    ratio = est.get("ratio_to_balanced_bound")
+    if ratio is not None:
+        print(f"balanced bound (sum of single-table costs / {plan.num_devices} devices): "
+              f"{est['balanced_bound_ms']:.3f} ms; this plan is {ratio:.3f}x that")
+    print(f"searched in {prov.get('search_time_s', float('nan')):.2f} s with cost model "
+          f"'{prov.get('cost_model')}'; wrote {args.output}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from ..io import atomic_write_text
+    from ..plan import Plan
+    from .export import torchrec_sharding
+    plan = Plan.read(args.plan)
+    exported = torchrec_sharding(plan, compute_device=args.compute_device, compute_kernel=args.compute_kernel)
+    atomic_write_text(args.output, json.dumps(exported, indent=1) + "\n")
+    kinds: dict[str, int] = {}
+    for record in exported["tables"].values():
+        kinds[record["sharding_type"]] = kinds.get(record["sharding_type"], 0) + 1
+    print(f"wrote {args.output}: {len(exported['tables'])} tables for TorchRec over {plan.num_devices} ranks ("
+          + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")")
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this stage's subcommands."""
+    p = sub.add_parser("search", help="search a sharding plan for a tables file",
+                       description="Search a sharding plan against the cost models and write a "
+                                   "neuroshard.plan/v1 file with its estimate and provenance.")
+    p.add_argument("tables", help="tables file (JSON, neuroshard.tables/v1)")
+    p.add_argument("-d", "--devices", type=int, required=True, help="number of devices")
+    p.add_argument("-m", "--memory", required=True, help="memory per device for embeddings, e.g. 16GiB, 16GB, bytes")
+    p.add_argument("-a", "--algorithm", choices=ALGORITHM_CHOICES, default="neuroshard",
+                   help="search algorithm (default: neuroshard)")
+    p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
+                   help="cost-model checkpoint (default: the shipped one)")
+    p.add_argument("--bytes-per-element", type=int, default=4, help="bytes per weight counted in memory (default: 4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--param", type=_param, action="append", metavar="KEY=VALUE",
+                   help="algorithm parameter, e.g. beam_width=4 (repeatable)")
+    p.add_argument("-o", "--output", required=True, metavar="PLAN.json", help="plan file to write")
+    p.set_defaults(func=_search)
+
+    p = sub.add_parser("export", help="export a plan for another framework",
+                       description="Write what TorchRec needs to apply a plan: per table a ParameterSharding "
+                                   "record (sharding type, compute kernel, ranks, shard offsets/sizes/placement).")
+    p.add_argument("plan", help="plan file (JSON, neuroshard.plan/v1)")
+    p.add_argument("--format", choices=("torchrec",), default="torchrec", help="target (default: torchrec)")
+    p.add_argument("--compute-device", choices=("cuda", "cpu"), default="cuda", help="placement device (default: cuda)")
+    p.add_argument("--compute-kernel", default="fused", help="TorchRec compute kernel (default: fused)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.json")
+    p.set_defaults(func=_export)

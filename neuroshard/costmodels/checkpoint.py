@@ -1,0 +1,122 @@
+"""One checkpoint file per ``CostModels`` bundle: ``torch.save`` of a plain dict.
+
+The dict holds the feature schema (``FEATURE_SCHEMA_VERSION``, ``FEATURE_NAMES``),
+each model's class name and state (weights, normalisation, hyper-parameters), the
+hardware fingerprint of the measurements (``meta.json``), the batch size, a summary
+of the training data and the held-out metrics. It loads with
+``torch.load(weights_only=True)``: only tensors, numbers, strings, lists and dicts.
+"""
+from __future__ import annotations
+
+import importlib
+import io
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import NeuroShardError
+from ..io import atomic_write_bytes
+from .base import CommCostModel, ComputeCostModel, CostModels
+from .features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT = "neuroshard.costmodels/v1"
+#: class name -> module holding it (imported only when a checkpoint needs it)
+MODEL_CLASSES = {
+    "AnalyticComputeModel": "neuroshard.costmodels.analytic",
+    "AnalyticCommModel": "neuroshard.costmodels.analytic",
+    "NeuralComputeModel": "neuroshard.costmodels.neural",
+    "NeuralCommModel": "neuroshard.costmodels.neural",
+    "TreeComputeModel": "neuroshard.costmodels.tree",
+    "TreeCommModel": "neuroshard.costmodels.tree",
+}
+
+
+def plain(value: Any) -> Any:
+    """Numbers, strings, lists and dicts only (numpy scalars/arrays converted), for weights_only loads."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def model_entry(model: ComputeCostModel | CommCostModel) -> dict:
+    name = type(model).__name__
+    if name not in MODEL_CLASSES:
+        raise NeuroShardError(f"cannot checkpoint a {name}: not one of {sorted(MODEL_CLASSES)}")
+    return {"class": name, "state": model.state_dict()}
+
+
+def model_from_entry(entry: dict, where: str) -> Any:
+    name = entry.get("class")
+    if name not in MODEL_CLASSES:
+        raise NeuroShardError(f"{where}: unknown cost model class {name!r}")
+    cls = getattr(importlib.import_module(MODEL_CLASSES[name]), name)
+    model = cls.__new__(cls)
+    model.load_state_dict(entry["state"])
+    return model
+
+
+def save_cost_models(models: CostModels, path: str | Path) -> Path:
+    """Write ``models`` to ``path`` atomically (a crash leaves the old file or the new one)."""
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "feature_schema_version": FEATURE_SCHEMA_VERSION,
+        "feature_names": list(FEATURE_NAMES),
+        "name": models.name,
+        "batch_size": int(models.batch_size),
+        "hardware": plain(models.hardware),
+        "data_summary": plain(models.data_summary),
+        "metrics": plain(models.metrics),
+        "compute": model_entry(models.compute),
+        "comm": model_entry(models.comm),
+    }
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    path = atomic_write_bytes(path, buffer.getvalue())
+    log.info("wrote cost models %s (%.1f kB)", path, path.stat().st_size / 1024)
+    return path
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """The raw checkpoint dict, after checking its format and feature schema."""
+    path = Path(path)
+    if not path.exists():
+        raise NeuroShardError(f"{path}: no such cost-model checkpoint")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many kinds for a file that is not a checkpoint
+        raise NeuroShardError(f"{path}: not a cost-model checkpoint ({type(exc).__name__})") from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise NeuroShardError(f"{path}: format is {found!r}; this version of neuroshard reads {CHECKPOINT_FORMAT!r}")
+    version = payload.get("feature_schema_version")
+    if version != FEATURE_SCHEMA_VERSION:
+        raise NeuroShardError(f"{path}: feature schema version {version} but this neuroshard uses version "
+                              f"{FEATURE_SCHEMA_VERSION}; re-train it with `neuroshard pretrain`")
+    if tuple(payload.get("feature_names", ())) != FEATURE_NAMES:
+        raise NeuroShardError(f"{path}: feature names differ from this neuroshard's (same schema version "
+                              f"{version}); re-train it with `neuroshard pretrain`")
+    return payload
+
+
+def load_cost_models_file(path: str | Path) -> CostModels:
+    """Read a checkpoint written by ``save_cost_models``."""
+    payload = read_checkpoint(path)
+    return CostModels(compute=model_from_entry(payload["compute"], str(path)),
+                      comm=model_from_entry(payload["comm"], str(path)),
+                      batch_size=int(payload["batch_size"]), hardware=payload.get("hardware", {}),
+                      name=payload.get("name", Path(path).stem), metrics=payload.get("metrics", {}),
+                      data_summary=payload.get("data_summary", {}), path=Path(path))

@@ -1,0 +1,204 @@
+"""Cost-data collection: random augmented shard sets and width/skew samples, resumable.
+
+Sample ``i`` of a run with seed ``S`` is drawn from ``numpy.random.default_rng(S + i)``
+alone, so a rerun into the same folder skips the samples already on disk and
+measures exactly the missing ones: nothing is lost or duplicated, even after
+``kill -9``.
+
+Shard sets follow the paper's augmentation: 1..K tables drawn from a tables
+file, each cut to a width from the halving ladder ``dims`` (4, 8, ..., 128,
+capped by the table's width), kept only while the set fits the per-device memory
+cap. With probability ``row_split_prob`` a shard is also a row-wise slice
+(1/2, 1/4 or 1/8 of the rows) so row-wise shards are in the data too.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ...errors import NeuroShardError
+from ...io import append_jsonl
+from ...tables import Table, TableSet
+from . import store
+from .comm import CommBenchmark
+from .kernel import KernelBenchmark
+
+log = logging.getLogger(__name__)
+
+
+def parse_dims(text: str) -> list[int]:
+    """``"4..128"`` -> [4, 8, 16, 32, 64, 128]; ``"16,32,64"`` -> [16, 32, 64]."""
+    try:
+        if ".." in text:
+            lo, hi = (int(x) for x in text.split(".."))
+            if lo < 1 or hi < lo:
+                raise ValueError
+            dims, w = [], hi
+            while w >= lo:
+                dims.append(w)
+                w //= 2
+            return sorted(dims)
+        dims = sorted({int(x) for x in text.split(",")})
+        if not dims or dims[0] < 1:
+            raise ValueError
+        return dims
+    except ValueError:
+        raise NeuroShardError(f"cannot read widths from {text!r} (use e.g. 4..128 or 16,32,64)") from None
+
+
+def sample_shard_set(tables: Sequence[Table], rng: np.random.Generator, max_tables: int, memory_bytes: int,
+                     batch_size: int, dims: Sequence[int], row_split_prob: float = 0.2) -> list[Table]:
+    """One random shard set (shards as tables, with ``extra['source_table']``) under the memory cap."""
+    for _ in range(100):
+        k = int(rng.integers(1, max_tables + 1))
+        chosen = rng.choice(len(tables), size=min(k, len(tables)), replace=False)
+        shards, used = [], 0
+        for index in chosen:
+            table = tables[int(index)]
+            widths = [w for w in dims if w <= table.embedding_dim] or [table.embedding_dim]
+            rows, row_offset = table.num_embeddings, 0
+            if rng.random() < row_split_prob and table.num_embeddings >= 16:
+                parts = 2 ** int(rng.integers(1, 4))
+                part = int(rng.integers(0, parts))
+                row_offset = part * (table.num_embeddings // parts)
+                rows = table.num_embeddings // parts if part < parts - 1 else table.num_embeddings - row_offset
+            width = int(rng.choice(widths))
+            fitting = [w for w in widths if used + rows * w * 4 <= memory_bytes]
+            if not fitting:
+                continue
+            if width not in fitting:
+                width = int(rng.choice(fitting))
+            shard = table.shard(row_offset, rows, 0, width, batch_size)
+            shard.extra = {**shard.extra, "source_table": table.name}
+            shards.append(shard)
+            used += shard.size_bytes(4)
+        if shards:
+            return shards
+    raise NeuroShardError(f"no shard set of these tables fits a device of {memory_bytes / 2**20:.0f} MiB")
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _progress(total: int, initial: int, desc: str):
+    from tqdm import tqdm
+    return tqdm(total=total, initial=initial, desc=desc, unit="sample", dynamic_ncols=True, mininterval=2.0)
+
+
+def collect_compute(tables_path: str | Path, samples: int, out: str | Path, *, max_tables: int = 8,
+                    memory_bytes: int = 1 << 30, batch_size: int = 4096, dims: Sequence[int] = (4, 8, 16, 32, 64, 128),
+                    seed: int = 0, row_split_prob: float = 0.2, progress: bool = True,
+                    max_minutes: float | None = None, **bench_kwargs) -> int:
+    """Measure shard sets ``0..samples-1`` into ``out/compute.jsonl`` (stopping cleanly after
+    ``max_minutes`` if given; a rerun continues); returns how many were measured now."""
+    if samples < 1 or max_tables < 1:
+        raise NeuroShardError("samples and max_tables must be >= 1")
+    tables_path = Path(tables_path)
+    tables = TableSet.read(tables_path)
+    bench = KernelBenchmark(batch_size=batch_size, memory_bytes=memory_bytes, **bench_kwargs)
+    config = {**bench.config(), "memory_bytes": memory_bytes, "max_tables_per_device": max_tables,
+              "dims": list(dims), "seed": seed, "row_split_prob": row_split_prob,
+              "tables": tables_path.name, "tables_sha256": _file_sha256(tables_path)}
+    out = Path(out)
+    with store.locked(out):
+        store.ensure_meta(out, "compute", store.hardware_info(bench.backend), store.software_info(), config)
+        done = store.done_samples(out, store.COMPUTE_FILE)
+        todo = [i for i in range(samples) if i not in done]
+        log.info("compute: %d of %d samples already in %s, %d to measure", samples - len(todo), samples, out, len(todo))
+        bar = _progress(samples, samples - len(todo), "compute") if progress else None
+        deadline = _deadline(max_minutes)
+        measured = 0
+        try:
+            for i in todo:
+                if time.monotonic() > deadline:
+                    log.warning("compute: time limit reached after %d samples; rerun to continue", measured)
+                    break
+                rng = np.random.default_rng(seed + i)
+                shards = sample_shard_set(tables.tables, rng, max_tables, memory_bytes, batch_size, dims, row_split_prob)
+                m = bench.measure(shards)
+                append_jsonl(out / store.COMPUTE_FILE, {
+                    "sample": i, "batch_size": batch_size, "kernel": m.kernel,
+                    "shards": [s.to_dict() for s in shards], "cost_ms": round(m.cost_ms, 5),
+                    "fwd_ms": round(m.fwd_ms, 5), "times_ms": m.times_ms, "cv": round(m.cv, 5)})
+                measured += 1
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(cost_ms=f"{m.cost_ms:.2f}", cv=f"{m.cv:.3f}", refresh=False)
+        finally:
+            if bar is not None:
+                bar.close()
+    return measured
+
+
+def _deadline(max_minutes: float | None) -> float:
+    return float("inf") if not max_minutes else time.monotonic() + 60.0 * max_minutes
+
+
+def sample_comm(rng: np.random.Generator, num_devices: int, max_width: int, max_skew_ms: float,
+                max_reduce_width: int) -> tuple[list[int], list[float], int]:
+    """Random per-device widths (multiples of 4), start skews (ms; all zero in 1/4 of the
+    samples, the earliest device always at 0) and row-wise reduce width."""
+    widths = [int(w) * 4 for w in rng.integers(1, max_width // 4 + 1, size=num_devices)]
+    if rng.random() < 0.25 or max_skew_ms <= 0:
+        skews = [0.0] * num_devices
+    else:
+        raw = rng.uniform(0.0, max_skew_ms, size=num_devices)
+        skews = [round(float(s), 3) for s in raw - raw.min()]
+    reduce_width = 0 if rng.random() < 0.3 or max_reduce_width < 4 else int(rng.integers(1, max_reduce_width // 4 + 1)) * 4
+    return widths, skews, reduce_width
+
+
+def collect_comm(num_devices: int, samples: int, out: str | Path, *, batch_size: int = 4096,
+                 max_width: int = 2048, max_skew_ms: float = 30.0, max_reduce_width: int = 256, seed: int = 0,
+                 backend: str = "cpu", warmup: int = 2, repeats: int = 7, timeout_s: float = 60.0,
+                 progress: bool = True, max_minutes: float | None = None) -> int:
+    """Measure width/skew samples ``0..samples-1`` into ``out/comm.jsonl`` (stopping cleanly after
+    ``max_minutes`` if given); returns how many were measured now."""
+    if samples < 1:
+        raise NeuroShardError("samples must be >= 1")
+    if max_width < 4:
+        raise NeuroShardError(f"max_width must be >= 4, got {max_width}")
+    bench = CommBenchmark(num_devices, backend=backend, batch_size=batch_size, warmup=warmup, repeats=repeats,
+                          timeout_s=timeout_s)
+    config = {**bench.config(), "max_width": max_width, "max_skew_ms": max_skew_ms,
+              "max_reduce_width": max_reduce_width, "seed": seed, "clock": "wall"}
+    out = Path(out)
+    with store.locked(out):
+        store.ensure_meta(out, "comm", store.hardware_info(backend), store.software_info(), config)
+        done = store.done_samples(out, store.COMM_FILE)
+        todo = [i for i in range(samples) if i not in done]
+        log.info("comm: %d of %d samples already in %s, %d to measure", samples - len(todo), samples, out, len(todo))
+        if not todo:
+            return 0
+        bar = _progress(samples, samples - len(todo), f"comm D={num_devices}") if progress else None
+        deadline = _deadline(max_minutes)
+        measured = 0
+        try:
+            with bench:
+                for i in todo:
+                    if time.monotonic() > deadline:
+                        log.warning("comm: time limit reached after %d samples; rerun to continue", measured)
+                        break
+                    rng = np.random.default_rng(seed + i)
+                    widths, skews, reduce_width = sample_comm(rng, num_devices, max_width, max_skew_ms,
+                                                              max_reduce_width)
+                    m = bench.measure(widths, skews, reduce_width)
+                    r4 = lambda xs: [round(x, 4) for x in xs]  # noqa: E731
+                    append_jsonl(out / store.COMM_FILE, {
+                        "sample": i, "num_devices": num_devices, "batch_size": batch_size, "widths": widths,
+                        "skews_ms": skews, "reduce_width": reduce_width, "fwd_ms": r4(m.fwd_ms),
+                        "bwd_ms": r4(m.bwd_ms), "reduce_ms": r4(m.reduce_ms), "cv_fwd": round(m.cv_fwd, 5)})
+                    measured += 1
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(fwd_ms=f"{max(m.fwd_ms):.2f}", cv=f"{m.cv_fwd:.3f}", refresh=False)
+        finally:
+            if bar is not None:
+                bar.close()
+    return measured

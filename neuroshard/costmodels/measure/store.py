@@ -1,0 +1,186 @@
+"""The cost-data store: one folder per dataset, append-only JSON lines plus ``meta.json``.
+
+A dataset folder holds
+
+* ``meta.json`` — what it was measured on and how (``hardware``, ``software``,
+  ``config``), written when the folder is first used; a later run into the same
+  folder with other hardware, software or configuration is refused;
+* ``compute.jsonl`` — one line per measured shard set::
+
+    {"sample": i, "batch_size": B, "kernel": "fbgemm_tbe"|"embedding_bag",
+     "shards": [Table.to_dict() of each shard + "source_table"],
+     "cost_ms": median fwd+bwd, "fwd_ms": median fwd, "times_ms": [...], "cv": x}
+
+* ``comm.jsonl`` — one line per width/skew sample::
+
+    {"sample": i, "num_devices": D, "batch_size": B, "widths": [D], "skews_ms": [D],
+     "reduce_width": R, "fwd_ms": [D], "bwd_ms": [D], "reduce_ms": [D], "cv_fwd": x}
+
+Each line is appended and fsync'ed as soon as its measurement ends
+(``neuroshard.io.append_jsonl``), so a killed run loses at most the sample it was
+measuring; readers ignore a torn last line and keep the first record of a sample.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import platform
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ...errors import NeuroShardError
+from ...io import atomic_write_text, read_jsonl
+from ...tables import Table
+
+COSTDATA_FORMAT = "neuroshard.costdata/v1"
+COMPUTE_FILE = "compute.jsonl"
+COMM_FILE = "comm.jsonl"
+META_FILE = "meta.json"
+
+
+# ------------------------------------------------------------------ hardware
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware_info(backend: str) -> dict:
+    """Where measurements run: CPU model, core count, GPU (if the backend uses one), host."""
+    info = {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "hostname": platform.node(),
+            "machine": platform.machine(), "gpu": None}
+    if backend == "cuda":
+        import torch
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_count"] = torch.cuda.device_count()
+    return info
+
+
+def software_info() -> dict:
+    import torch
+    try:
+        import fbgemm_gpu
+        fbgemm = getattr(fbgemm_gpu, "__version__", "unknown")
+    except Exception:
+        fbgemm = None
+    return {"python": platform.python_version(), "torch": torch.__version__, "fbgemm_gpu": fbgemm,
+            "numpy": np.__version__, "cuda": getattr(torch.version, "cuda", None)}
+
+
+# ---------------------------------------------------------------- meta.json
+def read_meta(folder: str | Path) -> dict | None:
+    path = Path(folder) / META_FILE
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise NeuroShardError(f"{path}: cannot read dataset description ({exc})") from None
+
+
+def ensure_meta(folder: str | Path, kind: str, hardware: dict, software: dict, config: dict) -> dict:
+    """Write ``meta.json`` for a new dataset, or check that an existing one matches."""
+    folder = Path(folder)
+    meta = {"format": COSTDATA_FORMAT, "kind": kind, "hardware": hardware, "software": software, "config": config}
+    old = read_meta(folder)
+    if old is None:
+        meta["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1) + "\n")
+        return meta
+    if old.get("format") != COSTDATA_FORMAT:
+        raise NeuroShardError(f"{folder / META_FILE}: format {old.get('format')!r} is not {COSTDATA_FORMAT!r}")
+    diffs = []
+    for section in ("kind", "hardware", "software", "config"):
+        a, b = old.get(section), meta[section]
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += [f"{section}.{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif a != b:
+            diffs.append(f"{section}: {a!r} -> {b!r}")
+    if diffs:
+        more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
+        raise NeuroShardError(f"{folder} holds data measured differently ({'; '.join(diffs[:3])}{more}); "
+                              f"use another folder")
+    return old
+
+
+@contextmanager
+def locked(folder: str | Path) -> Iterator[None]:
+    """Only one writer per dataset folder (released by the OS even after kill -9)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = open(folder / ".lock", "w")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise NeuroShardError(f"{folder}: another collection is writing this folder") from None
+        yield
+    finally:
+        handle.close()
+
+
+# ------------------------------------------------------------------ records
+def _records(folder: str | Path, name: str) -> list[dict]:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise NeuroShardError(f"{folder}: no such cost-data folder")
+    seen, out = set(), []
+    for record in read_jsonl(folder / name):
+        if not isinstance(record, dict) or "sample" not in record or record["sample"] in seen:
+            continue
+        seen.add(record["sample"])
+        out.append(record)
+    out.sort(key=lambda r: r["sample"])
+    return out
+
+
+def done_samples(folder: str | Path, name: str) -> set[int]:
+    path = Path(folder) / name
+    return {r["sample"] for r in read_jsonl(path) if isinstance(r, dict) and "sample" in r}
+
+
+def load_compute_data(folder: str | Path) -> list[dict]:
+    """Records of ``compute.jsonl`` (one per shard set, sorted by sample, no duplicates)."""
+    return _records(folder, COMPUTE_FILE)
+
+
+def load_comm_data(folder: str | Path) -> list[dict]:
+    """Records of ``comm.jsonl`` (one per sample, sorted by sample, no duplicates)."""
+    return _records(folder, COMM_FILE)
+
+
+def record_shards(record: dict) -> list[Table]:
+    """The shards of a compute record as ``Table`` objects (``source_table`` kept in ``extra``)."""
+    return [Table.from_dict(s, where=f"sample {record.get('sample')}") for s in record["shards"]]
+
+
+def compute_arrays(records: list[dict]) -> tuple[list[np.ndarray], np.ndarray]:
+    """(feature array per shard set, cost_ms per set): the inputs of ``ComputeCostModel.fit``."""
+    from ..features import shard_set_features
+    sets = [shard_set_features(record_shards(r), int(r["batch_size"])) for r in records]
+    return sets, np.asarray([r["cost_ms"] for r in records], dtype=np.float64)
+
+
+def comm_arrays(records: list[dict]) -> dict[str, np.ndarray]:
+    """Arrays for ``CommCostModel.fit`` from records of one device count: widths, skews_ms,
+    fwd_ms, bwd_ms, reduce_ms_per_device of shape (P, D); reduce_width and reduce_ms
+    (median over devices) of shape (P,)."""
+    counts = {r["num_devices"] for r in records}
+    if len(counts) > 1:
+        raise NeuroShardError(f"comm records mix device counts {sorted(counts)}; pass one count at a time")
+    get = lambda key: np.asarray([r[key] for r in records], dtype=np.float64)  # noqa: E731
+    per_device = get("reduce_ms")
+    return {"widths": get("widths"), "skews_ms": get("skews_ms"), "fwd_ms": get("fwd_ms"), "bwd_ms": get("bwd_ms"),
+            "reduce_width": get("reduce_width"), "reduce_ms_per_device": per_device,
+            "reduce_ms": np.median(per_device, axis=1) if per_device.size else per_device}

@@ -1,0 +1,107 @@
+"""The metrics every cost model reports, on the same held-out data.
+
+* ``gmae``: geometric mean of the absolute relative error ``|pred - true| / true``.
+* ``mape``: mean absolute relative error (a fraction; 0.05 = 5%).
+* ``kendall_tau``: rank agreement between predictions and measurements.
+* ``pair_accuracy``: build random pseudo-plans (``plan_size`` items each, plan cost =
+  max over its items, as a plan's cost is its slowest device), draw random pairs of
+  plans, and count how often the prediction orders a pair as the measurements do.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from scipy.stats import kendalltau
+
+#: relative errors below this count as this (keeps the geometric mean finite on exact hits)
+_MIN_RELATIVE_ERROR = 1e-6
+
+
+def relative_errors(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
+    pred, true = np.asarray(pred, dtype=np.float64).ravel(), np.asarray(true, dtype=np.float64).ravel()
+    return np.abs(pred - true) / np.maximum(np.abs(true), 1e-12)
+
+
+def gmae(pred: np.ndarray, true: np.ndarray) -> float:
+    """Geometric mean of |pred - true| / true."""
+    err = relative_errors(pred, true)
+    return float(np.exp(np.mean(np.log(np.maximum(err, _MIN_RELATIVE_ERROR))))) if err.size else float("nan")
+
+
+def mape(pred: np.ndarray, true: np.ndarray) -> float:
+    """Mean of |pred - true| / true (a fraction)."""
+    err = relative_errors(pred, true)
+    return float(err.mean()) if err.size else float("nan")
+
+
+def kendall_tau(pred: np.ndarray, true: np.ndarray) -> float:
+    pred, true = np.asarray(pred).ravel(), np.asarray(true).ravel()
+    if pred.size < 2:
+        return float("nan")
+    return float(kendalltau(pred, true).statistic)
+
+
+def pair_accuracy_of_plans(pred_plans: np.ndarray, true_plans: np.ndarray, num_pairs: int = 20000,
+                           seed: int = 0) -> float:
+    """Share of random plan pairs (with different measured costs) that the prediction orders right."""
+    pred_plans, true_plans = np.asarray(pred_plans, np.float64), np.asarray(true_plans, np.float64)
+    n = pred_plans.size
+    if n < 2:
+        return float("nan")
+    rng = np.random.default_rng(seed)
+    a, b = rng.integers(0, n, num_pairs), rng.integers(0, n, num_pairs)
+    true_diff, pred_diff = true_plans[a] - true_plans[b], pred_plans[a] - pred_plans[b]
+    keep = (a != b) & (true_diff != 0)
+    if not keep.any():
+        return float("nan")
+    return float(np.mean(np.sign(pred_diff[keep]) == np.sign(true_diff[keep])))
+
+
+def pair_accuracy(pred: np.ndarray, true: np.ndarray, plan_size: int = 4, num_plans: int = 2000,
+                  num_pairs: int = 20000, seed: int = 0) -> float:
+    """Plan-pair ordering accuracy: items grouped at random into ``num_plans`` plans of ``plan_size``
+    (plan cost = max over its items), then ``pair_accuracy_of_plans``."""
+    pred, true = np.asarray(pred, np.float64).ravel(), np.asarray(true, np.float64).ravel()
+    if pred.size < plan_size:
+        return float("nan")
+    rng = np.random.default_rng(seed)
+    members = np.stack([rng.choice(pred.size, size=plan_size, replace=False) for _ in range(num_plans)])
+    return pair_accuracy_of_plans(pred[members].max(axis=1), true[members].max(axis=1), num_pairs, seed + 1)
+
+
+def cost_metrics(pred: np.ndarray, true: np.ndarray, plan_size: int = 4, seed: int = 0) -> dict:
+    """All four metrics of per-item predictions (compute: one item per shard set)."""
+    return {"gmae": gmae(pred, true), "mape": mape(pred, true), "kendall_tau": kendall_tau(pred, true),
+            "pair_accuracy": pair_accuracy(pred, true, plan_size=plan_size, seed=seed), "n": int(np.size(true))}
+
+
+def comm_metrics(model, groups: Sequence, seed: int = 0) -> dict:
+    """Metrics per direction over all devices of all samples (``CommSamples`` groups). Pair accuracy
+    compares whole samples (a sample is a plan: its cost is the max over devices) of equal device count."""
+    out = {}
+    for direction in ("fwd", "bwd", "reduce"):
+        preds, trues, pair_scores, weights = [], [], [], []
+        for g in groups:
+            if direction == "fwd":
+                pred, true = model.predict_forward(g.widths, g.skews_ms), g.fwd_ms
+            elif direction == "bwd":
+                pred, true = model.predict_backward(g.widths), g.bwd_ms
+            else:
+                g = g.reducing()
+                if not len(g):
+                    continue
+                pred, true = model.predict_reduce(g.reduce_width, g.num_devices)[:, None], g.reduce_ms.mean(1)[:, None]
+            preds.append(pred.ravel())
+            trues.append(true.ravel())
+            pair_scores.append(pair_accuracy_of_plans(pred.max(axis=1), true.max(axis=1), seed=seed))
+            weights.append(len(g))
+        if not preds:
+            continue
+        pred, true = np.concatenate(preds), np.concatenate(trues)
+        scores = np.asarray(pair_scores)
+        ok = np.isfinite(scores)
+        out[direction] = {"gmae": gmae(pred, true), "mape": mape(pred, true), "kendall_tau": kendall_tau(pred, true),
+                          "pair_accuracy": float(np.average(scores[ok], weights=np.asarray(weights)[ok]))
+                          if ok.any() else float("nan"), "n": int(true.size)}
+    return out

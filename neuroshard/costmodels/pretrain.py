@@ -1,0 +1,288 @@
+"""Pre-training: measured cost data -> fitted models, a comparison table, a checkpoint.
+
+Compute data is split **by table**: the source tables are divided into training and
+test tables, a shard set whose tables are all test tables is held out, one whose
+tables are all training tables is trained on, and sets that mix the two are set
+aside (used by neither). The validation split for early stopping and tuning is made
+the same way inside the training tables. Communication samples have no tables and
+are split at random. Every model (neural, tree, analytic) is fitted on the same
+training data and scored with the same metrics on the same held-out data.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import NeuroShardError
+from ..tables import Table
+from .analytic import AnalyticCommModel, AnalyticComputeModel
+from .base import CommSamples, CostModels
+from .features import FEATURE_SCHEMA_VERSION, table_features
+from .neural import NeuralCommModel, NeuralComputeModel
+from .tree import TreeCommModel, TreeComputeModel
+
+log = logging.getLogger(__name__)
+
+METRIC_COLUMNS = ("gmae", "mape", "kendall_tau", "pair_accuracy", "n")
+
+
+# -------------------------------------------------------------------- data
+@dataclass
+class ComputeData:
+    """Measured shard sets: features per set, measured ms, source tables per set."""
+
+    sets: list[np.ndarray]
+    costs_ms: np.ndarray
+    tables: list[frozenset]
+    batch_size: int
+    meta: dict = field(default_factory=dict)
+
+    def subset(self, rows: Sequence[int]) -> "ComputeData":
+        rows = list(rows)
+        return ComputeData([self.sets[i] for i in rows], self.costs_ms[rows], [self.tables[i] for i in rows],
+                           self.batch_size, self.meta)
+
+    def __len__(self) -> int:
+        return len(self.sets)
+
+
+def _read_meta(folder: Path) -> dict:
+    from .measure.store import read_meta
+    return read_meta(folder) or {}
+
+
+def load_compute(folder: str | Path) -> ComputeData:
+    """Read ``compute.jsonl`` (+ ``meta.json``) of a measured folder into features."""
+    from .measure.store import load_compute_data
+    folder = Path(folder)
+    records = load_compute_data(folder)
+    if not records:
+        raise NeuroShardError(f"{folder}: no measured shard sets (compute.jsonl missing or empty)")
+    meta = _read_meta(folder)
+    batch_sizes = {int(r.get("batch_size", meta.get("batch_size", 0))) for r in records}
+    if len(batch_sizes) != 1 or 0 in batch_sizes:
+        raise NeuroShardError(f"{folder}: shard sets must share one known batch size, found {sorted(batch_sizes)}")
+    batch_size = batch_sizes.pop()
+    cache: dict[str, np.ndarray] = {}
+    sets, costs, tables = [], [], []
+    for i, record in enumerate(records):
+        cost = float(record.get("cost_ms", float("nan")))
+        if not np.isfinite(cost) or cost <= 0 or not record.get("shards"):
+            continue
+        rows = []
+        for shard in record["shards"]:
+            key = json.dumps(shard, sort_keys=True)
+            if key not in cache:
+                table = Table.from_dict({k: v for k, v in shard.items() if k != "source_table"},
+                                        where=f"{folder}/compute.jsonl line {i + 1}")
+                cache[key] = table_features(table, batch_size)
+            rows.append(cache[key])
+        sets.append(np.stack(rows))
+        costs.append(cost)
+        tables.append(frozenset(s.get("source_table", s["name"]) for s in record["shards"]))
+    log.info("%s: %d shard sets over %d source tables", folder, len(sets), len(set().union(*tables)))
+    return ComputeData(sets, np.asarray(costs), tables, batch_size, meta)
+
+
+def load_comm(folders: Sequence[str | Path]) -> tuple[list[CommSamples], dict]:
+    """Read ``comm.jsonl`` of each folder; one ``CommSamples`` group per device count."""
+    from .measure.store import load_comm_data
+    by_devices: dict[int, list[dict]] = {}
+    meta: dict = {}
+    for folder in map(Path, folders):
+        records = load_comm_data(folder)
+        if not records:
+            raise NeuroShardError(f"{folder}: no communication samples (comm.jsonl missing or empty)")
+        meta = meta or _read_meta(folder)
+        for r in records:
+            by_devices.setdefault(int(r["num_devices"]), []).append(r)
+    groups = []
+    for d, records in sorted(by_devices.items()):
+        records = [r for r in records if min(r["fwd_ms"]) > 0 and min(r["bwd_ms"]) > 0]
+        groups.append(CommSamples(
+            widths=[r["widths"] for r in records], skews_ms=[r.get("skews_ms", [0.0] * d) for r in records],
+            fwd_ms=[r["fwd_ms"] for r in records], bwd_ms=[r["bwd_ms"] for r in records],
+            reduce_width=[r.get("reduce_width", 0) for r in records],
+            reduce_ms=[r.get("reduce_ms", [np.nan] * d) for r in records]))
+    return groups, meta
+
+
+def split_by_table(tables: Sequence[frozenset], test_fraction: float, seed: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(train rows, test rows, mixed rows): test rows use only test tables, train rows only the others."""
+    names = sorted(set().union(*tables))
+    rng = np.random.default_rng(seed)
+    test_tables = set(rng.choice(names, size=max(1, int(round(len(names) * test_fraction))), replace=False))
+    kind = np.array([2 if t <= test_tables else (0 if not (t & test_tables) else 1) for t in tables])
+    return np.flatnonzero(kind == 0), np.flatnonzero(kind == 2), np.flatnonzero(kind == 1)
+
+
+def split_comm(groups: Sequence[CommSamples], test_fraction: float, seed: int
+               ) -> tuple[list[CommSamples], list[CommSamples]]:
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for g in groups:
+        order = rng.permutation(len(g))
+        cut = max(1, int(round(len(g) * test_fraction)))
+        test.append(g.subset(order[:cut]))
+        train.append(g.subset(order[cut:]))
+    return train, test
+
+
+# --------------------------------------------------------------- training
+def tune_compute(train: ComputeData, val: ComputeData, trials: int, epochs: int, seed: int) -> dict:
+    """Optuna search over width, depth, learning rate and weight decay; best hyper-parameters."""
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    def objective(trial: "optuna.Trial") -> float:
+        model = NeuralComputeModel(hidden=trial.suggest_categorical("hidden", [64, 128, 256]),
+                                   depth=trial.suggest_int("depth", 2, 4),
+                                   lr=trial.suggest_float("lr", 3e-4, 1e-2, log=True),
+                                   weight_decay=trial.suggest_float("weight_decay", 1e-6, 1e-2, log=True),
+                                   epochs=epochs, seed=seed)
+        model.fit(train.sets, train.costs_ms, val.sets, val.costs_ms)
+        return model.val_loss
+
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
+    study.optimize(objective, n_trials=trials)
+    log.info("best of %d trials: val loss %.4f with %s", trials, study.best_value, study.best_params)
+    return dict(study.best_params)
+
+
+@dataclass
+class PretrainResult:
+    models: CostModels
+    table: "object"              # pandas DataFrame: one row per (target, model)
+    compute_models: dict
+    comm_models: dict
+    compute_test: ComputeData | None
+    comm_test: list[CommSamples]
+
+
+def fit_compute_models(data: ComputeData, test_tables: float, epochs: int, tune: int, seed: int
+                       ) -> tuple[dict, ComputeData, dict]:
+    """Fit neural, tree and analytic compute models on the training tables; (models, test data, summary)."""
+    train_rows, test_rows, mixed_rows = split_by_table(data.tables, test_tables, seed)
+    if len(test_rows) < 10 or len(train_rows) < 20:
+        raise NeuroShardError(f"too few shard sets for a split by table: {len(train_rows)} train, {len(test_rows)} "
+                              f"held out ({len(data)} measured); measure more or change --test-tables")
+    train, test = data.subset(train_rows), data.subset(test_rows)
+    fit_rows, val_rows, _ = split_by_table(train.tables, 0.2, seed + 1)
+    if len(val_rows) < 20:  # too few pure validation sets: validate on a random share instead
+        order = np.random.default_rng(seed).permutation(len(train))
+        val_rows, fit_rows = order[:max(10, len(train) // 7)], order[max(10, len(train) // 7):]
+    fit, val = train.subset(fit_rows), train.subset(val_rows)
+    params = tune_compute(fit, val, tune, epochs, seed) if tune > 0 else {}
+    started = time.perf_counter()
+    neural = NeuralComputeModel(epochs=epochs, seed=seed, **params).fit(fit.sets, fit.costs_ms, val.sets, val.costs_ms)
+    log.info("neural compute model trained in %.1f s", time.perf_counter() - started)
+    models = {"neural": neural, "tree": TreeComputeModel(seed=seed).fit(train.sets, train.costs_ms),
+              "analytic": AnalyticComputeModel(data.batch_size).fit(train.sets, train.costs_ms)}
+    summary = {"shard_sets": len(data), "train_sets": len(fit), "val_sets": len(val), "test_sets": len(test),
+               "mixed_sets_set_aside": int(len(mixed_rows)), "source_tables": len(set().union(*data.tables)),
+               "test_tables_fraction": test_tables, "hparams": dict(neural.hparams),
+               "shards_per_set_mean": float(np.mean([len(s) for s in data.sets])),
+               "test_shards_per_set_mean": float(np.mean([len(s) for s in test.sets])),
+               "cost_ms_range": [float(data.costs_ms.min()), float(data.costs_ms.max())]}
+    return models, test, summary
+
+
+def fit_comm_models(groups: list[CommSamples], batch_size: int, epochs: int, seed: int
+                    ) -> tuple[dict, list[CommSamples], dict]:
+    train, test = split_comm(groups, 0.2, seed)
+    models = {"neural": NeuralCommModel(batch_size, epochs=epochs, seed=seed).fit(train),
+              "tree": TreeCommModel(batch_size, seed=seed).fit(train),
+              "analytic": AnalyticCommModel(batch_size).fit(train)}
+    summary = {"samples": {str(g.num_devices): len(g) for g in groups},
+               "test_samples": {str(g.num_devices): len(g) for g in test}}
+    return models, test, summary
+
+
+def comparison_table(compute_models: dict, compute_test: ComputeData | None, comm_models: dict,
+                     comm_test: list[CommSamples], seed: int = 0):
+    """pandas DataFrame, one row per (target, model), the same metrics for every model."""
+    import pandas as pd
+    rows = []
+    if compute_test is not None:
+        for name, model in compute_models.items():
+            rows.append({"target": "compute", "model": name,
+                         **model.evaluate(compute_test.sets, compute_test.costs_ms, seed=seed)})
+    for name, model in comm_models.items():
+        for direction, metrics in model.evaluate(comm_test, seed=seed).items():
+            if np.isfinite(metrics["gmae"]):
+                rows.append({"target": f"comm_{direction}", "model": name, **metrics})
+    return pd.DataFrame(rows, columns=["target", "model", *METRIC_COLUMNS])
+
+
+def format_table(table) -> str:
+    shown = table.copy()
+    for col in ("gmae", "mape", "pair_accuracy"):
+        shown[col] = shown[col].map(lambda v: f"{100 * v:.2f}%")
+    shown["kendall_tau"] = shown["kendall_tau"].map(lambda v: f"{v:.3f}")
+    return shown.to_string(index=False)
+
+
+def parity_plot(path: Path, compute_models: dict, compute_test: ComputeData | None, comm_models: dict,
+                comm_test: list[CommSamples]) -> Path:
+    """Predicted vs measured ms (log axes) for every model on the held-out data."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = ([("compute (held-out tables)", lambda m: m.predict(compute_test.sets), compute_test.costs_ms,
+                compute_models)] if compute_test is not None else [])
+    if comm_test:
+        fwd_true = np.concatenate([g.fwd_ms.ravel() for g in comm_test])
+        bwd_true = np.concatenate([g.bwd_ms.ravel() for g in comm_test])
+        panels += [("all-to-all forward", lambda m: np.concatenate(
+                        [m.predict_forward(g.widths, g.skews_ms).ravel() for g in comm_test]), fwd_true, comm_models),
+                   ("all-to-all backward", lambda m: np.concatenate(
+                        [m.predict_backward(g.widths).ravel() for g in comm_test]), bwd_true, comm_models)]
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5 * max(len(panels), 1), 4.6), squeeze=False)
+    for ax, (title, predict, true, models) in zip(axes[0], panels):
+        for (name, model), marker in zip(models.items(), "o^s"):
+            ax.scatter(true, predict(model), s=8, alpha=0.5, marker=marker, label=name)
+        lo, hi = float(np.min(true)) * 0.7, float(np.max(true)) * 1.4
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1)
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured ms",
+               ylabel="predicted ms", title=title)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def pretrain(data: str | Path, comm_data: Sequence[str | Path] = (), out: str | Path | None = None,
+             tune: int = 0, epochs: int = 400, test_tables: float = 0.3, seed: int = 0) -> PretrainResult:
+    """Fit and compare all models; with ``out``, save the neural bundle and a parity plot beside it."""
+    compute = load_compute(data)
+    compute_models, compute_test, compute_summary = fit_compute_models(compute, test_tables, epochs, tune, seed)
+    comm_models: dict = {}
+    comm_test: list[CommSamples] = []
+    comm_summary: dict = {}
+    if comm_data:
+        groups, comm_meta = load_comm(comm_data)
+        comm_models, comm_test, comm_summary = fit_comm_models(groups, compute.batch_size, epochs, seed)
+    else:
+        log.warning("no communication data given: the checkpoint carries the unfitted analytic comm model")
+    table = comparison_table(compute_models, compute_test, comm_models, comm_test, seed)
+    metrics = {f"{r.target}/{r.model}": {c: getattr(r, c) for c in METRIC_COLUMNS} for r in table.itertuples()}
+    bundle = CostModels(compute=compute_models["neural"],
+                        comm=comm_models.get("neural") or AnalyticCommModel(compute.batch_size),
+                        batch_size=compute.batch_size, hardware=compute.meta,
+                        name=Path(out).stem if out else "pretrained", metrics=metrics,
+                        data_summary={"compute": compute_summary, "comm": comm_summary, "data": str(data),
+                                      "comm_data": [str(c) for c in comm_data],
+                                      "feature_schema_version": FEATURE_SCHEMA_VERSION})
+    if out is not None:
+        out = Path(out)
+        bundle.save(out)
+        parity_plot(out.with_suffix(".parity.png"), compute_models, compute_test, comm_models, comm_test)
+    return PretrainResult(bundle, table, compute_models, comm_models, compute_test, comm_test)

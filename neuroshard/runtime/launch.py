@@ -1,0 +1,184 @@
+"""Start one process per device, watch them, and end the run cleanly.
+
+``launch`` spawns ``world_size`` workers on a free local port. The parent watches
+them: a worker that raises or dies, or one that stops making progress for
+``timeout_s`` seconds, ends the whole run with a one-line ``RunFailedError`` and
+the other workers are killed, so a run never hangs. Under ``torchrun`` (``RANK``
+and ``WORLD_SIZE`` in the environment) the caller runs the worker in-process
+instead (``torchrun_env``).
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import NeuroShardError
+
+log = logging.getLogger(__name__)
+
+#: seconds the parent keeps listening after a first failure, to find its root cause
+_GRACE_S = 2.0
+_POLL_S = 0.1
+#: seconds a fresh process may take to import its libraries before its first heartbeat
+_STARTUP_S = 60.0
+
+# Progress milestones before the first step (steps count 4 per step from 0).
+NOT_STARTED, STARTED, JOINED, BUILT = -4, -3, -2, -1
+
+
+class RunFailedError(NeuroShardError):
+    """A training process crashed or hung; the run was stopped."""
+
+
+@dataclass
+class WorkerContext:
+    """What a worker gets besides its own arguments: rank, world size, and a
+    heartbeat to call with a growing progress number (a no-op under torchrun)."""
+
+    rank: int
+    world_size: int
+    heartbeat_slots: Any = None
+
+    def heartbeat(self, progress: int) -> None:
+        if self.heartbeat_slots is not None:
+            self.heartbeat_slots[self.rank] = progress
+
+
+def torchrun_env() -> tuple[int, int] | None:
+    """(rank, world size) when started by torchrun (or any env:// launcher), else None."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return None
+
+
+def free_port() -> int:
+    """A TCP port free on this machine right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _is_comm_error(exc: BaseException) -> bool:
+    """An error raised by a collective (usually a consequence of another rank's failure)."""
+    import torch.distributed as dist
+    text = str(exc)
+    return isinstance(exc, getattr(dist, "DistError", ())) or any(
+        k in text for k in ("Connection closed by peer", "Connection reset", "gloo", "NCCL", "Timed out", "timeout"))
+
+
+def _entry(fn: Callable, args: tuple, rank: int, world_size: int, port: int, results: Any,
+           heartbeat_slots: Any) -> None:
+    """The spawned process: set up the env:// rendezvous, run ``fn``, report back."""
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world_size)})
+    try:
+        wctx = WorkerContext(rank, world_size, heartbeat_slots)
+        wctx.heartbeat(STARTED)
+        out = fn(wctx, *args)
+        results.put(("result", rank, out))
+    except BaseException as exc:  # report anything, then exit non-zero
+        kind = "comm" if _is_comm_error(exc) else "error"
+        line = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        log.debug("rank %d failed:\n%s", rank, traceback.format_exc())
+        results.put(("failed", rank, (kind, line)))
+        results.close()
+        results.join_thread()
+        os._exit(1)
+
+
+def launch(fn: Callable, args: tuple, world_size: int, timeout_s: float) -> dict[int, Any]:
+    """Run ``fn(WorkerContext, *args)`` in ``world_size`` fresh processes; return each
+    rank's return value. Raise RunFailedError when one fails or stalls for ``timeout_s``."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    slots = ctx.Array("q", [NOT_STARTED] * world_size, lock=False)
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, args, r, world_size, port, results, slots),
+                         name=f"neuroshard-rank{r}", daemon=True) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    outputs: dict[int, Any] = {}
+    failures: dict[int, tuple[str, str]] = {}
+    last_progress = list(slots)
+    last_change = [time.monotonic()] * world_size
+    first_failure: float | None = None
+    try:
+        while True:
+            try:
+                kind, rank, payload = results.get(timeout=_POLL_S)
+                if kind == "result":
+                    outputs[rank] = payload
+                else:
+                    failures[rank] = payload
+                    first_failure = first_failure or time.monotonic()
+                continue
+            except queue.Empty:
+                pass
+            now = time.monotonic()
+            for r in range(world_size):
+                if slots[r] != last_progress[r]:
+                    last_progress[r], last_change[r] = slots[r], now
+            dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in failures]
+            if dead and first_failure is None:
+                first_failure = now
+            if len(outputs) == world_size and all(p.exitcode is not None for p in procs):
+                return outputs
+            if all(p.exitcode is not None for p in procs) and not dead and not failures:
+                if len(outputs) == world_size:
+                    return outputs
+                first_failure = first_failure or now  # exited 0 without a result
+            if first_failure is not None and now - first_failure >= _GRACE_S:
+                raise RunFailedError(_diagnose(procs, failures, last_progress))
+            stalled = [r for r in range(world_size) if procs[r].exitcode is None and now - last_change[r] > (
+                max(timeout_s, _STARTUP_S) if last_progress[r] == NOT_STARTED else timeout_s)]
+            if stalled and first_failure is None:
+                slowest = min(last_progress[r] for r in stalled)
+                culprits = [r for r in stalled if last_progress[r] == slowest]
+                raise RunFailedError(f"rank {culprits[0]} made no progress for {timeout_s:g} s "
+                                     f"({_where(slowest)}); the run was stopped")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+        results.close()
+
+
+def _where(progress: int) -> str:
+    """A progress number (see ``Progress`` in the worker) in words."""
+    if progress < 0:
+        return {NOT_STARTED: "while starting", STARTED: "while joining the process group",
+                JOINED: "while building the model"}.get(progress, "before the first step")
+    step, phase = divmod(progress, 4)
+    return f"at step {step}, " + ("preparing inputs", "in the forward exchange",
+                                  "in the backward pass", "finishing the step")[phase]
+
+
+def _diagnose(procs: list, failures: dict[int, tuple[str, str]], progress: list[int]) -> str:
+    """The one line that explains a failed run: a rank's own error first, then a rank
+    that died without a word, then a rank still stuck while others gave up on it."""
+    for r in sorted(failures):
+        kind, line = failures[r]
+        if kind == "error":
+            return f"rank {r} failed {_where(progress[r])}: {line}"
+    for r, p in enumerate(procs):
+        if p.exitcode not in (None, 0) and r not in failures:
+            how = f"was killed by signal {-p.exitcode}" if p.exitcode < 0 else f"exited with code {p.exitcode}"
+            return f"rank {r} {how} {_where(progress[r])}; the run was stopped"
+    stuck = [r for r, p in enumerate(procs) if p.exitcode is None and r not in failures]
+    if stuck and failures:
+        r = min(stuck, key=lambda q: progress[q])
+        return f"rank {r} stopped responding {_where(progress[r])}; the other ranks gave up waiting for it"
+    if failures:
+        r = min(failures)
+        return f"rank {r} failed {_where(progress[r])}: {failures[r][1]}"
+    return "a worker exited without a result; the run was stopped"

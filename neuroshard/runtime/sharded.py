@@ -1,0 +1,209 @@
+"""Sharded embeddings: each rank holds its shards of the plan, looks them up for the
+global batch, and an all-to-all hands every rank the pooled embeddings of its own
+slice of the batch.
+
+Layout of the exchange. Rank ``p`` holds shards of total width ``W_p`` (in plan
+order); its pooled output for the global batch is a ``(B, W_p)`` matrix whose rows
+``[start_q, end_q)`` go to rank ``q``. Rank ``q`` receives ``(b_q, W_p)`` from every
+``p``, lays them side by side and adds each received column into its table's
+column (``index_add_``): column slices land in column order, and the partial sums
+of row-wise shards are reduced at the receiver. Backward runs the same in reverse:
+the receiver picks each shard's gradient columns (the same gradient for every
+row-wise partial sum) and a reverse all-to-all sends them home.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..plan import Plan, Shard
+from ..tables import Table
+from .model import init_rows, local_slice
+
+log = logging.getLogger(__name__)
+
+#: default cap on the rows a shard allocates; lookups beyond it are folded (row % cap)
+DEFAULT_ROW_CAP = 2_000_000
+
+
+@dataclass
+class PhaseTimes:
+    """Seconds spent in the communication phases of one step (filled by the all-to-all)."""
+
+    fwd_comm: float = 0.0
+    bwd_comm: float = 0.0
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels on an accelerator (a no-op on CPU), so clocks are honest."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PooledExchange:
+    """The all-to-all of pooled embeddings between ranks, and its reverse."""
+
+    def __init__(self, plan: Plan, tables: Sequence[Table], rank: int, world_size: int,
+                 batch_size: int, device: torch.device) -> None:
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.batch_sizes = [b - a for a, b in (local_slice(batch_size, world_size, q) for q in range(world_size))]
+        self.widths = [sum(s.num_cols for s in plan.shards_on(p)) for p in range(world_size)]
+        table_offset, offset = {}, 0
+        for t in tables:
+            table_offset[t.name] = offset
+            offset += t.embedding_dim
+        self.output_width = offset
+        # Output column of every received column, sources in rank order.
+        dest = []
+        for p in range(world_size):
+            for s in plan.shards_on(p):
+                start = table_offset[s.table] + s.col_offset
+                dest.extend(range(start, start + s.num_cols))
+        self.dest_cols = torch.tensor(dest, dtype=torch.long, device=device)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        """(B, W_rank) pooled outputs of this rank's shards -> (b_rank, all table widths)."""
+        b = self.batch_sizes[self.rank]
+        received = torch.empty(b * sum(self.widths), device=self.device)
+        dist.all_to_all_single(received, pooled.contiguous().view(-1),
+                               output_split_sizes=[b * w for w in self.widths],
+                               input_split_sizes=[n * self.widths[self.rank] for n in self.batch_sizes])
+        parts = [chunk.view(b, w) for chunk, w in zip(torch.split(received, [b * w for w in self.widths]),
+                                                       self.widths)]
+        out = torch.zeros(b, self.output_width, device=self.device)
+        return out.index_add_(1, self.dest_cols, torch.cat(parts, dim=1))
+
+    def backward(self, grad: torch.Tensor) -> torch.Tensor:
+        """(b_rank, all table widths) gradient -> (B, W_rank) gradient of this rank's shards."""
+        b = self.batch_sizes[self.rank]
+        picked = grad.index_select(1, self.dest_cols)
+        send = torch.cat([part.contiguous().view(-1) for part in torch.split(picked, self.widths, dim=1)])
+        width = self.widths[self.rank]
+        received = torch.empty(sum(self.batch_sizes) * width, device=self.device)
+        dist.all_to_all_single(received, send,
+                               output_split_sizes=[n * width for n in self.batch_sizes],
+                               input_split_sizes=[b * w for w in self.widths])
+        return received.view(sum(self.batch_sizes), width)
+
+
+class PooledAllToAll(torch.autograd.Function):
+    """Forward: the all-to-all of pooled embeddings; backward: the reverse all-to-all
+    of their gradients. Each direction adds its wall time to ``times``."""
+
+    @staticmethod
+    def forward(ctx, pooled: torch.Tensor, exchange: PooledExchange, times: PhaseTimes) -> torch.Tensor:
+        ctx.exchange, ctx.times = exchange, times
+        start = time.perf_counter()
+        out = exchange.forward(pooled)
+        synchronize(exchange.device)
+        times.fwd_comm += time.perf_counter() - start
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        start = time.perf_counter()
+        out = ctx.exchange.backward(grad)
+        synchronize(ctx.exchange.device)
+        ctx.times.bwd_comm += time.perf_counter() - start
+        return out, None, None
+
+
+@dataclass
+class LocalShard:
+    """A shard this rank holds: its place in the table and its weights. ``rows``
+    rows are allocated (fewer than the shard's when capped: lookups fold onto them)."""
+
+    shard: Shard
+    rows: int
+    weight: torch.Tensor
+
+
+@dataclass
+class ShardInputs:
+    """One batch's lookups as this rank's shards see them: (indices, offsets) per shard."""
+
+    per_shard: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+
+class ShardedEmbeddings:
+    """This rank's shards of the plan: lookup (EmbeddingBag sum pooling per shard),
+    exchange, and a plain SGD step on the shard weights."""
+
+    def __init__(self, plan: Plan, tables: Sequence[Table], rank: int, world_size: int,
+                 batch_size: int, seed: int = 0, row_cap: int = DEFAULT_ROW_CAP,
+                 device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+        self.tables = {t.name: t for t in tables}
+        self.batch_size = batch_size
+        self.shards: list[LocalShard] = []
+        for s in plan.shards_on(rank):
+            rows = min(s.num_rows, row_cap)
+            if rows < s.num_rows:
+                log.warning("table '%s' shard rows [%d, %d): allocating %d of %d rows (row cap); "
+                            "lookups fold onto them", s.table, s.row_offset, s.row_offset + s.num_rows,
+                            rows, s.num_rows)
+            weight = init_rows(self.tables[s.table], seed, s.row_offset, rows, s.col_offset, s.num_cols)
+            self.shards.append(LocalShard(s, rows, weight.to(self.device).requires_grad_()))
+        self.exchange = PooledExchange(plan, tables, rank, world_size, batch_size, self.device)
+        self.times = PhaseTimes()
+
+    @property
+    def table_names(self) -> list[str]:
+        """The tables this rank holds a shard of (the lookups it needs)."""
+        return sorted({ls.shard.table for ls in self.shards})
+
+    def prepare(self, lookups: dict[str, tuple[np.ndarray, np.ndarray]]) -> ShardInputs:
+        """Turn a batch's lookups into per-shard (indices, offsets): keep the lookups in
+        the shard's row range, make them local, fold them onto the allocated rows."""
+        inputs = ShardInputs()
+        cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        for ls in self.shards:
+            s = ls.shard
+            key = (s.table, s.row_offset, s.num_rows)
+            if key not in cache:
+                rows, lengths = lookups[s.table]
+                if s.num_rows == self.tables[s.table].num_embeddings:
+                    local, local_lengths = rows, lengths
+                else:
+                    inside = (rows >= s.row_offset) & (rows < s.row_offset + s.num_rows)
+                    owner = np.repeat(np.arange(lengths.size), lengths)
+                    local = rows[inside] - s.row_offset
+                    local_lengths = np.bincount(owner[inside], minlength=lengths.size)
+                if ls.rows < s.num_rows:
+                    local = local % ls.rows
+                offsets = np.concatenate([[0], np.cumsum(local_lengths)[:-1]]).astype(np.int64)
+                cache[key] = (torch.from_numpy(np.ascontiguousarray(local, dtype=np.int64)).to(self.device),
+                              torch.from_numpy(offsets).to(self.device))
+            inputs.per_shard.append(cache[key])
+        return inputs
+
+    def lookup(self, inputs: ShardInputs) -> torch.Tensor:
+        """Pooled outputs of this rank's shards for the global batch, side by side (B, W_rank)."""
+        pooled = [F.embedding_bag(idx, ls.weight, off, mode="sum", sparse=True)
+                  for ls, (idx, off) in zip(self.shards, inputs.per_shard)]
+        if not pooled:  # a rank without shards still takes part in the exchange
+            return torch.zeros(self.batch_size, 0, device=self.device, requires_grad=True)
+        return torch.cat(pooled, dim=1)
+
+    def exchange_pooled(self, pooled: torch.Tensor) -> torch.Tensor:
+        """The all-to-all (autograd-aware): this rank's slice of the batch, all tables."""
+        return PooledAllToAll.apply(pooled, self.exchange, self.times)
+
+    @torch.no_grad()
+    def sgd_step(self, lr: float) -> None:
+        """Plain SGD on the shard weights (sparse gradients), then clear them."""
+        for ls in self.shards:
+            if ls.weight.grad is not None:
+                ls.weight.add_(ls.weight.grad, alpha=-lr)
+                ls.weight.grad = None
+
+    def shard_weights(self) -> list[tuple[Shard, np.ndarray]]:
+        """(shard, weights) of every shard this rank holds."""
+        return [(ls.shard, ls.weight.detach().cpu().numpy().copy()) for ls in self.shards]

@@ -1,0 +1,219 @@
+"""Train the DLRM with its embeddings sharded by a plan, one process per device, and
+time each device's embedding work.
+
+One step on rank ``r`` (batch split across ranks, dense part data-parallel):
+
+1. compute (forward): look up this rank's shards for the global batch;
+2. forward communication: all-to-all of pooled embeddings (including waiting for
+   slower ranks: there is no barrier, as the cost model assumes);
+3. dense forward/backward on this rank's slice (DistributedDataParallel), not timed
+   as embedding cost;
+4. backward communication: reverse all-to-all of the embedding gradients;
+5. compute (backward): embedding backward and the SGD update of the shard weights.
+
+Gradients are summed, not averaged, across ranks (each rank's loss is its share
+of the global mean), so a sharded run reproduces the unsharded one exactly.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..errors import InvalidPlanError, NeuroShardError
+from ..plan import Plan
+from ..tables import Table, TableSet
+from .launch import BUILT, JOINED, WorkerContext, launch, torchrun_env
+from .model import build_dense, local_slice, loss_sum, make_batch
+from .sharded import DEFAULT_ROW_CAP, PhaseTimes, ShardedEmbeddings, synchronize
+
+log = logging.getLogger(__name__)
+
+#: environment variable that injects a fault, "raise|exit|hang:RANK:STEP" (for tests and drills)
+FAULT_ENV = "NEUROSHARD_FAULT"
+PHASES = ("compute_ms", "fwd_comm_ms", "bwd_comm_ms")
+
+
+@dataclass
+class RunConfig:
+    """Everything a run needs; the same object goes to every process."""
+
+    plan: Plan
+    tables: list[Table]
+    world_size: int
+    steps: int = 10
+    batch_size: int = 512
+    lr: float = 0.1
+    seed: int = 0
+    row_cap: int = DEFAULT_ROW_CAP
+    backend: str = "auto"
+    timeout_s: float = 120.0
+    fault: str | None = None
+    collect_weights: bool = False
+
+
+@dataclass
+class RunResult:
+    """What rank 0 brings back: global losses per step, per-rank per-step timings
+    (``records[rank][step]``, milliseconds), and the trained tables when asked for."""
+
+    losses: list[float]
+    records: list[list[dict]]
+    world_size: int
+    backend: str
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def check_run(plan: Plan, tables: TableSet, devices: int) -> None:
+    """Refuse, before anything starts, a plan that is invalid, made for other tables,
+    or needs more devices than given."""
+    plan.validate()
+    plan.check_matches(tables)
+    if devices < plan.num_devices:
+        raise InvalidPlanError(f"plan needs {plan.num_devices} devices, only {devices} given")
+    if devices < 1:
+        raise NeuroShardError(f"--devices must be at least 1, got {devices}")
+
+
+def run(config: RunConfig) -> RunResult | None:
+    """Run the training: in-process when started by torchrun (rank 0 gets the result,
+    others None), otherwise in ``world_size`` processes spawned here."""
+    env = torchrun_env()
+    if env is not None:
+        rank, world_size = env
+        if world_size != config.world_size:
+            raise NeuroShardError(f"torchrun started {world_size} processes but {config.world_size} devices were asked for")
+        return run_worker(WorkerContext(rank, world_size), config)
+    return launch(run_worker, (config,), config.world_size, config.timeout_s)[0]
+
+
+def _pick_device(backend: str) -> tuple[str, torch.device]:
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count())
+        torch.cuda.set_device(local)
+        return backend, torch.device("cuda", local)
+    return backend, torch.device("cpu")
+
+
+def _allreduce_sum(state, bucket):
+    """DDP communication hook: sum gradients across ranks (the default averages)."""
+    work = dist.all_reduce(bucket.buffer(), async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def _maybe_fault(fault: str | None, rank: int, step: int) -> None:
+    """Injected faults for tests: 'raise', 'exit' or 'hang' on RANK at STEP."""
+    if not fault:
+        return
+    kind, fault_rank, fault_step = fault.split(":")
+    if int(fault_rank) != rank or int(fault_step) != step:
+        return
+    log.warning("rank %d: injecting fault '%s' at step %d", rank, kind, step)
+    if kind == "raise":
+        raise RuntimeError(f"injected fault at step {step}")
+    if kind == "exit":
+        os._exit(3)
+    if kind == "hang":
+        time.sleep(10**6)
+    raise ValueError(f"unknown fault kind {kind!r}")
+
+
+def run_worker(wctx: WorkerContext, config: RunConfig) -> RunResult | None:
+    """One process of the run: join the group, train, gather results on rank 0."""
+    backend, device = _pick_device(config.backend)
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=config.timeout_s)
+    dist.init_process_group(backend, init_method="env://", rank=wctx.rank,
+                            world_size=wctx.world_size, timeout=timeout)
+    wctx.heartbeat(JOINED)
+    try:
+        return _train(wctx, config, backend, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.device) -> RunResult | None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rank, world = wctx.rank, wctx.world_size
+    fault = config.fault or os.environ.get(FAULT_ENV)
+    tables, batch_size = config.tables, config.batch_size
+    emb = ShardedEmbeddings(config.plan, tables, rank, world, batch_size, config.seed, config.row_cap, device)
+    dense = build_dense(tables, config.seed).to(device)
+    ddp = DDP(dense, device_ids=[device.index] if device.type == "cuda" else None)
+    ddp.register_comm_hook(None, _allreduce_sum)
+    opt = torch.optim.SGD(ddp.parameters(), lr=config.lr)
+    held = [t for t in tables if t.name in set(emb.table_names)]
+    start, end = local_slice(batch_size, world, rank)
+    losses, records = [], []
+    wctx.heartbeat(BUILT)
+    for step in range(config.steps):
+        wctx.heartbeat(4 * step)
+        _maybe_fault(fault, rank, step)
+        batch = make_batch(held, batch_size, step, config.seed)
+        inputs = emb.prepare(batch.lookups)
+        dense_x, labels = batch.dense[start:end].to(device), batch.labels[start:end].to(device)
+        emb.times.fwd_comm = emb.times.bwd_comm = 0.0
+
+        synchronize(device)
+        t0 = time.perf_counter()
+        pooled = emb.lookup(inputs)
+        synchronize(device)
+        t1 = time.perf_counter()
+        wctx.heartbeat(4 * step + 1)
+        features = emb.exchange_pooled(pooled)
+        t2 = time.perf_counter()
+        leaf = features.detach().requires_grad_()
+        loss = loss_sum(ddp(dense_x, leaf), labels, batch_size)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        synchronize(device)
+        t3 = time.perf_counter()
+        wctx.heartbeat(4 * step + 2)
+        features.backward(leaf.grad)
+        emb.sgd_step(config.lr)
+        synchronize(device)
+        t4 = time.perf_counter()
+        wctx.heartbeat(4 * step + 3)
+
+        times: PhaseTimes = emb.times
+        compute = (t1 - t0) + (t4 - t3 - times.bwd_comm)
+        records.append({"compute_ms": 1e3 * compute, "fwd_comm_ms": 1e3 * times.fwd_comm,
+                        "bwd_comm_ms": 1e3 * times.bwd_comm, "dense_ms": 1e3 * (t3 - t2),
+                        "step_ms": 1e3 * (t4 - t0)})
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        losses.append(float(total))
+        log.info("rank %d step %d loss %.6f", rank, step, losses[-1])
+    wctx.heartbeat(4 * config.steps)
+
+    weights = emb.shard_weights() if config.collect_weights else []
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object((records, weights), gathered, dst=0)
+    if rank != 0:
+        return None
+    result = RunResult(losses, [g[0] for g in gathered], world, backend)
+    if config.collect_weights:
+        result.weights = _assemble(tables, [g[1] for g in gathered])
+    return result
+
+
+def _assemble(tables: list[Table], per_rank: list[list]) -> dict[str, np.ndarray]:
+    """Full tables from every rank's shard weights (uncapped shards only)."""
+    full = {}
+    for shards in per_rank:
+        for shard, w in shards:
+            t = next(t for t in tables if t.name == shard.table)
+            out = full.setdefault(t.name, np.full((t.num_embeddings, t.embedding_dim), np.nan, dtype=np.float32))
+            out[shard.row_offset:shard.row_offset + w.shape[0], shard.col_offset:shard.col_offset + shard.num_cols] = w
+    return full

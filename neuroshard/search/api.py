@@ -1,0 +1,122 @@
+"""``shard(tables, devices=, memory=)`` -> a validated ``Plan``: the one call most users need."""
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import NeuroShardError
+from ..plan import Plan
+from ..tables import Table, TableSet
+from ..units import parse_bytes
+from .rowwise import check_feasible
+from .simulator import Placement, Simulator
+
+log = logging.getLogger(__name__)
+
+GREEDY_ALGORITHMS = ("random", "size", "dim", "lookup", "size-lookup")
+ALGORITHMS = ("neuroshard", *GREEDY_ALGORITHMS, "bayes", "torchrec")
+
+
+def _params(cls: type, params: dict, algorithm: str) -> Any:
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise NeuroShardError(f"unknown parameter(s) {', '.join(unknown)} for algorithm '{algorithm}' "
+                              f"(known: {', '.join(sorted(known))})")
+    return cls(**params)
+
+
+def _no_params(params: dict, algorithm: str) -> None:
+    if params:
+        raise NeuroShardError(f"algorithm '{algorithm}' takes no parameters, got {', '.join(sorted(params))}")
+
+
+def search_placement(sim: Simulator, memory_bytes: int, algorithm: str = "neuroshard", seed: int = 0,
+                     **params: Any) -> Placement:
+    """Run one algorithm on a simulator (the simulator's caches carry over between calls)."""
+    if algorithm == "neuroshard":
+        from .neuroshard import NeuroShardParams, search
+        return search(sim, memory_bytes, _params(NeuroShardParams, params, algorithm))
+    if algorithm in GREEDY_ALGORITHMS:
+        from .baselines import greedy_by_key
+        _no_params(params, algorithm)
+        return greedy_by_key(sim, memory_bytes, algorithm, seed)
+    if algorithm == "bayes":
+        from .bayes import BayesParams, search as bayes_search
+        return bayes_search(sim, memory_bytes, _params(BayesParams, params, algorithm), seed)
+    if algorithm == "torchrec":
+        from .torchrec_planner import search as torchrec_search
+        unknown = sorted(set(params) - {"compute_device"})
+        if unknown:
+            raise NeuroShardError(f"unknown parameter(s) {', '.join(unknown)} for algorithm 'torchrec'")
+        return torchrec_search(sim, memory_bytes, **params)
+    raise NeuroShardError(f"unknown algorithm '{algorithm}' (choose from {', '.join(ALGORITHMS)})")
+
+
+def resolve_cost_models(cost_models: Any = None):
+    """A ``CostModels`` bundle from a bundle, a checkpoint path, or None (the shipped default)."""
+    from ..costmodels import CostModels, load_cost_models
+    if isinstance(cost_models, CostModels):
+        return cost_models
+    if cost_models is None or isinstance(cost_models, (str, Path)):
+        return load_cost_models(cost_models)
+    raise NeuroShardError(f"cost_models must be a CostModels bundle or a checkpoint path, got {type(cost_models).__name__}")
+
+
+def as_table_set(tables: TableSet | list[Table]) -> TableSet:
+    if isinstance(tables, TableSet):
+        return tables
+    if isinstance(tables, (str, Path)):
+        return TableSet.read(tables)
+    return TableSet("tables", list(tables))
+
+
+def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm: str, search_time_s: float) -> Plan:
+    """A validated plan carrying the simulator's estimate and the search's provenance."""
+    estimate = sim.evaluate(placement.pieces, placement.devices[None, :]).to_dict()
+    bound = sim.balanced_bound_ms()
+    estimate["balanced_bound_ms"] = round(bound, 6)
+    estimate["ratio_to_balanced_bound"] = round(estimate["max_device_cost_ms"] / bound, 4) if bound > 0 else None
+    models = sim.cost_models
+    provenance = {"algorithm": algorithm, "parameters": placement.details.get("parameters", {}),
+                  "cost_model": models.name,
+                  "cost_model_batch_size": models.batch_size,
+                  "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  "search_time_s": round(search_time_s, 4)}
+    if getattr(models, "path", None):
+        provenance["cost_model_path"] = str(models.path)
+    provenance["neuroshard_version"] = __version__
+    plan = Plan(list(sim.tables.tables), sim.to_shards(placement.pieces, placement.devices), sim.num_devices,
+                memory_bytes, sim.bytes_per_element, sim.tables.name, estimate, provenance)
+    return plan.validate()
+
+
+def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algorithm: str = "neuroshard",
+          cost_models: Any = None, bytes_per_element: int = 4, seed: int = 0,
+          **params: Any) -> Plan:
+    """Search a sharding plan for ``tables`` over ``devices`` devices of ``memory`` each
+    (bytes, or a size like ``"16GiB"``) with ``algorithm`` (one of ``ALGORITHMS``),
+    against ``cost_models`` (a ``CostModels``, a checkpoint path, or None for the
+    shipped one). ``params`` go to the algorithm (e.g. ``beam_width=4``). The plan is
+    validated and carries ``estimate`` and ``provenance``. Raises InfeasibleError when
+    the tables cannot fit."""
+    tables = as_table_set(tables)
+    if not isinstance(devices, int) or devices < 1:
+        raise NeuroShardError(f"devices must be an integer >= 1, got {devices!r}")
+    if not isinstance(bytes_per_element, int) or bytes_per_element < 1:
+        raise NeuroShardError(f"bytes_per_element must be an integer >= 1, got {bytes_per_element!r}")
+    if algorithm not in ALGORITHMS:
+        raise NeuroShardError(f"unknown algorithm '{algorithm}' (choose from {', '.join(ALGORITHMS)})")
+    memory_bytes = parse_bytes(memory)
+    check_feasible(tables, devices, memory_bytes, bytes_per_element, params.get("row_splits", True))
+    sim = Simulator(tables, devices, resolve_cost_models(cost_models), bytes_per_element)
+    start = time.perf_counter()
+    placement = search_placement(sim, memory_bytes, algorithm, seed, **params)
+    elapsed = time.perf_counter() - start
+    log.info("%s: %d shards, simulated %.4f ms, %.2f s", algorithm, len(placement.pieces), placement.cost_ms, elapsed)
+    return make_plan(sim, placement, memory_bytes, algorithm, elapsed)

@@ -1,0 +1,80 @@
+"""The classic greedy heuristics: one loop, five sort keys.
+
+Sort the shards by a key (largest first) and put each on the device with the lowest
+accumulated key that has memory for it. Tables larger than a device are split first,
+as for every algorithm (``rowwise.split_for_memory``).
+
+Keys (of a shard as a table of its own: rows ``R``, width ``W``, lookups per sample ``L``):
+
+* ``random``: a random number per shard (a random balanced placement);
+* ``size``: ``R x W`` (memory balance);
+* ``dim``: ``W`` (communication balance);
+* ``lookup``: ``W x L`` (bytes looked up per sample);
+* ``size-lookup``: ``W x L x log10(R x W)`` (lookups, weighted up for large, cache-unfriendly shards).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import numpy as np
+
+from .rowwise import place_with_splits, split_for_memory
+from .simulator import Piece, Placement, Simulator, whole_pieces
+
+log = logging.getLogger(__name__)
+
+KeyFn = Callable[[Simulator, list[Piece], np.random.Generator], np.ndarray]
+
+
+def _columns(pieces: list[Piece]) -> np.ndarray:
+    return np.array([p.num_cols for p in pieces], dtype=np.float64)
+
+
+def _sizes(pieces: list[Piece]) -> np.ndarray:
+    return np.array([p.num_rows * p.num_cols for p in pieces], dtype=np.float64)
+
+
+def _lookups(sim: Simulator, pieces: list[Piece]) -> np.ndarray:
+    """Lookups per sample landing in each shard (the table's share of rows)."""
+    tables = sim.tables
+    return np.array([tables[p.table].pooling_factor * p.num_rows / tables[p.table].num_embeddings
+                     for p in pieces], dtype=np.float64)
+
+
+GREEDY_KEYS: dict[str, KeyFn] = {
+    "random": lambda sim, pieces, rng: rng.random(len(pieces)),
+    "size": lambda sim, pieces, rng: _sizes(pieces),
+    "dim": lambda sim, pieces, rng: _columns(pieces),
+    "lookup": lambda sim, pieces, rng: _columns(pieces) * _lookups(sim, pieces),
+    "size-lookup": lambda sim, pieces, rng: _columns(pieces) * _lookups(sim, pieces) * np.log10(_sizes(pieces) + 10),
+}
+
+
+def greedy_by_key(sim: Simulator, memory_bytes: int, key: str, seed: int = 0) -> Placement:
+    """The classic greedy with sort key ``key`` (one of ``GREEDY_KEYS``)."""
+    key_fn = GREEDY_KEYS[key]
+    rng = np.random.default_rng(seed)
+    bpe = sim.bytes_per_element
+
+    def place(pieces: list[Piece]) -> Placement | None:
+        keys = key_fn(sim, pieces, rng)
+        sizes = np.array([p.size_bytes(bpe) for p in pieces], dtype=np.float64)
+        load = np.zeros(sim.num_devices)
+        used = np.zeros(sim.num_devices)
+        devices = np.zeros(len(pieces), dtype=np.int64)
+        for s in np.argsort(-keys, kind="stable"):
+            fits = used + sizes[s] <= memory_bytes
+            if not fits.any():
+                return None
+            d = int(np.where(fits, load, np.inf).argmin())
+            devices[s] = d
+            load[d] += keys[s]
+            used[d] += sizes[s]
+        return Placement(pieces, devices)
+
+    start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe)
+    placed = place_with_splits(start, place, bpe)
+    placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
+    placed.details = {"parameters": {"key": key, "seed": seed}, "simulated_cost_ms": placed.cost_ms}
+    return placed

@@ -1,0 +1,103 @@
+"""Bayesian optimisation (optuna's TPE) over split decisions and the greedy's width cap.
+
+A trial chooses, for each of the ``max_tables`` tables with the highest predicted
+cost, how many times to halve its columns and into how many row ranges to split it,
+and one per-device width cap; the greedy placement of ``neuroshard.greedy_place``
+places the result and the simulator scores it. Trials are asked in batches so one
+simulator call scores a whole batch.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import NeuroShardError
+from .neuroshard import greedy_place
+from .rowwise import place_with_splits, split_for_memory, split_rows
+from .simulator import Piece, Placement, Simulator, whole_pieces
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BayesParams:
+    n_trials: int = 48           # trials in all
+    batch: int = 8               # trials scored per simulator call
+    max_tables: int = 8          # tables whose splits are searched (highest predicted cost first)
+    max_col_halvings: int = 3    # column halvings per table at most
+    max_row_parts: int = 4       # row ranges per table at most (1 = no row split)
+    max_cap_factor: float = 2.0  # width cap per device, x the mean width
+
+    def __post_init__(self) -> None:
+        for name in ("n_trials", "batch", "max_tables", "max_row_parts"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise NeuroShardError(f"parameter {name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if not isinstance(self.max_col_halvings, int) or self.max_col_halvings < 0:
+            raise NeuroShardError(f"parameter max_col_halvings must be an integer >= 0, got {self.max_col_halvings!r}")
+        if not self.max_cap_factor >= 1.0:
+            raise NeuroShardError(f"parameter max_cap_factor must be >= 1, got {self.max_cap_factor!r}")
+
+
+def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None, seed: int = 0) -> Placement:
+    """The best of ``n_trials`` TPE trials (seeded)."""
+    import optuna
+
+    params = params or BayesParams()
+    bpe = sim.bytes_per_element
+    start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe)
+    table_costs = sim.single_costs_ms(whole_pieces(sim.tables))
+    searched = [int(t) for t in np.argsort(-table_costs, kind="stable")[:params.max_tables]]
+    mean_width = sim.total_dim / sim.num_devices
+
+    def trial_state(trial: "optuna.trial.Trial") -> tuple[list[Piece], float]:
+        halvings = {t: trial.suggest_int(f"col_halvings_{t}", 0, params.max_col_halvings) for t in searched}
+        row_parts = {t: trial.suggest_int(f"row_parts_{t}", 1, params.max_row_parts) for t in searched}
+        cap = mean_width * trial.suggest_float("cap_factor", 1.0, params.max_cap_factor)
+        pieces: list[Piece] = []
+        for piece in start:
+            parts = [piece]
+            for _ in range(halvings.get(piece.table, 0)):
+                parts = [h for p in parts for h in (p.halve_cols() if p.can_halve_cols() else (p,))]
+            pieces += [r for p in parts for r in split_rows(p, row_parts.get(piece.table, 1))]
+        return sorted(pieces), math.ceil(cap)
+
+    def greedy(pieces: list[Piece], cap: float) -> np.ndarray:
+        ids = sim.piece_ids(pieces)
+        return greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.cols_of(ids), sim.num_devices, memory_bytes, np.array([cap], dtype=np.float64))[0]
+
+    sampler = optuna.samplers.TPESampler(seed=seed)
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.create_study(direction="minimize", sampler=sampler)
+        best: Placement | None = None
+        for first in range(0, params.n_trials, params.batch):
+            trials = [study.ask() for _ in range(min(params.batch, params.n_trials - first))]
+            states = [trial_state(t) for t in trials]
+            placed = [(pieces, greedy(pieces, cap)) for pieces, cap in states]
+            feasible = [i for i, (_, devices) in enumerate(placed) if (devices >= 0).all()]
+            costs = np.full(len(trials), np.inf)
+            if feasible:
+                costs[feasible] = sim.evaluate_many([placed[i] for i in feasible]).max_ms
+            for trial, cost, (pieces, devices) in zip(trials, costs, placed):
+                study.tell(trial, float(cost) if np.isfinite(cost) else 1e30)
+                if np.isfinite(cost) and (best is None or cost < best.cost_ms):
+                    best = Placement(pieces, devices, float(cost))
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+
+    if best is None:  # no trial packed: fall back to the unsplit state with extra memory splits
+        log.info("no Bayesian trial fit in memory; placing with extra memory splits")
+        best = place_with_splits(start, lambda pieces: _feasible(sim, pieces, greedy(pieces, math.inf)), bpe)
+    best.details = {"parameters": {**asdict(params), "seed": seed}, "simulated_cost_ms": best.cost_ms,
+                    "best_trial": study.best_trial.params if study.best_value < 1e30 else None}
+    return best
+
+
+def _feasible(sim: Simulator, pieces: list[Piece], devices: np.ndarray) -> Placement | None:
+    if not (devices >= 0).all():
+        return None
+    return Placement(pieces, devices, float(sim.evaluate(pieces, devices[None, :]).max_ms[0]))

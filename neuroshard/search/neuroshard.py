@@ -1,0 +1,154 @@
+"""The NeuroShard search (Zha et al., MLSys 2023), with row-wise splits added.
+
+Two levels, both judged by the simulator (the pre-trained cost models):
+
+* **Beam search over splits.** A state is a set of pieces (the tables, some of them
+  split). A step halves one piece: along columns (widths stay multiples of 4) for
+  the top-n pieces by size and the top-n by predicted cost, and along rows for the
+  top-n by cost (hot tables, as in ZionEX; the simulator charges the reduction a
+  row split adds). The k cheapest children form the next beam; L steps at most.
+* **Greedy grid search for placement.** For one state: sort the pieces by predicted
+  single-piece cost, put each on the least-loaded device (sum of predicted costs)
+  that has memory for it and stays under a per-device width cap; sweep the cap over
+  a grid (the cap balances communication, the loads balance compute) and keep the
+  placement the simulator finds cheapest.
+
+Tables too large for one device are split first (``rowwise.split_for_memory``).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import NeuroShardError
+from .rowwise import place_with_splits, split_for_memory
+from .simulator import Piece, Placement, Simulator, whole_pieces
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NeuroShardParams:
+    """Search parameters (the paper's k, L, n and the width-cap grid)."""
+
+    beam_width: int = 3          # k: states kept per step
+    depth: int = 8               # L: most splits added to the initial state
+    top_n: int = 3               # candidate pieces per state: top-n by size, top-n by cost
+    grid_size: int = 8           # width caps tried by the greedy placement
+    max_cap_factor: float = 1.5  # caps from 1x to this x the mean width per device (plus no cap)
+    row_splits: bool = True      # also try halving hot pieces along rows
+    patience: int = 3            # stop after this many steps without a better plan
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "top_n", "grid_size", "patience"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise NeuroShardError(f"parameter {name} must be an integer >= 1, got {getattr(self, name)!r}")
+        if not isinstance(self.depth, int) or self.depth < 0:
+            raise NeuroShardError(f"parameter depth must be an integer >= 0, got {self.depth!r}")
+        if not self.max_cap_factor >= 1.0:
+            raise NeuroShardError(f"parameter max_cap_factor must be >= 1, got {self.max_cap_factor!r}")
+
+
+def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = None) -> Placement:
+    """The cheapest placement found for ``sim``'s tables on its devices."""
+    params = params or NeuroShardParams()
+    bpe = sim.bytes_per_element
+    start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe, params.row_splits)
+    best = place_with_splits(start, lambda pieces: place_many(sim, [pieces], memory_bytes, params)[0],
+                             bpe, params.row_splits)
+    beam, seen, stale = [best], {tuple(best.pieces)}, 0
+    for step in range(params.depth):
+        children = []
+        for state in beam:
+            for child in split_children(sim, state.pieces, params):
+                if tuple(child) not in seen:
+                    seen.add(tuple(child))
+                    children.append(child)
+        placed = [c for c in place_many(sim, children, memory_bytes, params) if c is not None]
+        if not placed:
+            break
+        beam = sorted(placed, key=lambda c: c.cost_ms)[:params.beam_width]
+        log.debug("step %d: %d children, best %.4f ms (so far %.4f ms)", step, len(placed), beam[0].cost_ms,
+                  best.cost_ms)
+        if beam[0].cost_ms < best.cost_ms - 1e-9:
+            best, stale = beam[0], 0
+        else:
+            stale += 1
+            if stale >= params.patience:
+                break
+    best.details = {"parameters": asdict(params), "shards": len(best.pieces),
+                    "states_evaluated": len(seen), "simulated_cost_ms": best.cost_ms}
+    return best
+
+
+def split_children(sim: Simulator, pieces: list[Piece], params: NeuroShardParams) -> list[list[Piece]]:
+    """States one split away: column halves of the top-n pieces by size and by cost,
+    row halves of the top-n by cost."""
+    sizes = np.array([p.size_bytes(sim.bytes_per_element) for p in pieces], dtype=np.float64)
+    costs = sim.single_costs_ms(pieces)
+    by_size = [int(i) for i in np.argsort(-sizes, kind="stable")[:params.top_n]]
+    by_cost = [int(i) for i in np.argsort(-costs, kind="stable")[:params.top_n]]
+    splits = [(i, pieces[i].halve_cols()) for i in dict.fromkeys(by_size + by_cost) if pieces[i].can_halve_cols()]
+    if params.row_splits:
+        splits += [(i, pieces[i].halve_rows()) for i in by_cost if pieces[i].can_halve_rows()]
+    return [sorted([*pieces[:i], *halves, *pieces[i + 1:]]) for i, halves in splits]
+
+
+def width_caps(sim: Simulator, params: NeuroShardParams) -> np.ndarray:
+    """The grid of per-device width caps: from the mean width per device up, plus no cap."""
+    mean = sim.total_dim / sim.num_devices
+    caps = mean * np.linspace(1.0, params.max_cap_factor, max(params.grid_size - 1, 1))
+    return np.append(np.ceil(caps), np.inf)
+
+
+def place_many(sim: Simulator, states: list[list[Piece]], memory_bytes: int,
+               params: NeuroShardParams) -> list[Placement | None]:
+    """The best greedy placement over the cap grid of each state (None where the greedy
+    cannot pack the state into memory); one simulator call for all of them."""
+    caps = width_caps(sim, params)
+    candidates, owners = [], []
+    for s, pieces in enumerate(states):
+        ids = sim.piece_ids(pieces)
+        devices = greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.cols_of(ids),
+                               sim.num_devices, memory_bytes, caps)
+        distinct = {row.tobytes(): row for row in devices if row[0] >= 0}  # identical placements once
+        candidates += [(ids, row) for row in distinct.values()]
+        owners += [s] * len(distinct)
+    out: list[Placement | None] = [None] * len(states)
+    if not candidates:
+        return out
+    costs = sim.evaluate_ids(candidates).max_ms
+    for (_, row), s, cost in zip(candidates, owners, costs):
+        if out[s] is None or cost < out[s].cost_ms:
+            out[s] = Placement(list(states[s]), row, float(cost))
+    return out
+
+
+def greedy_place(costs_ms: np.ndarray, sizes_bytes: np.ndarray, widths: np.ndarray, num_devices: int,
+                 memory_bytes: int, caps: np.ndarray) -> np.ndarray:
+    """For every width cap at once: pieces in order of falling cost, each on the least
+    loaded device with memory for it under the cap (ignoring the cap when no device
+    meets it). Returns (len(caps), pieces) devices; a row of -1 where memory runs out."""
+    grid = len(caps)
+    rows = np.arange(grid)
+    load = np.zeros((grid, num_devices))
+    free = np.full((grid, num_devices), float(memory_bytes))          # memory left
+    headroom = np.repeat(np.asarray(caps, dtype=np.float64)[:, None], num_devices, axis=1)  # width left
+    devices = np.zeros((grid, len(costs_ms)), dtype=np.int64)
+    failed = np.zeros(grid, dtype=bool)
+    for s in np.argsort(-costs_ms, kind="stable").tolist():
+        fits = free >= sizes_bytes[s]
+        allowed = fits & (headroom >= widths[s])
+        stuck = ~allowed.any(axis=1)
+        if stuck.any():  # no device under the cap: fall back to any device with memory
+            allowed[stuck] = fits[stuck]
+            failed |= ~fits.any(axis=1)
+        chosen = np.where(allowed, load, np.inf).argmin(axis=1)
+        devices[:, s] = chosen
+        load[rows, chosen] += costs_ms[s]
+        free[rows, chosen] -= sizes_bytes[s]
+        headroom[rows, chosen] -= widths[s]
+    devices[failed] = -1
+    return devices

@@ -1,0 +1,276 @@
+"""The simulator: a placement of shards -> predicted per-device cost, from the cost models.
+
+Per device ``d`` of one candidate plan (all in ms at the tables' batch size)::
+
+    compute_d = compute model on the set of shards on d (one fused kernel)
+    bwd_d     = backward all-to-all of width_d (width_d = sum of the shards' columns)
+    fwd_d     = forward all-to-all of width_d, waiting included: it starts when d is
+                ready, skew_d = (compute_d + bwd_d) - max_e (compute_e + bwd_e)
+    reduce    = reduction of row-wise partial sums, reduce_width = sum over row-split
+                tables of num_cols x (row shards - 1)
+    total_d   = compute_d + fwd_d + bwd_d + reduce;   cost of the plan = max_d total_d
+
+Search evaluates thousands of candidates, so the simulator takes many at once: one
+compute-model call for every shard set not seen before (set costs are cached, keyed
+by the sorted shard ids), and one call per communication term for the whole
+``(candidates, devices)`` array.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from ..costmodels.base import CostModels
+from ..costmodels.features import FEATURE_NAMES, table_features
+from ..plan import Plan, Shard
+from ..tables import TableSet
+
+log = logging.getLogger(__name__)
+
+_DIM = FEATURE_NAMES.index("dim")
+_LOG_SIZE = FEATURE_NAMES.index("log2_size_bytes")
+#: the compute model is called on at most this many sets at once
+_PREDICT_CHUNK = 20000
+
+
+class Piece(NamedTuple):
+    """A shard before it is placed: rows [row_offset, +num_rows) x cols [col_offset, +num_cols)
+    of table number ``table``. A tuple: cheap to hash, sorts by table, then rows, then columns."""
+
+    table: int
+    row_offset: int
+    num_rows: int
+    col_offset: int
+    num_cols: int
+
+    def size_bytes(self, bytes_per_element: int) -> int:
+        return self.num_rows * self.num_cols * bytes_per_element
+
+    def can_halve_cols(self) -> bool:
+        """Two halves of widths that are multiples of 4."""
+        return self.num_cols % 8 == 0
+
+    def can_halve_rows(self) -> bool:
+        return self.num_rows >= 2
+
+    def halve_cols(self) -> tuple["Piece", "Piece"]:
+        half = self.num_cols // 2
+        return (Piece(self.table, self.row_offset, self.num_rows, self.col_offset, half),
+                Piece(self.table, self.row_offset, self.num_rows, self.col_offset + half, half))
+
+    def halve_rows(self) -> tuple["Piece", "Piece"]:
+        half = self.num_rows // 2
+        return (Piece(self.table, self.row_offset, half, self.col_offset, self.num_cols),
+                Piece(self.table, self.row_offset + half, self.num_rows - half, self.col_offset, self.num_cols))
+
+
+def whole_pieces(tables: TableSet) -> list[Piece]:
+    """One piece per table (table-wise)."""
+    return [Piece(i, 0, t.num_embeddings, 0, t.embedding_dim) for i, t in enumerate(tables)]
+
+
+@dataclass
+class Placement:
+    """A searched plan before it becomes a ``Plan``: pieces, the device of each, and what
+    the algorithm wants recorded (its parameters, its simulated cost)."""
+
+    pieces: list[Piece]
+    devices: np.ndarray
+    cost_ms: float = float("nan")
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class Estimate:
+    """Predicted costs of ``P`` candidate plans over ``D`` devices (ms at the tables' batch size)."""
+
+    compute_ms: np.ndarray   # (P, D)
+    fwd_comm_ms: np.ndarray  # (P, D)
+    bwd_comm_ms: np.ndarray  # (P, D)
+    reduce_ms: np.ndarray    # (P, D)
+
+    @property
+    def total_ms(self) -> np.ndarray:
+        """(P, D) per-device cost."""
+        return self.compute_ms + self.fwd_comm_ms + self.bwd_comm_ms + self.reduce_ms
+
+    @property
+    def max_ms(self) -> np.ndarray:
+        """(P,) cost of each plan: its slowest device."""
+        return self.total_ms.max(axis=1)
+
+    def to_dict(self, index: int = 0) -> dict:
+        """The plan file's ``estimate`` object for candidate ``index``."""
+        def ms(row: np.ndarray) -> list[float]:
+            return [round(float(x), 6) for x in row]
+        return {"max_device_cost_ms": round(float(self.max_ms[index]), 6),
+                "per_device_cost_ms": ms(self.total_ms[index]),
+                "per_device_compute_ms": ms(self.compute_ms[index]),
+                "per_device_fwd_comm_ms": ms(self.fwd_comm_ms[index]),
+                "per_device_bwd_comm_ms": ms(self.bwd_comm_ms[index]),
+                "per_device_reduce_ms": ms(self.reduce_ms[index])}
+
+
+class Simulator:
+    """Predicted costs of shard placements of ``tables`` on ``num_devices`` devices.
+
+    Pieces get small integer ids (``piece_ids``); their features, widths, sizes and
+    single-piece costs are kept in arrays indexed by id, and set costs in a dict keyed
+    by sorted id tuples, so a piece or a device's set is never costed twice."""
+
+    def __init__(self, tables: TableSet, num_devices: int, cost_models: CostModels, bytes_per_element: int = 4):
+        self.tables = tables
+        self.num_devices = int(num_devices)
+        self.cost_models = cost_models
+        self.bytes_per_element = int(bytes_per_element)
+        self.comm = cost_models.comm_for(self.num_devices)
+        self.scale = cost_models.scale(tables.batch_size)
+        self.total_dim = sum(t.embedding_dim for t in tables)
+        self._piece_ids: dict[Piece, int] = {}
+        self._pieces: list[Piece] = []
+        self._features: list[np.ndarray] = []
+        self._row_features: dict[tuple[int, int, int], np.ndarray] = {}
+        self._arrays: dict[str, np.ndarray] = {}  # per-id arrays, rebuilt when pieces were added
+        self._single_ms = np.zeros(0)              # single-piece cost per id (NaN: not yet predicted)
+        self._set_costs: dict[tuple[int, ...], float] = {}
+        self.model_calls = 0
+        self.sets_predicted = 0
+
+    # ------------------------------------------------------------- pieces
+    def piece_ids(self, pieces: Sequence[Piece]) -> np.ndarray:
+        """Stable small integers for ``pieces`` (new pieces get their features computed once)."""
+        ids = self._piece_ids
+        for piece in pieces:
+            if piece not in ids:
+                ids[piece] = len(self._pieces)
+                self._pieces.append(piece)
+                self._features.append(self._piece_features(piece))
+        return np.array([ids[p] for p in pieces], dtype=np.int64)
+
+    def piece(self, pid: int) -> Piece:
+        return self._pieces[pid]
+
+    def _piece_features(self, piece: Piece) -> np.ndarray:
+        """Features of a piece. Rows decide lookups and reuse (``Table.shard``, cached per
+        row range); a column range only changes the width and the size."""
+        table = self.tables[piece.table]
+        key = (piece.table, piece.row_offset, piece.num_rows)
+        base = self._row_features.get(key)
+        if base is None:
+            part = table.shard(piece.row_offset, piece.num_rows, 0, table.embedding_dim,
+                               self.cost_models.batch_size)
+            base = table_features(part, self.cost_models.batch_size)
+            self._row_features[key] = base
+        features = base.copy()
+        features[_DIM] = piece.num_cols
+        features[_LOG_SIZE] = np.log2(piece.num_rows * piece.num_cols * 4)
+        return features
+
+    def _array(self, name: str) -> np.ndarray:
+        if len(self._arrays.get("cols", ())) != len(self._pieces):
+            pieces = np.array(self._pieces, dtype=np.int64).reshape(-1, 5)
+            self._arrays = {"features": np.stack(self._features) if self._features else
+                            np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32),
+                            "cols": pieces[:, 4].astype(np.float64),
+                            "bytes": (pieces[:, 2] * pieces[:, 4] * self.bytes_per_element).astype(np.float64)}
+            grown = np.full(len(self._pieces), np.nan)
+            grown[:len(self._single_ms)] = self._single_ms
+            self._single_ms = grown
+        return self._arrays[name]
+
+    def features_of(self, ids: np.ndarray) -> np.ndarray:
+        """(len(ids), NUM_FEATURES) features of pieces by id."""
+        return self._array("features")[ids]
+
+    def cols_of(self, ids: np.ndarray) -> np.ndarray:
+        """Columns (all-to-all width) of pieces by id."""
+        return self._array("cols")[ids]
+
+    def bytes_of(self, ids: np.ndarray) -> np.ndarray:
+        """Memory of pieces by id."""
+        return self._array("bytes")[ids]
+
+    # -------------------------------------------------------------- costs
+    def set_costs_ms(self, sets: Sequence[tuple[int, ...]]) -> np.ndarray:
+        """Compute cost (ms at the models' batch size) of each set of piece ids (sorted
+        tuples); the model is called once for all sets not seen before."""
+        known = self._set_costs
+        missing = list({s for s in sets if s and s not in known})
+        for start in range(0, len(missing), _PREDICT_CHUNK):
+            chunk = missing[start:start + _PREDICT_CHUNK]
+            features = self._array("features")
+            costs = self.cost_models.compute.predict([features[list(s)] for s in chunk])
+            known.update(zip(chunk, np.asarray(costs, dtype=np.float64).tolist()))
+            self.model_calls += 1
+            self.sets_predicted += len(chunk)
+        return np.array([known[s] if s else 0.0 for s in sets], dtype=np.float64)
+
+    def single_costs_ms(self, pieces: Sequence[Piece] | np.ndarray) -> np.ndarray:
+        """Predicted compute cost of each piece alone (pieces or their ids), at the tables'
+        batch size."""
+        ids = pieces if isinstance(pieces, np.ndarray) else self.piece_ids(pieces)
+        self._array("cols")  # grow the per-id arrays
+        todo = np.unique(ids[np.isnan(self._single_ms[ids])])
+        if len(todo):
+            self._single_ms[todo] = self.set_costs_ms([(int(i),) for i in todo])
+        return self._single_ms[ids] * self.scale
+
+    def evaluate(self, pieces: Sequence[Piece], devices: np.ndarray) -> Estimate:
+        """Costs of ``P`` placements of the same pieces: ``devices`` is (P, len(pieces))."""
+        ids = self.piece_ids(pieces)
+        return self.evaluate_ids([(ids, row) for row in np.atleast_2d(devices)])
+
+    def evaluate_many(self, candidates: Sequence[tuple[Sequence[Piece], np.ndarray]]) -> Estimate:
+        """Costs of candidate plans, each ``(pieces, device of each piece)``."""
+        return self.evaluate_ids([(self.piece_ids(pieces), devices) for pieces, devices in candidates])
+
+    def evaluate_ids(self, candidates: Sequence[tuple[np.ndarray, np.ndarray]]) -> Estimate:
+        """Costs of candidate plans, each ``(piece ids, device of each piece)``: one
+        compute-model call for the unseen device sets of all candidates, one call per
+        communication term for the whole (candidates, devices) array."""
+        num, dev = len(candidates), self.num_devices
+        widths = np.zeros((num, dev))
+        reduce_width = np.zeros(num)
+        set_keys: list[tuple[int, ...]] = []
+        for p, (ids, devices) in enumerate(candidates):
+            devices = np.asarray(devices, dtype=np.int64)
+            cols = self.cols_of(ids)
+            widths[p] = np.bincount(devices, weights=cols, minlength=dev)
+            reduce_width[p] = cols.sum() - self.total_dim  # sum over columns of (row shards - 1)
+            order = np.lexsort((ids, devices))
+            bounds = np.searchsorted(devices[order], np.arange(dev + 1)).tolist()
+            sorted_ids = ids[order].tolist()
+            set_keys.extend(tuple(sorted_ids[bounds[d]:bounds[d + 1]]) for d in range(dev))
+        compute = self.set_costs_ms(set_keys).reshape(num, dev)
+        bwd = self.comm.predict_backward(widths)
+        ready = compute + bwd
+        fwd = self.comm.predict_forward(widths, ready - ready.max(axis=1, keepdims=True))
+        reduce = np.where(reduce_width > 0, self.comm.predict_reduce(reduce_width), 0.0)
+        reduce = np.broadcast_to(reduce[:, None], (num, dev)).copy()
+        return Estimate(compute * self.scale, fwd * self.scale, bwd * self.scale, reduce * self.scale)
+
+    # -------------------------------------------------------------- plans
+    def pieces_of_plan(self, plan: Plan) -> tuple[list[Piece], np.ndarray]:
+        """A plan's shards as pieces of these tables, and their devices."""
+        index = {t.name: i for i, t in enumerate(self.tables)}
+        pieces = [Piece(index[s.table], s.row_offset, s.num_rows, s.col_offset, s.num_cols) for s in plan.shards]
+        return pieces, np.array([s.device for s in plan.shards], dtype=np.int64)
+
+    def evaluate_plan(self, plan: Plan) -> Estimate:
+        """Predicted costs of one plan (a batch of one)."""
+        pieces, devices = self.pieces_of_plan(plan)
+        return self.evaluate(pieces, devices[None, :])
+
+    def to_shards(self, pieces: Sequence[Piece], devices: np.ndarray) -> list[Shard]:
+        """Pieces placed on devices as plan shards, ordered by table, rows, columns."""
+        names = [t.name for t in self.tables]
+        placed = sorted(zip(pieces, np.asarray(devices).tolist()))
+        return [Shard(names[p.table], p.row_offset, p.num_rows, p.col_offset, p.num_cols, int(d)) for p, d in placed]
+
+    def balanced_bound_ms(self) -> float:
+        """Sum of the tables' predicted single-table compute costs over the devices: the
+        per-device cost of a perfectly balanced plan without communication."""
+        return float(self.single_costs_ms(whole_pieces(self.tables)).sum() / self.num_devices)

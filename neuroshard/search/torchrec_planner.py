@@ -1,0 +1,103 @@
+"""TorchRec's own planner as a baseline (when ``torchrec`` is importable).
+
+``EmbeddingShardingPlanner`` over a ``Topology`` of ``D`` devices with the given
+memory, table-wise, column-wise and row-wise allowed; its ``ShardingPlan`` is
+turned into our pieces and scored by our simulator like every other algorithm.
+TorchRec counts more than the weights (optimizer state, buffers), so its plans are
+conservative under our memory accounting.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import InfeasibleError, NeuroShardError
+from ..units import format_bytes
+from .simulator import Piece, Placement, Simulator
+
+log = logging.getLogger(__name__)
+
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
+
+
+def torchrec_available() -> bool:
+    try:
+        import torchrec.distributed.planner  # noqa: F401
+    except Exception:  # torchrec missing, or installed without a working fbgemm
+        return False
+    return True
+
+
+def require_torchrec() -> None:
+    """Raise a one-line NeuroShardError when TorchRec cannot be imported."""
+    if not torchrec_available():
+        raise NeuroShardError("the 'torchrec' algorithm needs TorchRec (pip install torchrec); "
+                              "it is not importable here: use another --algorithm")
+
+
+@contextlib.contextmanager
+def _quiet_torchrec() -> Iterator[None]:
+    """TorchRec's planner warns about dry runs and direct Topology construction; hush it."""
+    logger = logging.getLogger("torchrec")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Placement:
+    """TorchRec's plan for ``sim``'s tables, scored by the simulator."""
+    require_torchrec()
+    import torch
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+    from torchrec.distributed.planner.types import PlannerError
+    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    data_type = {2: DataType.FP16, 1: DataType.INT8}.get(sim.bytes_per_element, DataType.FP32)
+    configs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
+                                  feature_names=[f"{t.name}__feature"], data_type=data_type) for t in sim.tables]
+    constraints = {t.name: ParameterConstraints(sharding_types=list(SHARDING_TYPES),
+                                                pooling_factors=[max(t.pooling_factor, 1e-3)]) for t in sim.tables}
+    caps = {"hbm_cap": memory_bytes} if compute_device == "cuda" else {"ddr_cap": memory_bytes, "hbm_cap": 0}
+    with _quiet_torchrec():
+        module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+        topology = Topology(world_size=sim.num_devices, compute_device=compute_device, **caps)
+        planner = EmbeddingShardingPlanner(topology=topology, batch_size=sim.tables.batch_size,
+                                           constraints=constraints, debug=False,
+                                           storage_reservation=FixedPercentageStorageReservation(0.0))
+        try:
+            plan = planner.plan(module, [EmbeddingBagCollectionSharder()])
+        except PlannerError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InfeasibleError(f"TorchRec's planner found no plan in {format_bytes(memory_bytes)} per device "
+                                  f"(it also counts optimizer state and buffers, often 2-3x the weights): "
+                                  f"{first[:200]}") from None
+
+    index = {t.name: i for i, t in enumerate(sim.tables)}
+    pieces: list[Piece] = []
+    devices: list[int] = []
+    for module_plan in plan.plan.values():
+        for name, sharding in module_plan.items():
+            if sharding.sharding_spec is None:
+                raise NeuroShardError(f"TorchRec placed table '{name}' as {sharding.sharding_type}, "
+                                      f"which has no shards to convert")
+            for meta in sharding.sharding_spec.shards:
+                (row, col), (rows, cols) = meta.shard_offsets, meta.shard_sizes
+                pieces.append(Piece(index[name], int(row), int(rows), int(col), int(cols)))
+                devices.append(int(meta.placement.rank()))
+    devices_arr = np.array(devices, dtype=np.int64)
+    cost = float(sim.evaluate(pieces, devices_arr[None, :]).max_ms[0])
+    return Placement(pieces, devices_arr, cost,
+                     {"parameters": {"compute_device": compute_device, "sharding_types": list(SHARDING_TYPES)},
+                      "simulated_cost_ms": cost})

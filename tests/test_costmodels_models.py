@@ -1,0 +1,131 @@
+"""Compute and communication models fitted on small real measurements (real kernels, real gloo).
+
+The measured folders are made once per session by the measurement code itself and are
+also used by ``test_costmodels_checkpoint.py``."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from neuroshard.costmodels.analytic import AnalyticCommModel, AnalyticComputeModel
+from neuroshard.costmodels.base import CommSamples
+from neuroshard.costmodels.metrics import gmae
+from neuroshard.costmodels.neural import NeuralCommModel, NeuralComputeModel
+from neuroshard.costmodels.pretrain import ComputeData, load_comm, load_compute, split_comm
+from neuroshard.costmodels.tree import TreeCommModel, TreeComputeModel
+
+HISTOGRAM = [0.473, 0.152, 0.139, 0.112, 0.072, 0.032, 0.011, 0.005, 0.002, 0.001, 0.001, 0, 0, 0, 0, 0, 0]
+_MEASURED: dict[str, Path] = {}
+
+
+def measured_folders(tmp_path_factory) -> dict[str, Path]:
+    """A tables file of 14 varied tables, 160 measured shard sets of them and 24 two-device
+    all-to-all samples, measured once per test session."""
+    if _MEASURED:
+        return _MEASURED
+    from neuroshard.costmodels.measure.collect import collect_comm, collect_compute
+    root = tmp_path_factory.mktemp("cost-data")
+    tables = []
+    for i in range(14):
+        access = [{"zipf_alpha": 0.6 + 0.1 * i}, {"reuse_histogram": HISTOGRAM, "mean_reuse": 6.9}, {}][i % 3]
+        tables.append({"name": f"t{i}", "num_embeddings": [500, 3000, 20000, 100000][i % 4],
+                       "embedding_dim": [16, 32, 64][i % 3], "pooling_factor": [1.0, 3.0, 8.0, 20.0, 0.5][i % 5],
+                       "access": access})
+    (root / "tables.json").write_text(json.dumps({"format": "neuroshard.tables/v1", "name": "cm", "batch_size": 512,
+                                                  "tables": tables}))
+    collect_compute(root / "tables.json", 160, root / "compute", max_tables=3, batch_size=512, dims=(8, 16, 32, 64),
+                    max_rows=20000, warmup=1, repeats=3, max_repeats=3, flush_bytes=1 << 20, progress=False)
+    collect_comm(2, 24, root / "comm2", batch_size=512, max_width=128, max_skew_ms=2.0, repeats=3, warmup=1,
+                 progress=False)
+    _MEASURED.update(compute=root / "compute", comm2=root / "comm2")
+    return _MEASURED
+
+
+@pytest.fixture(scope="session")
+def compute_data(tmp_path_factory) -> ComputeData:
+    return load_compute(measured_folders(tmp_path_factory)["compute"])
+
+
+@pytest.fixture(scope="session")
+def comm_groups(tmp_path_factory) -> list[CommSamples]:
+    return load_comm([measured_folders(tmp_path_factory)["comm2"]])[0]
+
+
+def random_split(data: ComputeData, seed: int = 0) -> tuple[ComputeData, ComputeData]:
+    order = np.random.default_rng(seed).permutation(len(data))
+    return data.subset(order[40:]), data.subset(order[:40])
+
+
+@pytest.fixture(scope="session")
+def neural_compute(compute_data) -> NeuralComputeModel:
+    train, _ = random_split(compute_data)
+    return NeuralComputeModel(hidden=64, depth=2, epochs=150, patience=30, seed=0).fit(train.sets, train.costs_ms)
+
+
+def test_loaded_data_matches_the_records(compute_data):
+    assert len(compute_data) == 160 and compute_data.batch_size == 512
+    assert all(s.ndim == 2 and 1 <= len(s) <= 3 for s in compute_data.sets)
+    assert all(t <= {f"t{i}" for i in range(14)} for t in compute_data.tables)
+    assert (compute_data.costs_ms > 0).all()
+
+
+def test_neural_compute_learns(compute_data, neural_compute):
+    """On sets it never saw, far better than the best constant (the geometric mean)."""
+    train, test = random_split(compute_data)
+    constant = np.full(len(test), np.exp(np.log(train.costs_ms).mean()))
+    model_err, constant_err = gmae(neural_compute.predict(test.sets), test.costs_ms), gmae(constant, test.costs_ms)
+    assert model_err < 0.5 * constant_err, (model_err, constant_err)
+    metrics = neural_compute.evaluate(test.sets, test.costs_ms)
+    assert metrics["kendall_tau"] > 0.6 and metrics["pair_accuracy"] > 0.7
+
+
+def test_neural_compute_predicts_many_sets_in_one_call(compute_data, neural_compute):
+    sets = compute_data.sets * 20  # 3200 sets of mixed sizes, one batched call
+    many = neural_compute.predict(sets)
+    one_by_one = np.array([neural_compute.predict([s])[0] for s in compute_data.sets[:20]])
+    assert many.shape == (3200,) and np.allclose(many[:20], one_by_one, rtol=1e-5)
+    assert np.allclose(many[:160], many[160:320])
+    assert neural_compute.predict([]).shape == (0,)
+
+
+def test_reference_compute_models_fit_and_predict(compute_data):
+    train, test = random_split(compute_data)
+    for model in (TreeComputeModel(seed=0), AnalyticComputeModel(batch_size=512)):
+        pred = model.fit(train.sets, train.costs_ms).predict(test.sets)
+        assert pred.shape == (len(test),) and np.isfinite(pred).all() and (pred > 0).all()
+        assert set(model.evaluate(test.sets, test.costs_ms)) == {"gmae", "mape", "kendall_tau", "pair_accuracy", "n"}
+
+
+def test_analytic_compute_fit_beats_its_defaults(compute_data):
+    model = AnalyticComputeModel(batch_size=512)
+    before = gmae(model.predict(compute_data.sets), compute_data.costs_ms)
+    after = gmae(model.fit(compute_data.sets, compute_data.costs_ms).predict(compute_data.sets), compute_data.costs_ms)
+    assert after < before and (model.coef >= 0).all()
+
+
+def test_analytic_comm_defaults_follow_bytes_and_waiting():
+    model = AnalyticCommModel(batch_size=4096)
+    widths = np.array([[64.0, 64.0], [256.0, 256.0]])
+    base = model.predict_forward(widths, np.zeros((2, 2)))
+    assert (base[1] > base[0]).all()
+    waited = model.predict_forward(widths, np.array([[0.0, 5.0], [0.0, 5.0]]))
+    assert np.allclose(waited[:, 0] - base[:, 0], 5.0) and np.allclose(waited[:, 1], base[:, 1])
+    assert model.predict_reduce(np.array([0.0, 64.0]), 4)[0] == 0.0 and model.predict_reduce(np.array([64.0]), 4)[0] > 0
+
+
+@pytest.mark.parametrize("cls", [NeuralCommModel, TreeCommModel, AnalyticCommModel])
+def test_comm_models_fit_and_answer_any_device_count(comm_groups, cls):
+    train, test = split_comm(comm_groups, 0.25, seed=0)
+    model = cls(512, epochs=60, seed=0) if cls is NeuralCommModel else cls(512)
+    model.fit(train)
+    metrics = model.evaluate(test)
+    assert set(metrics) >= {"fwd", "bwd"} and all(np.isfinite(m["gmae"]) for m in metrics.values())
+    for d in (2, 3, 128):
+        widths = np.full((3, d), 64.0)
+        skews = np.zeros((3, d))
+        for out in (model.predict_forward(widths, skews), model.predict_backward(widths)):
+            assert out.shape == (3, d) and np.isfinite(out).all() and (out > 0).all()
+        assert model.predict_reduce(np.array([0.0, 32.0, 64.0]), d).shape == (3,)

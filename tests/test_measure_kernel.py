@@ -1,0 +1,79 @@
+"""Kernel benchmark: real fbgemm TBE and EmbeddingBag kernels on small shard sets."""
+import numpy as np
+import pytest
+import torch
+
+from neuroshard.costmodels.measure.kernel import KernelBenchmark, fbgemm_available
+from neuroshard.errors import NeuroShardError
+from neuroshard.tables import Table
+
+KERNELS = ["embedding_bag"] + (["fbgemm_tbe"] if fbgemm_available() else [])
+
+
+def _bench(kernel, **kw):
+    return KernelBenchmark(kernel=kernel, batch_size=1024, flush_bytes=16 << 20, warmup=1, repeats=5,
+                           max_repeats=7, **kw)
+
+
+def _mean_costs(bench, sets, rounds=3):
+    """Interleaved rounds so machine noise hits every set alike."""
+    costs = np.zeros(len(sets))
+    for _ in range(rounds):
+        for i, shards in enumerate(sets):
+            costs[i] += bench.measure(shards).cost_ms / rounds
+    return costs
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_costs_positive_and_grow_with_pooling_and_width(kernel):
+    bench = _bench(kernel)
+    low_pf = [Table("a", 20000, 32, 2.0, {"zipf_alpha": 0.5})]
+    high_pf = [Table("a", 20000, 32, 32.0, {"zipf_alpha": 0.5})]
+    narrow = [Table("b", 20000, 8, 16.0)]
+    wide = [Table("b", 20000, 128, 16.0)]
+    costs = _mean_costs(bench, [low_pf, high_pf, narrow, wide])
+    assert (costs > 0).all()
+    assert costs[1] > 1.5 * costs[0], costs
+    assert costs[3] > 1.5 * costs[2], costs
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fused_set_of_mixed_widths(kernel):
+    shards = [Table("x", 5000, 16, 4.0), Table("y", 300, 64, 1.0, {"zipf_alpha": 1.1}),
+              Table("z", 5000, 16, 0.0), Table("w", 2_000_000, 32, 3.0)]  # empty shard, folded huge shard
+    before = torch.get_num_threads()
+    m = _bench(kernel, max_rows=10_000).measure(shards)
+    assert torch.get_num_threads() == before  # restored
+    assert m.kernel == kernel and m.batch_size == 1024
+    assert m.cost_ms > m.fwd_ms > 0 and len(m.times_ms) >= 5 and m.cv >= 0
+    assert m.cost_ms == pytest.approx(float(np.median(m.times_ms)), rel=1e-3)
+
+
+def test_auto_picks_fbgemm_when_importable():
+    assert KernelBenchmark(kernel="auto").kernel == ("fbgemm_tbe" if fbgemm_available() else "embedding_bag")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"kernel": "cublas"}, "unknown kernel"),
+    ({"backend": "tpu"}, "unknown backend"),
+    ({"optimizer": "adam"}, "unknown optimizer"),
+    ({"clock": "sundial"}, "unknown clock"),
+    ({"batch_size": 0}, "batch_size"),
+])
+def test_bad_configuration(kwargs, message):
+    with pytest.raises(NeuroShardError, match=message):
+        KernelBenchmark(**kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="has a GPU")
+def test_cuda_without_gpu():
+    with pytest.raises(NeuroShardError, match="cuda|CUDA"):
+        KernelBenchmark(backend="cuda", kernel="embedding_bag")
+
+
+def test_over_memory_cap_and_empty_set():
+    bench = _bench("auto", memory_bytes=1 << 20)
+    with pytest.raises(NeuroShardError, match="over the device memory cap"):
+        bench.measure([Table("big", 10000, 64, 1.0)])  # 2.4 MiB > 1 MiB
+    with pytest.raises(NeuroShardError, match="at least one shard"):
+        bench.measure([])

@@ -1,0 +1,94 @@
+"""Plan export for TorchRec (checked against TorchRec's own types when importable) and
+the `neuroshard search` / `neuroshard export` commands."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_cli
+from neuroshard.costmodels import analytic_cost_models
+from neuroshard.errors import NeuroShardError
+from neuroshard.plan import Plan, Shard
+from neuroshard.search.export import TORCHREC_FORMAT, to_parameter_shardings, torchrec_sharding
+from neuroshard.search.torchrec_planner import torchrec_available
+from neuroshard.tables import Table, TableSet
+
+needs_torchrec = pytest.mark.skipif(not torchrec_available(), reason="torchrec is not importable")
+
+
+def _mixed_plan() -> Plan:
+    """One table of each kind on 4 devices: table-, column-, row-wise (all ranks and a
+    subset) and split along both."""
+    tables = [Table("tw", 100, 16, 1.0), Table("cw", 100, 32, 1.0), Table("rw", 100, 8, 1.0),
+              Table("twrw", 90, 8, 1.0), Table("grid", 100, 16, 1.0)]
+    shards = [Shard("tw", 0, 100, 0, 16, 3),
+              Shard("cw", 0, 100, 0, 16, 1), Shard("cw", 0, 100, 16, 16, 2),
+              *[Shard("rw", 25 * d, 25, 0, 8, d) for d in range(4)],
+              Shard("twrw", 0, 45, 0, 8, 2), Shard("twrw", 45, 45, 0, 8, 0),
+              Shard("grid", 0, 50, 0, 8, 0), Shard("grid", 50, 50, 0, 8, 1), Shard("grid", 0, 100, 8, 8, 2)]
+    return Plan(tables, shards, 4, 10**6).validate()
+
+
+def test_export_names_torchrec_sharding_types():
+    exported = torchrec_sharding(_mixed_plan(), compute_device="cuda")
+    assert exported["format"] == TORCHREC_FORMAT and exported["world_size"] == 4
+    kinds = {name: record["sharding_type"] for name, record in exported["tables"].items()}
+    assert kinds == {"tw": "table_wise", "cw": "column_wise", "rw": "row_wise", "twrw": "table_row_wise",
+                     "grid": "grid_shard"}
+    cw = exported["tables"]["cw"]
+    assert cw["ranks"] == [1, 2]
+    assert cw["sharding_spec"][1] == {"shard_offsets": [0, 16], "shard_sizes": [100, 16], "placement": "rank:2/cuda:2"}
+    cpu = torchrec_sharding(_mixed_plan(), compute_device="cpu")
+    assert cpu["tables"]["tw"]["sharding_spec"][0]["placement"] == "rank:3/cpu"
+
+
+@needs_torchrec
+def test_export_builds_valid_torchrec_parameter_shardings():
+    from torchrec.distributed.types import ParameterSharding
+    plan = _mixed_plan()
+    sizes = {t.name: (t.num_embeddings, t.embedding_dim) for t in plan.tables}
+    shardings = to_parameter_shardings(json.loads(json.dumps(torchrec_sharding(plan))), sizes)
+    assert set(shardings) == set(sizes)
+    for name, sharding in shardings.items():
+        assert isinstance(sharding, ParameterSharding)
+        assert sum(m.shard_sizes[0] * m.shard_sizes[1] for m in sharding.sharding_spec.shards) == \
+            sizes[name][0] * sizes[name][1]
+    assert [m.placement.rank() for m in shardings["rw"].sharding_spec.shards] == [0, 1, 2, 3]
+    # TorchRec's own checks refuse an overlap and a gap.
+    broken = torchrec_sharding(plan)
+    spec = broken["tables"]["cw"]["sharding_spec"]
+    spec[1]["shard_offsets"] = [0, 8]
+    with pytest.raises(ValueError):
+        to_parameter_shardings(broken, sizes)
+    spec[1]["shard_offsets"], spec[1]["shard_sizes"] = [0, 16], [100, 8]
+    with pytest.raises(NeuroShardError):
+        to_parameter_shardings(broken, sizes)
+
+
+def test_cli_search_writes_a_valid_plan_and_exports_it(tmp_path):
+    tables = TableSet("cli", [Table(f"t{i}", 2_000 * (i + 1), [16, 32, 64][i % 3], 1.0 + i,
+                                    {"zipf_alpha": 0.8}) for i in range(8)], 4096)
+    tables_path = tables.write(tmp_path / "tables.json")
+    model_path = analytic_cost_models().save(tmp_path / "analytic.pt")
+    plan_path = tmp_path / "plan.json"
+    done = run_cli("search", tables_path, "--devices", "4", "--memory", "4MiB", "--cost-model", model_path,
+                   "--param", "depth=3", "--param", "grid_size=4", "-o", plan_path)
+    assert done.returncode == 0, done.stderr
+    plan = Plan.read(plan_path)
+    assert plan.problems() == [] and plan.device_memory_bytes == 4 * 2**20
+    assert set(plan.estimate) >= {"max_device_cost_ms", "per_device_cost_ms", "per_device_compute_ms",
+                                  "per_device_fwd_comm_ms", "per_device_bwd_comm_ms"}
+    assert set(plan.provenance) >= {"algorithm", "parameters", "cost_model", "created", "search_time_s"}
+    assert plan.provenance["parameters"]["depth"] == 3
+    assert "estimated max device cost" in done.stdout and "balanced bound" in done.stdout
+
+    out = tmp_path / "torchrec.json"
+    done = run_cli("export", plan_path, "--format", "torchrec", "-o", out)
+    assert done.returncode == 0, done.stderr
+    assert set(json.loads(out.read_text())["tables"]) == {t.name for t in tables}
+
+    done = run_cli("search", tables_path, "--devices", "2", "--memory", "1MiB", "--cost-model", model_path,
+                   "-a", "size", "-o", tmp_path / "never.json")
+    assert done.returncode == 2 and done.stderr.startswith("neuroshard: error:") and "too much" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "never.json").exists()

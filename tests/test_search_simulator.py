@@ -1,0 +1,92 @@
+"""The simulator: per-device terms, waiting in forward communication, reductions, caching."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from neuroshard.costmodels import analytic_cost_models
+from neuroshard.search.simulator import Piece, Simulator, whole_pieces
+from neuroshard.tables import Table, TableSet
+
+
+@pytest.fixture(scope="module")
+def models():
+    return analytic_cost_models()
+
+
+def _tables(batch_size: int = 4096) -> TableSet:
+    return TableSet("sim", [
+        Table("heavy", 200_000, 64, 40.0, {"zipf_alpha": 0.6}),
+        Table("light", 1_000, 64, 1.0),
+        Table("mid", 50_000, 32, 8.0, {"zipf_alpha": 1.0}),
+    ], batch_size)
+
+
+def test_forward_comm_waits_for_the_slowest_device(models):
+    tables = _tables()
+    sim = Simulator(tables, 2, models)
+    pieces = whole_pieces(tables)[:2]  # heavy and light: same width, very different compute
+    est = sim.evaluate(pieces, np.array([[0, 1]]))
+    assert est.compute_ms[0, 0] > est.compute_ms[0, 1]
+    # Same widths, so without waiting both forward times would be equal; the light device waits.
+    no_wait = sim.comm.predict_forward(np.array([[64.0, 64.0]]), np.zeros((1, 2))) * sim.scale
+    assert est.fwd_comm_ms[0, 1] > est.fwd_comm_ms[0, 0]
+    assert est.fwd_comm_ms[0, 0] == pytest.approx(no_wait[0, 0])
+    assert est.fwd_comm_ms[0, 1] > no_wait[0, 1]
+    # The plan's cost is its slowest device, and every device's total is the sum of its terms.
+    total = est.compute_ms + est.fwd_comm_ms + est.bwd_comm_ms + est.reduce_ms
+    assert np.allclose(est.total_ms, total)
+    assert est.max_ms[0] == pytest.approx(total.max())
+    record = est.to_dict()
+    assert record["max_device_cost_ms"] == pytest.approx(max(record["per_device_cost_ms"]), rel=1e-6)
+    assert {"per_device_compute_ms", "per_device_fwd_comm_ms", "per_device_bwd_comm_ms"} <= set(record)
+
+
+def test_set_costs_are_cached_and_batched(models):
+    tables = _tables()
+    sim = Simulator(tables, 3, models)
+    pieces = whole_pieces(tables)
+    placements = np.array([[0, 1, 2], [1, 0, 2], [0, 0, 1], [2, 1, 0]])
+    first = sim.evaluate(pieces, placements)
+    calls, predicted = sim.model_calls, sim.sets_predicted
+    assert calls == 1  # every device set of every candidate in one compute-model call
+    again = sim.evaluate(pieces, placements)
+    assert (sim.model_calls, sim.sets_predicted) == (calls, predicted)  # all from the cache
+    assert np.array_equal(first.total_ms, again.total_ms)
+    # The same set on another device, or in another order, is the same cached set.
+    sim.evaluate(pieces, np.array([[2, 0, 1]]))
+    assert sim.sets_predicted == predicted
+
+
+def test_row_splits_add_a_reduction_column_splits_do_not(models):
+    tables = _tables()
+    sim = Simulator(tables, 2, models)
+    heavy, light, mid = whole_pieces(tables)
+    cols = [*heavy.halve_cols(), light, mid]
+    rows = [*heavy.halve_rows(), light, mid]
+    est_cols = sim.evaluate(cols, np.array([[0, 1, 0, 1]]))
+    est_rows = sim.evaluate(rows, np.array([[0, 1, 0, 1]]))
+    assert np.all(est_cols.reduce_ms == 0)
+    assert np.all(est_rows.reduce_ms > 0)
+    # Row shards send partial sums of all their columns: more all-to-all width.
+    assert est_rows.bwd_comm_ms.sum() > est_cols.bwd_comm_ms.sum()
+
+
+def test_row_shard_features_follow_the_rows(models):
+    tables = _tables()
+    sim = Simulator(tables, 2, models)
+    heavy = whole_pieces(tables)[0]
+    top, bottom = heavy.halve_rows()
+    ids = sim.piece_ids([heavy, top, bottom, Piece(0, 0, heavy.num_rows, 0, 32)])
+    feats = sim.features_of(ids)
+    pooling = feats[:, 2]
+    assert pooling[1] + pooling[2] == pytest.approx(pooling[0], rel=0.05)
+    assert feats[3, 0] == 32 and feats[3, 2] == pytest.approx(pooling[0])
+
+
+def test_costs_scale_with_the_batch_size(models):
+    small, large = _tables(4096), _tables(8192)
+    placement = np.array([[0, 1, 1]])
+    a = Simulator(small, 2, models).evaluate(whole_pieces(small), placement)
+    b = Simulator(large, 2, models).evaluate(whole_pieces(large), placement)
+    assert np.allclose(b.total_ms, 2 * a.total_ms)
