@@ -4,9 +4,10 @@ baseline, and how NeuroShard's search time grows with tables x devices.
     python experiments/search_benchmark.py                      # defaults below
     python experiments/search_benchmark.py --tasks 4 --scaling 100x8 --no-torchrec
 
-Tasks: ``--tasks`` per device count, each a random draw of 10-60 tables from the
-held-out half of the synthetic ``dlrm-2021`` benchmark (``neuroshard.datasets``), with
-per-device memory set so the tables fill ``--fill`` of all devices. Costs are the
+Tasks: ``--tasks`` per device count, each 10-60 tables at augmented widths (4-128)
+drawn from the held-out tables of the synthetic ``dlrm-2021`` benchmark
+(``neuroshard.datasets.augment.sample_tasks``), filling at most ``--fill`` of
+``--devices`` x ``--memory``. Costs are the
 simulator's (the cost models' predictions), so this measures search quality against
 the models, not on hardware (``neuroshard.runtime`` measures plans for real).
 
@@ -36,15 +37,19 @@ from neuroshard.search.api import GREEDY_ALGORITHMS
 from neuroshard.search.rowwise import check_feasible
 from neuroshard.search.torchrec_planner import torchrec_available
 from neuroshard.tables import TableSet
+from neuroshard.units import parse_bytes
 
 log = logging.getLogger("search_benchmark")
 
 ALGORITHMS = ("neuroshard", *GREEDY_ALGORITHMS, "bayes", "torchrec")
 
 
-def benchmark_tasks(num_tasks: int, min_tables: int, max_tables: int, seed: int) -> list[TableSet]:
-    """Random table subsets of the held-out tables of the synthetic dlrm-2021 benchmark."""
+def benchmark_tasks(num_tasks: int, devices: int, args: argparse.Namespace, seed: int) -> list[tuple[TableSet, int]]:
+    """(tables, per-device memory) of random tasks over the held-out tables of the synthetic
+    dlrm-2021 benchmark: ``datasets.augment.sample_tasks`` (augmented widths, at most
+    ``--fill`` of all memory), or plain random subsets when that module is absent."""
     pool = generate("dlrm-2021", seed=0)
+    memory = parse_bytes(args.memory)
     try:
         from neuroshard.datasets.augment import sample_tasks, split_by_table
     except ImportError:
@@ -53,12 +58,15 @@ def benchmark_tasks(num_tasks: int, min_tables: int, max_tables: int, seed: int)
         held_out = pool.tables[1::2]  # the other half would train cost models
         tasks = []
         for i in range(num_tasks):
-            count = int(rng.integers(min_tables, max_tables + 1))
+            count = int(rng.integers(args.min_tables, args.max_tables + 1))
             chosen = sorted(rng.choice(len(held_out), size=count, replace=False))
-            tasks.append(TableSet(f"task{i}-t{count}", [held_out[j] for j in chosen], pool.batch_size))
+            tables = TableSet(f"task{i}-t{count}", [held_out[j] for j in chosen], pool.batch_size)
+            tasks.append((tables, memory_for(tables, devices, args.fill)))
         return tasks
     _, held_out = split_by_table(pool, seed=0)
-    return list(sample_tasks(held_out, num_tasks, min_tables=min_tables, max_tables=max_tables, seed=seed))
+    tasks = sample_tasks(held_out, num_tasks, num_tables=(args.min_tables, args.max_tables), num_devices=devices,
+                         device_memory_bytes=memory, seed=seed, max_fill=args.fill)
+    return [(task.tables, task.device_memory_bytes) for task in tasks]
 
 
 def memory_for(tables: TableSet, devices: int, fill: float) -> int:
@@ -72,9 +80,8 @@ def run_quality(args: argparse.Namespace, models) -> pd.DataFrame:
         log.warning("torchrec is not importable: its baseline is skipped")
     rows = []
     for devices in args.devices:
-        tasks = benchmark_tasks(args.tasks, args.min_tables, args.max_tables, seed=args.seed + devices)
-        for task in tqdm(tasks, desc=f"{devices} devices", disable=args.quiet):
-            memory = memory_for(task, devices, args.fill)
+        tasks = benchmark_tasks(args.tasks, devices, args, seed=args.seed + devices)
+        for task, memory in tqdm(tasks, desc=f"{devices} devices", disable=args.quiet):
             check_feasible(task, devices, memory, 4)
             sim = Simulator(task, devices, models)
             for algorithm in algorithms:
@@ -98,7 +105,9 @@ def summarize_quality(df: pd.DataFrame) -> pd.DataFrame:
         mean_ratio=("ratio", "mean"), worst_ratio=("ratio", "max"), best_ratio=("ratio", "min"),
         mean_time_s=("time_s", "mean"), no_plan=("cost_ms", lambda c: int(c.isna().sum())))
     order = {a: i for i, a in enumerate(ALGORITHMS)}
-    return table.reset_index().sort_values(["devices", "algorithm"], key=lambda s: s.map(order) if s.name == "algorithm" else s)
+    table = table.reset_index()
+    table["rank"] = table.algorithm.map(order)
+    return table.sort_values(["devices", "rank"]).drop(columns="rank")
 
 
 def run_scaling(args: argparse.Namespace, models) -> pd.DataFrame:
@@ -128,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--min-tables", type=int, default=10)
     parser.add_argument("--max-tables", type=int, default=60)
-    parser.add_argument("--fill", type=float, default=0.75, help="share of all device memory the tables fill")
+    parser.add_argument("--memory", default="2GiB", help="memory per device of the quality tasks (default 2GiB)")
+    parser.add_argument("--fill", type=float, default=0.7,
+                        help="most of all device memory a task fills (scaling points: exactly this)")
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     parser.add_argument("--no-torchrec", action="store_true", help="leave TorchRec's planner out")
     parser.add_argument("--scaling", nargs="*", default=["10x4", "100x8", "200x16", "428x64", "856x128"],
@@ -143,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     models = load_cost_models(args.cost_model)
-    print(f"cost models: {models.name} (batch {models.batch_size}); memory fill {args.fill:.0%}")
+    print(f"cost models: {models.name} (batch {models.batch_size}); tasks: {args.tasks} per device count, "
+          f"{args.min_tables}-{args.max_tables} tables, {args.memory} per device, at most {args.fill:.0%} full")
     pd.set_option("display.width", 200)
     if args.tasks > 0:
         quality = run_quality(args, models)

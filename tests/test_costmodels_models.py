@@ -22,7 +22,7 @@ _MEASURED: dict[str, Path] = {}
 
 
 def measured_folders(tmp_path_factory) -> dict[str, Path]:
-    """A tables file of 14 varied tables, 160 measured shard sets of them and 24 two-device
+    """A tables file of 14 varied tables, 200 measured shard sets of them and 24 two-device
     all-to-all samples, measured once per test session."""
     if _MEASURED:
         return _MEASURED
@@ -32,11 +32,12 @@ def measured_folders(tmp_path_factory) -> dict[str, Path]:
     for i in range(14):
         access = [{"zipf_alpha": 0.6 + 0.1 * i}, {"reuse_histogram": HISTOGRAM, "mean_reuse": 6.9}, {}][i % 3]
         tables.append({"name": f"t{i}", "num_embeddings": [500, 3000, 20000, 100000][i % 4],
-                       "embedding_dim": [16, 32, 64][i % 3], "pooling_factor": [1.0, 3.0, 8.0, 20.0, 0.5][i % 5],
+                       "embedding_dim": [16, 64, 128][i % 3], "pooling_factor": [1.0, 4.0, 12.0, 40.0, 0.5][i % 5],
                        "access": access})
     (root / "tables.json").write_text(json.dumps({"format": "neuroshard.tables/v1", "name": "cm", "batch_size": 512,
                                                   "tables": tables}))
-    collect_compute(root / "tables.json", 160, root / "compute", max_tables=3, batch_size=512, dims=(8, 16, 32, 64),
+    collect_compute(root / "tables.json", 200, root / "compute", max_tables=4, batch_size=1024,
+                    dims=(8, 16, 32, 64, 128),
                     max_rows=20000, warmup=1, repeats=3, max_repeats=3, flush_bytes=1 << 20, progress=False)
     collect_comm(2, 24, root / "comm2", batch_size=512, max_width=128, max_skew_ms=2.0, repeats=3, warmup=1,
                  progress=False)
@@ -56,18 +57,18 @@ def comm_groups(tmp_path_factory) -> list[CommSamples]:
 
 def random_split(data: ComputeData, seed: int = 0) -> tuple[ComputeData, ComputeData]:
     order = np.random.default_rng(seed).permutation(len(data))
-    return data.subset(order[40:]), data.subset(order[:40])
+    return data.subset(order[50:]), data.subset(order[:50])
 
 
 @pytest.fixture(scope="session")
 def neural_compute(compute_data) -> NeuralComputeModel:
     train, _ = random_split(compute_data)
-    return NeuralComputeModel(hidden=64, depth=2, epochs=150, patience=30, seed=0).fit(train.sets, train.costs_ms)
+    return NeuralComputeModel(hidden=64, depth=2, lr=1e-2, epochs=300, patience=60, seed=0).fit(train.sets, train.costs_ms)
 
 
 def test_loaded_data_matches_the_records(compute_data):
-    assert len(compute_data) == 160 and compute_data.batch_size == 512
-    assert all(s.ndim == 2 and 1 <= len(s) <= 3 for s in compute_data.sets)
+    assert len(compute_data) == 200 and compute_data.batch_size == 1024
+    assert all(s.ndim == 2 and 1 <= len(s) <= 4 for s in compute_data.sets)
     assert all(t <= {f"t{i}" for i in range(14)} for t in compute_data.tables)
     assert (compute_data.costs_ms > 0).all()
 
@@ -77,30 +78,30 @@ def test_neural_compute_learns(compute_data, neural_compute):
     train, test = random_split(compute_data)
     constant = np.full(len(test), np.exp(np.log(train.costs_ms).mean()))
     model_err, constant_err = gmae(neural_compute.predict(test.sets), test.costs_ms), gmae(constant, test.costs_ms)
-    assert model_err < 0.5 * constant_err, (model_err, constant_err)
+    assert model_err < 0.6 * constant_err, (model_err, constant_err)
     metrics = neural_compute.evaluate(test.sets, test.costs_ms)
     assert metrics["kendall_tau"] > 0.6 and metrics["pair_accuracy"] > 0.7
 
 
 def test_neural_compute_predicts_many_sets_in_one_call(compute_data, neural_compute):
-    sets = compute_data.sets * 20  # 3200 sets of mixed sizes, one batched call
+    sets = compute_data.sets * 20  # 4000 sets of mixed sizes, one batched call
     many = neural_compute.predict(sets)
     one_by_one = np.array([neural_compute.predict([s])[0] for s in compute_data.sets[:20]])
-    assert many.shape == (3200,) and np.allclose(many[:20], one_by_one, rtol=1e-5)
-    assert np.allclose(many[:160], many[160:320])
+    assert many.shape == (4000,) and np.allclose(many[:20], one_by_one, rtol=1e-5)
+    assert np.allclose(many[:200], many[200:400])
     assert neural_compute.predict([]).shape == (0,)
 
 
 def test_reference_compute_models_fit_and_predict(compute_data):
     train, test = random_split(compute_data)
-    for model in (TreeComputeModel(seed=0), AnalyticComputeModel(batch_size=512)):
+    for model in (TreeComputeModel(seed=0), AnalyticComputeModel(batch_size=1024)):
         pred = model.fit(train.sets, train.costs_ms).predict(test.sets)
         assert pred.shape == (len(test),) and np.isfinite(pred).all() and (pred > 0).all()
         assert set(model.evaluate(test.sets, test.costs_ms)) == {"gmae", "mape", "kendall_tau", "pair_accuracy", "n"}
 
 
 def test_analytic_compute_fit_beats_its_defaults(compute_data):
-    model = AnalyticComputeModel(batch_size=512)
+    model = AnalyticComputeModel(batch_size=1024)
     before = gmae(model.predict(compute_data.sets), compute_data.costs_ms)
     after = gmae(model.fit(compute_data.sets, compute_data.costs_ms).predict(compute_data.sets), compute_data.costs_ms)
     assert after < before and (model.coef >= 0).all()

@@ -10,6 +10,8 @@ from conftest import run_cli
 from neuroshard.costmodels import analytic_cost_models
 from neuroshard.errors import NeuroShardError
 from neuroshard.plan import Plan, Shard
+from neuroshard.search import ALGORITHMS
+from neuroshard.search.cli import ALGORITHM_CHOICES
 from neuroshard.search.export import TORCHREC_FORMAT, to_parameter_shardings, torchrec_sharding
 from neuroshard.search.torchrec_planner import torchrec_available
 from neuroshard.tables import Table, TableSet
@@ -67,6 +69,7 @@ def test_export_builds_valid_torchrec_parameter_shardings():
 
 
 def test_cli_search_writes_a_valid_plan_and_exports_it(tmp_path):
+    assert ALGORITHM_CHOICES == ALGORITHMS  # the CLI lists every algorithm without importing the search
     tables = TableSet("cli", [Table(f"t{i}", 2_000 * (i + 1), [16, 32, 64][i % 3], 1.0 + i,
                                     {"zipf_alpha": 0.8}) for i in range(8)], 4096)
     tables_path = tables.write(tmp_path / "tables.json")

@@ -19,14 +19,31 @@ Costs are for the batch size the model was measured at (``CostModels.batch_size`
 """
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from ..errors import NeuroShardError
+
+
+@contextlib.contextmanager
+def few_threads(num_threads: int = 1) -> Iterator[None]:
+    """Run torch and OpenMP/BLAS code (scikit-learn's trees) on ``num_threads`` threads, restoring the
+    previous settings after. The models are small: extra threads only add synchronisation, which on a
+    shared machine costs far more than it saves."""
+    import torch
+    from threadpoolctl import threadpool_limits
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        with threadpool_limits(num_threads):
+            yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 # ----------------------------------------------------------------- shard sets

@@ -8,7 +8,7 @@ import json
 def _pretrain(args: argparse.Namespace) -> int:
     from .pretrain import format_table, pretrain
     result = pretrain(args.data, args.comm_data or (), args.out, tune=args.tune, epochs=args.epochs,
-                      test_tables=args.test_tables, seed=args.seed)
+                      test_tables=args.test_tables, seed=args.seed, refit=not args.no_refit)
     summary = result.models.data_summary["compute"]
     print(f"compute: {summary['shard_sets']} measured shard sets over {summary['source_tables']} tables; "
           f"trained on {summary['train_sets']} (+{summary['val_sets']} validation), held out {summary['test_sets']} "
@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epochs", type=int, default=400, help="maximum epochs (early stopping on validation)")
     p.add_argument("--test-tables", type=float, default=0.3, help="share of source tables held out (default 0.3)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-refit", action="store_true",
+                   help="save the models trained on the training tables only (default: retrain the same recipe "
+                        "on all data after the held-out evaluation)")
     p.set_defaults(func=_pretrain)
 
     cm = sub.add_parser("costmodel", help="inspect cost-model checkpoints", description="Inspect checkpoints.")

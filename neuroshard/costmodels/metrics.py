@@ -76,32 +76,37 @@ def cost_metrics(pred: np.ndarray, true: np.ndarray, plan_size: int = 4, seed: i
             "pair_accuracy": pair_accuracy(pred, true, plan_size=plan_size, seed=seed), "n": int(np.size(true))}
 
 
-def comm_metrics(model, groups: Sequence, seed: int = 0) -> dict:
-    """Metrics per direction over all devices of all samples (``CommSamples`` groups). Pair accuracy
-    compares whole samples (a sample is a plan: its cost is the max over devices) of equal device count."""
-    out = {}
-    for direction in ("fwd", "bwd", "reduce"):
-        preds, trues, pair_scores, weights = [], [], [], []
-        for g in groups:
-            if direction == "fwd":
-                pred, true = model.predict_forward(g.widths, g.skews_ms), g.fwd_ms
-            elif direction == "bwd":
-                pred, true = model.predict_backward(g.widths), g.bwd_ms
-            else:
-                g = g.reducing()
-                if not len(g):
-                    continue
-                pred, true = model.predict_reduce(g.reduce_width, g.num_devices)[:, None], g.reduce_ms.mean(1)[:, None]
-            preds.append(pred.ravel())
-            trues.append(true.ravel())
-            pair_scores.append(pair_accuracy_of_plans(pred.max(axis=1), true.max(axis=1), seed=seed))
-            weights.append(len(g))
-        if not preds:
-            continue
-        pred, true = np.concatenate(preds), np.concatenate(trues)
-        scores = np.asarray(pair_scores)
-        ok = np.isfinite(scores)
-        out[direction] = {"gmae": gmae(pred, true), "mape": mape(pred, true), "kendall_tau": kendall_tau(pred, true),
-                          "pair_accuracy": float(np.average(scores[ok], weights=np.asarray(weights)[ok]))
-                          if ok.any() else float("nan"), "n": int(true.size)}
+def plan_metrics(preds: Sequence[np.ndarray], trues: Sequence[np.ndarray], seed: int = 0) -> dict:
+    """Metrics of per-device predictions: ``preds[i]``, ``trues[i]`` of shape (P_i, D_i), one pair per
+    device count. GMAE, MAPE and Kendall tau over all devices; pair accuracy over whole samples (a
+    sample is a plan: its cost is the max over devices), pairs of equal device count."""
+    pred = np.concatenate([np.ravel(p) for p in preds])
+    true = np.concatenate([np.ravel(t) for t in trues])
+    scores = np.array([pair_accuracy_of_plans(p.max(axis=1), t.max(axis=1), seed=seed) for p, t in zip(preds, trues)])
+    weights = np.array([len(t) for t in trues], dtype=np.float64)
+    ok = np.isfinite(scores)
+    return {"gmae": gmae(pred, true), "mape": mape(pred, true), "kendall_tau": kendall_tau(pred, true),
+            "pair_accuracy": float(np.average(scores[ok], weights=weights[ok])) if ok.any() else float("nan"),
+            "n": int(true.size)}
+
+
+def comm_predictions(model, groups: Sequence) -> dict:
+    """{direction: (predictions, measurements)}, lists of (P, D) arrays per group; the reduction only
+    over samples that reduce, as (P, 1)."""
+    out: dict = {"fwd": ([], []), "bwd": ([], []), "reduce": ([], [])}
+    for g in groups:
+        out["fwd"][0].append(model.predict_forward(g.widths, g.skews_ms))
+        out["fwd"][1].append(g.fwd_ms)
+        out["bwd"][0].append(model.predict_backward(g.widths))
+        out["bwd"][1].append(g.bwd_ms)
+        r = g.reducing()
+        if len(r):
+            out["reduce"][0].append(model.predict_reduce(r.reduce_width, r.num_devices)[:, None])
+            out["reduce"][1].append(r.reduce_ms.mean(axis=1)[:, None])
     return out
+
+
+def comm_metrics(model, groups: Sequence, seed: int = 0) -> dict:
+    """Metrics per direction (``fwd``, ``bwd``, ``reduce``) over ``CommSamples`` groups (see ``plan_metrics``)."""
+    return {direction: plan_metrics(preds, trues, seed)
+            for direction, (preds, trues) in comm_predictions(model, groups).items() if preds}

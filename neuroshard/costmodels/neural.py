@@ -29,8 +29,8 @@ from torch import nn
 from tqdm import tqdm
 
 from ..errors import NeuroShardError
-from .analytic import AnalyticCommModel, comm_terms, reduce_terms, wait_ms
-from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, pack_sets
+from .analytic import AnalyticCommModel, AnalyticComputeModel, comm_terms, reduce_terms, wait_ms
+from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, few_threads, pack_sets
 from .features import FEATURE_NAMES, NUM_FEATURES
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,11 @@ def train_regressor(net: nn.Module, loss_of: Callable[[nn.Module, np.ndarray], t
                     weight_decay: float, patience: int, seed: int, desc: str) -> tuple[nn.Module, float]:
     """Adam over shuffled mini-batches of ``num_train`` items; keeps the weights of the best
     validation loss and stops after ``patience`` epochs without improvement."""
+    with few_threads():
+        return _train(net, loss_of, num_train, val_loss, epochs, batch_size, lr, weight_decay, patience, seed, desc)
+
+
+def _train(net, loss_of, num_train, val_loss, epochs, batch_size, lr, weight_decay, patience, seed, desc):
     rng = np.random.default_rng(seed)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(epochs, 1), eta_min=lr * 0.02)
@@ -86,11 +91,12 @@ def shard_inputs(shards: np.ndarray) -> np.ndarray:
     """Per-shard model inputs: the named features plus log2 of width, lookups and bytes gathered."""
     dim, pool = shards[:, _DIM].astype(np.float64), shards[:, _POOL].astype(np.float64)
     distinct = pool / np.exp2(shards[:, _LOG_REUSE].astype(np.float64))
-    extra = np.stack([np.log2(dim), np.log2(pool + 1e-3), np.log2(pool * dim + 1e-3), np.log2(distinct * dim + 1e-3)], 1)
+    extra = np.stack([np.log2(dim), np.log2(pool + 1e-3), np.log2(pool * dim + 1e-3), np.log2(distinct * dim + 1e-3),
+                      pool * dim / 256.0, distinct * dim / 256.0], 1)  # linear terms: sums over a set are totals
     return np.concatenate([shards.astype(np.float64), extra], axis=1).astype(np.float32)
 
 
-NUM_INPUTS = NUM_FEATURES + 4
+NUM_INPUTS = NUM_FEATURES + 6
 
 
 def pad_sets(sets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -108,36 +114,52 @@ def pad_sets(sets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class SetNet(nn.Module):
-    """Per-shard encoder MLP, masked sum over the set, predictor MLP -> one number per set."""
+    """Per-shard encoder MLP, masked sum over the set, predictor MLP -> one number per set.
+    ``num_set_inputs`` per-set numbers (the analytic prior) join the pooled encoding."""
 
-    def __init__(self, num_inputs: int, hidden: int, depth: int):
+    def __init__(self, num_inputs: int, hidden: int, depth: int, num_set_inputs: int = 0):
         super().__init__()
         self.encoder = mlp(num_inputs, hidden, depth)
-        self.predictor = mlp(hidden, hidden, max(depth - 1, 1), 1)
+        self.predictor = mlp(hidden + num_set_inputs, hidden, max(depth - 1, 1), 1)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, set_inputs: torch.Tensor) -> torch.Tensor:
         pooled = (self.encoder(x) * mask.unsqueeze(-1)).sum(dim=1)
-        return self.predictor(pooled).squeeze(-1)
+        return self.predictor(torch.cat([pooled, set_inputs], dim=1)).squeeze(-1)
 
 
 class NeuralComputeModel(ComputeCostModel):
-    """Shard set -> fused forward+backward ms, a set network trained on log ms."""
+    """Shard set -> fused forward+backward ms, a set network trained on log ms.
+
+    With ``prior=True`` (the default) the network learns the log of measured / analytic
+    ms (an ``AnalyticComputeModel`` fitted on the same data), and sees the log analytic ms
+    beside the pooled encoding: the physics carries the scale, the network what it misses."""
 
     name = "neural"
 
     def __init__(self, hidden: int = 128, depth: int = 3, lr: float = 2e-3, weight_decay: float = 1e-4,
                  epochs: int = 400, batch_size: int = 128, patience: int = 40, val_fraction: float = 0.15,
-                 seed: int = 0):
+                 prior: bool = True, seed: int = 0):
         self.hparams = dict(hidden=hidden, depth=depth, lr=lr, weight_decay=weight_decay, epochs=epochs,
-                            batch_size=batch_size, patience=patience, val_fraction=val_fraction, seed=seed)
+                            batch_size=batch_size, patience=patience, val_fraction=val_fraction, prior=prior,
+                            seed=seed)
+        self.prior: AnalyticComputeModel | None = None
         self.net: SetNet | None = None
         self.x_mean = self.x_std = None
         self.y_mean, self.y_std = 0.0, 1.0
         self.val_loss = float("nan")
 
-    def _inputs(self, padded: np.ndarray, mask: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _inputs(self, sets: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
+        """Network inputs of sets: (shard inputs, mask, per-set inputs, log prior ms added to the output)."""
+        padded, mask = pad_sets(sets)
         x = (padded - self.x_mean) / self.x_std * mask[..., None]
-        return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(mask)
+        if self.prior is None:
+            base = np.zeros(len(sets))
+            set_inputs = np.zeros((len(sets), 0))
+        else:
+            base = np.log(np.maximum(self.prior.predict(sets), 1e-6))
+            set_inputs = ((base - self.prior_mean) / self.prior_std)[:, None]
+        return (torch.from_numpy(x.astype(np.float32)), torch.from_numpy(mask),
+                torch.from_numpy(set_inputs.astype(np.float32)), base)
 
     def fit(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray, val_sets: Sequence[np.ndarray] | None = None,
             val_costs_ms: np.ndarray | None = None) -> "NeuralComputeModel":
@@ -155,20 +177,24 @@ class NeuralComputeModel(ComputeCostModel):
         padded, mask = pad_sets(sets)
         real = padded[mask > 0]
         self.x_mean, self.x_std = real.mean(0), real.std(0) + 1e-6
-        y = np.log(costs_ms)
-        self.y_mean, self.y_std = float(y.mean()), float(y.std() + 1e-6)
-        x, m = self._inputs(padded, mask)
-        target = torch.from_numpy(((y - self.y_mean) / self.y_std).astype(np.float32))
-        vx, vm = self._inputs(*pad_sets(val_sets))
-        vy = torch.from_numpy(np.log(np.asarray(val_costs_ms, dtype=np.float64)).astype(np.float32))
-        self.net = SetNet(NUM_INPUTS, hp["hidden"], hp["depth"])
+        self.prior = AnalyticComputeModel().fit(sets, costs_ms) if hp.get("prior", True) else None
+        if self.prior is not None:
+            log_prior = np.log(np.maximum(self.prior.predict(sets), 1e-6))
+            self.prior_mean, self.prior_std = float(log_prior.mean()), float(log_prior.std() + 1e-6)
+        x, m, s, base = self._inputs(sets)
+        residual = np.log(costs_ms) - base
+        self.y_mean, self.y_std = float(residual.mean()), float(residual.std() + 1e-6)
+        target = torch.from_numpy(((residual - self.y_mean) / self.y_std).astype(np.float32))
+        vx, vm, vs, vbase = self._inputs(val_sets)
+        vy = torch.from_numpy((np.log(np.asarray(val_costs_ms, dtype=np.float64)) - vbase).astype(np.float32))
+        self.net = SetNet(NUM_INPUTS, hp["hidden"], hp["depth"], s.shape[1])
 
         def loss_of(net: nn.Module, rows: np.ndarray) -> torch.Tensor:
-            rows_t = torch.from_numpy(rows)
-            return nn.functional.smooth_l1_loss(net(x[rows_t], m[rows_t]), target[rows_t], beta=0.05)
+            r = torch.from_numpy(rows)
+            return nn.functional.smooth_l1_loss(net(x[r], m[r], s[r]), target[r], beta=0.05)
 
         def val_loss(net: nn.Module) -> float:  # mean |log(pred / true)|, about the mean relative error
-            return float((net(vx, vm) * self.y_std + self.y_mean - vy).abs().mean())
+            return float((net(vx, vm, vs) * self.y_std + self.y_mean - vy).abs().mean())
 
         self.net, self.val_loss = train_regressor(self.net, loss_of, len(sets), val_loss, hp["epochs"],
                                                   hp["batch_size"], hp["lr"], hp["weight_decay"], hp["patience"],
@@ -180,15 +206,18 @@ class NeuralComputeModel(ComputeCostModel):
         if self.net is None:
             raise NeuroShardError("the neural compute model is not trained; call fit or load a checkpoint")
         out = np.empty(len(sets))
-        for start in range(0, len(sets), chunk):
-            x, m = self._inputs(*pad_sets(sets[start:start + chunk]))
-            out[start:start + chunk] = self.net(x, m).double().numpy() * self.y_std + self.y_mean
+        with few_threads():
+            for start in range(0, len(sets), chunk):
+                x, m, s, base = self._inputs(sets[start:start + chunk])
+                out[start:start + chunk] = base + self.net(x, m, s).double().numpy() * self.y_std + self.y_mean
         return np.exp(out)
 
     def state_dict(self) -> dict:
         return {"hparams": dict(self.hparams), "weights": self.net.state_dict() if self.net else None,
                 "x_mean": self.x_mean.tolist(), "x_std": self.x_std.tolist(), "y_mean": self.y_mean,
-                "y_std": self.y_std, "val_loss": float(self.val_loss), "num_inputs": NUM_INPUTS}
+                "y_std": self.y_std, "val_loss": float(self.val_loss), "num_inputs": NUM_INPUTS,
+                "prior": self.prior.state_dict() if self.prior else None,
+                "prior_norm": [self.prior_mean, self.prior_std] if self.prior else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.hparams = dict(state["hparams"])
@@ -196,7 +225,13 @@ class NeuralComputeModel(ComputeCostModel):
         self.x_std = np.asarray(state["x_std"], np.float32)
         self.y_mean, self.y_std = float(state["y_mean"]), float(state["y_std"])
         self.val_loss = float(state.get("val_loss", float("nan")))
-        self.net = SetNet(int(state["num_inputs"]), self.hparams["hidden"], self.hparams["depth"])
+        self.prior = None
+        if state.get("prior"):
+            self.prior = AnalyticComputeModel()
+            self.prior.load_state_dict(state["prior"])
+            self.prior_mean, self.prior_std = state["prior_norm"]
+        self.net = SetNet(int(state["num_inputs"]), self.hparams["hidden"], self.hparams["depth"],
+                          1 if self.prior else 0)
         self.net.load_state_dict(state["weights"])
         self.net.eval()
 
@@ -251,7 +286,8 @@ class Correction:
     @torch.no_grad()
     def __call__(self, z: np.ndarray) -> np.ndarray:
         shape = z.shape[:-1]
-        out = self.net(torch.from_numpy(self._norm(z.reshape(-1, z.shape[-1])))).squeeze(-1).double().numpy()
+        with few_threads():
+            out = self.net(torch.from_numpy(self._norm(z.reshape(-1, z.shape[-1])))).squeeze(-1).double().numpy()
         return out.reshape(shape)
 
     def state_dict(self) -> dict:

@@ -91,7 +91,8 @@ def load_compute(folder: str | Path) -> ComputeData:
 
 
 def load_comm(folders: Sequence[str | Path]) -> tuple[list[CommSamples], dict]:
-    """Read ``comm.jsonl`` of each folder; one ``CommSamples`` group per device count."""
+    """Read ``comm.jsonl`` of each folder; one ``CommSamples`` group per device count, and the
+    first folder's ``meta.json`` with the samples' ``batch_size`` added."""
     from .measure.store import load_comm_data
     by_devices: dict[int, list[dict]] = {}
     meta: dict = {}
@@ -102,6 +103,10 @@ def load_comm(folders: Sequence[str | Path]) -> tuple[list[CommSamples], dict]:
         meta = meta or _read_meta(folder)
         for r in records:
             by_devices.setdefault(int(r["num_devices"]), []).append(r)
+    batch_sizes = {int(r.get("batch_size", 0)) for rs in by_devices.values() for r in rs}
+    if len(batch_sizes) != 1 or 0 in batch_sizes:
+        raise NeuroShardError(f"communication samples must share one known batch size, found {sorted(batch_sizes)}")
+    meta = {**meta, "batch_size": batch_sizes.pop()}
     groups = []
     for d, records in sorted(by_devices.items()):
         records = [r for r in records if min(r["fwd_ms"]) > 0 and min(r["bwd_ms"]) > 0]
@@ -121,6 +126,21 @@ def split_by_table(tables: Sequence[frozenset], test_fraction: float, seed: int
     test_tables = set(rng.choice(names, size=max(1, int(round(len(names) * test_fraction))), replace=False))
     kind = np.array([2 if t <= test_tables else (0 if not (t & test_tables) else 1) for t in tables])
     return np.flatnonzero(kind == 0), np.flatnonzero(kind == 2), np.flatnonzero(kind == 1)
+
+
+def table_folds(tables: Sequence[frozenset], folds: int, seed: int
+                ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """K-fold by table: the source tables are partitioned into ``folds`` groups; fold k holds out
+    the sets made only of group k's tables, trains on the sets with none of them. A set is held
+    out in at most one fold."""
+    names = np.array(sorted(set().union(*tables)))
+    group = dict(zip(np.random.default_rng(seed).permutation(names), np.arange(len(names)) % folds))
+    out = []
+    for k in range(folds):
+        held = set(name for name, g in group.items() if g == k)
+        kind = np.array([2 if t <= held else (0 if not (t & held) else 1) for t in tables])
+        out.append((np.flatnonzero(kind == 0), np.flatnonzero(kind == 2), np.flatnonzero(kind == 1)))
+    return out
 
 
 def split_comm(groups: Sequence[CommSamples], test_fraction: float, seed: int
@@ -166,14 +186,17 @@ class PretrainResult:
     comm_test: list[CommSamples]
 
 
-def fit_compute_models(data: ComputeData, test_tables: float, epochs: int, tune: int, seed: int
-                       ) -> tuple[dict, ComputeData, dict]:
-    """Fit neural, tree and analytic compute models on the training tables; (models, test data, summary)."""
-    train_rows, test_rows, mixed_rows = split_by_table(data.tables, test_tables, seed)
-    if len(test_rows) < 10 or len(train_rows) < 20:
-        raise NeuroShardError(f"too few shard sets for a split by table: {len(train_rows)} train, {len(test_rows)} "
-                              f"held out ({len(data)} measured); measure more or change --test-tables")
-    train, test = data.subset(train_rows), data.subset(test_rows)
+def refit_neural_compute(data: ComputeData, hparams: dict) -> NeuralComputeModel:
+    """The same recipe on every measured set (validation: a random share), for shipping."""
+    return NeuralComputeModel(**hparams).fit(data.sets, data.costs_ms)
+
+
+def fit_compute_models(data: ComputeData, train_rows: np.ndarray, epochs: int, tune: int, seed: int
+                       ) -> tuple[dict, dict]:
+    """Fit neural, tree and analytic compute models on the sets ``train_rows``; (models, summary).
+    The neural model validates (early stopping, tuning) on unseen tables when enough such sets
+    exist, else on a random share."""
+    train = data.subset(train_rows)
     fit_rows, val_rows, _ = split_by_table(train.tables, 0.2, seed + 1)
     if len(val_rows) < 20:  # too few pure validation sets: validate on a random share instead
         order = np.random.default_rng(seed).permutation(len(train))
@@ -185,24 +208,24 @@ def fit_compute_models(data: ComputeData, test_tables: float, epochs: int, tune:
     log.info("neural compute model trained in %.1f s", time.perf_counter() - started)
     models = {"neural": neural, "tree": TreeComputeModel(seed=seed).fit(train.sets, train.costs_ms),
               "analytic": AnalyticComputeModel(data.batch_size).fit(train.sets, train.costs_ms)}
-    summary = {"shard_sets": len(data), "train_sets": len(fit), "val_sets": len(val), "test_sets": len(test),
-               "mixed_sets_set_aside": int(len(mixed_rows)), "source_tables": len(set().union(*data.tables)),
-               "test_tables_fraction": test_tables, "hparams": dict(neural.hparams),
-               "shards_per_set_mean": float(np.mean([len(s) for s in data.sets])),
-               "test_shards_per_set_mean": float(np.mean([len(s) for s in test.sets])),
-               "cost_ms_range": [float(data.costs_ms.min()), float(data.costs_ms.max())]}
-    return models, test, summary
+    summary = {"train_sets": len(fit), "val_sets": len(val), "hparams": dict(neural.hparams)}
+    return models, summary
 
 
-def fit_comm_models(groups: list[CommSamples], batch_size: int, epochs: int, seed: int
-                    ) -> tuple[dict, list[CommSamples], dict]:
-    train, test = split_comm(groups, 0.2, seed)
-    models = {"neural": NeuralCommModel(batch_size, epochs=epochs, seed=seed).fit(train),
-              "tree": TreeCommModel(batch_size, seed=seed).fit(train),
-              "analytic": AnalyticCommModel(batch_size).fit(train)}
-    summary = {"samples": {str(g.num_devices): len(g) for g in groups},
-               "test_samples": {str(g.num_devices): len(g) for g in test}}
-    return models, test, summary
+def fit_comm_models(train: list[CommSamples], batch_size: int, epochs: int, seed: int) -> dict:
+    """Fit neural, tree and analytic communication models on the same samples."""
+    return {"neural": NeuralCommModel(batch_size, epochs=epochs, seed=seed).fit(train),
+            "tree": TreeCommModel(batch_size, seed=seed).fit(train),
+            "analytic": AnalyticCommModel(batch_size).fit(train)}
+
+
+def data_summary(data: ComputeData, test_rows: np.ndarray, mixed_rows: np.ndarray) -> dict:
+    test_sets = [data.sets[i] for i in test_rows]
+    return {"shard_sets": len(data), "source_tables": len(set().union(*data.tables)), "test_sets": len(test_rows),
+            "mixed_sets_set_aside": int(len(mixed_rows)),
+            "shards_per_set_mean": float(np.mean([len(s) for s in data.sets])),
+            "test_shards_per_set_mean": float(np.mean([len(s) for s in test_sets])) if test_sets else 0.0,
+            "cost_ms_range": [float(data.costs_ms.min()), float(data.costs_ms.max())]}
 
 
 def comparison_table(compute_models: dict, compute_test: ComputeData | None, comm_models: dict,
@@ -260,22 +283,41 @@ def parity_plot(path: Path, compute_models: dict, compute_test: ComputeData | No
 
 
 def pretrain(data: str | Path, comm_data: Sequence[str | Path] = (), out: str | Path | None = None,
-             tune: int = 0, epochs: int = 400, test_tables: float = 0.3, seed: int = 0) -> PretrainResult:
-    """Fit and compare all models; with ``out``, save the neural bundle and a parity plot beside it."""
+             tune: int = 0, epochs: int = 400, test_tables: float = 0.3, seed: int = 0,
+             refit: bool = True) -> PretrainResult:
+    """Fit and compare all models on the held-out split; with ``out``, save the neural bundle (with
+    ``refit``, the same recipe retrained on all data: the metrics stay those of the held-out
+    evaluation) and a parity plot beside it."""
     compute = load_compute(data)
-    compute_models, compute_test, compute_summary = fit_compute_models(compute, test_tables, epochs, tune, seed)
+    train_rows, test_rows, mixed_rows = split_by_table(compute.tables, test_tables, seed)
+    if len(test_rows) < 10 or len(train_rows) < 20:
+        raise NeuroShardError(f"too few shard sets for a split by table: {len(train_rows)} train, {len(test_rows)} "
+                              f"held out ({len(compute)} measured); measure more or change --test-tables")
+    compute_models, fit_summary = fit_compute_models(compute, train_rows, epochs, tune, seed)
+    compute_test = compute.subset(test_rows)
+    compute_summary = {**data_summary(compute, test_rows, mixed_rows), **fit_summary, "test_tables_fraction": test_tables}
     comm_models: dict = {}
     comm_test: list[CommSamples] = []
     comm_summary: dict = {}
     if comm_data:
         groups, comm_meta = load_comm(comm_data)
-        comm_models, comm_test, comm_summary = fit_comm_models(groups, compute.batch_size, epochs, seed)
+        comm_train, comm_test = split_comm(groups, 0.2, seed)
+        comm_models = fit_comm_models(comm_train, comm_meta["batch_size"], epochs, seed)
+        comm_summary = {"samples": {str(g.num_devices): len(g) for g in groups},
+                        "test_samples": {str(g.num_devices): len(g) for g in comm_test}}
     else:
         log.warning("no communication data given: the checkpoint carries the unfitted analytic comm model")
     table = comparison_table(compute_models, compute_test, comm_models, comm_test, seed)
     metrics = {f"{r.target}/{r.model}": {c: getattr(r, c) for c in METRIC_COLUMNS} for r in table.itertuples()}
-    bundle = CostModels(compute=compute_models["neural"],
-                        comm=comm_models.get("neural") or AnalyticCommModel(compute.batch_size),
+    shipped_compute, shipped_comm = compute_models["neural"], comm_models.get("neural")
+    if refit:  # the evaluated recipe, trained again on every table and sample
+        log.info("refitting the neural models on all measured data")
+        shipped_compute = refit_neural_compute(compute, compute_models["neural"].hparams)
+        if comm_data:
+            shipped_comm = NeuralCommModel(comm_meta["batch_size"], epochs=epochs, seed=seed).fit(groups)
+    compute_summary["shipped_model_trained_on"] = "all measured sets" if refit else "training tables only"
+    bundle = CostModels(compute=shipped_compute,
+                        comm=shipped_comm or AnalyticCommModel(compute.batch_size),
                         batch_size=compute.batch_size, hardware=compute.meta,
                         name=Path(out).stem if out else "pretrained", metrics=metrics,
                         data_summary={"compute": compute_summary, "comm": comm_summary, "data": str(data),

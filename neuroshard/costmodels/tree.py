@@ -16,7 +16,7 @@ import torch
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from ..errors import NeuroShardError
-from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, pack_sets, set_sums
+from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, few_threads, pack_sets, set_sums
 from .neural import device_inputs, reduce_inputs, shard_inputs
 
 
@@ -57,11 +57,13 @@ class TreeComputeModel(ComputeCostModel):
         self.model: HistGradientBoostingRegressor | None = None
 
     def fit(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray) -> "TreeComputeModel":
-        self.model = _regressor(self.seed, **self.params).fit(set_aggregates(sets), np.log(np.asarray(costs_ms)))
+        with few_threads():
+            self.model = _regressor(self.seed, **self.params).fit(set_aggregates(sets), np.log(np.asarray(costs_ms)))
         return self
 
     def predict(self, sets: Sequence[np.ndarray]) -> np.ndarray:
-        return np.exp(self.model.predict(set_aggregates(sets)))
+        with few_threads():
+            return np.exp(self.model.predict(set_aggregates(sets)))
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "params": dict(self.params), "model": _pickled(self.model)}
@@ -91,13 +93,15 @@ class TreeCommModel(CommCostModel):
                 continue
             z = np.concatenate([p[0].reshape(-1, p[0].shape[-1]) for p in pairs])
             y = np.log(np.maximum(np.concatenate([p[1].ravel() for p in pairs]), 1e-6))
-            self.models[direction] = _regressor(self.seed).fit(z, y)
+            with few_threads():
+                self.models[direction] = _regressor(self.seed).fit(z, y)
         return self
 
     def _predict(self, direction: str, z: np.ndarray) -> np.ndarray:
         if direction not in self.models:
             raise NeuroShardError(f"the tree comm model has no measurements of direction {direction!r}")
-        return np.exp(self.models[direction].predict(z.reshape(-1, z.shape[-1]))).reshape(z.shape[:-1])
+        with few_threads():
+            return np.exp(self.models[direction].predict(z.reshape(-1, z.shape[-1]))).reshape(z.shape[:-1])
 
     def predict_forward(self, widths: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
         return self._predict("fwd", device_inputs(widths, skews_ms, self.batch_size))

@@ -1,1 +1,10 @@
-"""A DLRM training runtime on torch.distributed that executes a plan and measures it."""
+"""A DLRM training runtime on torch.distributed that executes a plan and measures it.
+
+- ``trainer.run(RunConfig(plan, tables, devices, ...))``: train with the plan's shards,
+  one process per device (spawned here, or started by torchrun);
+- ``evaluate.evaluate(plan, tables, ...)``: per-device measured embedding compute,
+  forward and backward communication (what the cost models predict);
+- ``model.train_reference``: the same model unsharded in one process.
+
+The modules import torch; this package's ``__init__`` does not, so the CLI stays fast.
+"""

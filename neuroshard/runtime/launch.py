@@ -13,7 +13,9 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import signal
 import socket
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -74,8 +76,9 @@ def _is_comm_error(exc: BaseException) -> bool:
 
 
 def _entry(fn: Callable, args: tuple, rank: int, world_size: int, port: int, results: Any,
-           heartbeat_slots: Any) -> None:
-    """The spawned process: set up the env:// rendezvous, run ``fn``, report back."""
+           heartbeat_slots: Any, log_level: int) -> None:
+    """The spawned process: set up logging and the env:// rendezvous, run ``fn``, report back."""
+    logging.basicConfig(level=log_level, format=f"%(levelname)s rank {rank} %(name)s: %(message)s")
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(world_size)})
@@ -101,16 +104,20 @@ def launch(fn: Callable, args: tuple, world_size: int, timeout_s: float) -> dict
     results = ctx.Queue()
     slots = ctx.Array("q", [NOT_STARTED] * world_size, lock=False)
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, args, r, world_size, port, results, slots),
+    procs = [ctx.Process(target=_entry, args=(fn, args, r, world_size, port, results, slots,
+                                                       logging.getLogger().getEffectiveLevel()),
                          name=f"neuroshard-rank{r}", daemon=True) for r in range(world_size)]
-    for p in procs:
-        p.start()
+    previous = None
+    if threading.current_thread() is threading.main_thread():  # SIGTERM must not orphan the workers
+        previous = signal.signal(signal.SIGTERM, _raise_exit)
     outputs: dict[int, Any] = {}
     failures: dict[int, tuple[str, str]] = {}
     last_progress = list(slots)
     last_change = [time.monotonic()] * world_size
     first_failure: float | None = None
     try:
+        for p in procs:
+            p.start()
         while True:
             try:
                 kind, rank, payload = results.get(timeout=_POLL_S)
@@ -146,11 +153,18 @@ def launch(fn: Callable, args: tuple, world_size: int, timeout_s: float) -> dict
                                      f"({_where(slowest)}); the run was stopped")
     finally:
         for p in procs:
-            if p.is_alive():
+            if p.pid is not None and p.is_alive():
                 p.kill()
         for p in procs:
-            p.join(timeout=5)
+            if p.pid is not None:
+                p.join(timeout=5)
         results.close()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _where(progress: int) -> str:

@@ -84,6 +84,7 @@ def check_run(plan: Plan, tables: TableSet, devices: int) -> None:
 def run(config: RunConfig) -> RunResult | None:
     """Run the training: in-process when started by torchrun (rank 0 gets the result,
     others None), otherwise in ``world_size`` processes spawned here."""
+    check_run(config.plan, TableSet("tables", list(config.tables)), config.world_size)
     env = torchrun_env()
     if env is not None:
         rank, world_size = env
@@ -163,8 +164,10 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
         inputs = emb.prepare(batch.lookups)
         dense_x, labels = batch.dense[start:end].to(device), batch.labels[start:end].to(device)
         emb.times.fwd_comm = emb.times.bwd_comm = 0.0
-
+        # Start the step together (input sampling differs per rank); no barrier inside
+        # the phases, so waiting for a slower rank shows up in forward communication.
         synchronize(device)
+        dist.barrier()
         t0 = time.perf_counter()
         pooled = emb.lookup(inputs)
         synchronize(device)

@@ -65,7 +65,8 @@ def resolve_cost_models(cost_models: Any = None):
         return cost_models
     if cost_models is None or isinstance(cost_models, (str, Path)):
         return load_cost_models(cost_models)
-    raise NeuroShardError(f"cost_models must be a CostModels bundle or a checkpoint path, got {type(cost_models).__name__}")
+    raise NeuroShardError(f"cost_models must be a CostModels bundle or a checkpoint path, "
+                          f"got {type(cost_models).__name__}")
 
 
 def as_table_set(tables: TableSet | list[Table]) -> TableSet:

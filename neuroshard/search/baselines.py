@@ -14,15 +14,12 @@ Keys (of a shard as a table of its own: rows ``R``, width ``W``, lookups per sam
 """
 from __future__ import annotations
 
-import logging
 from typing import Callable
 
 import numpy as np
 
 from .rowwise import place_with_splits, split_for_memory
 from .simulator import Piece, Placement, Simulator, whole_pieces
-
-log = logging.getLogger(__name__)
 
 KeyFn = Callable[[Simulator, list[Piece], np.random.Generator], np.ndarray]
 

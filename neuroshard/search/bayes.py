@@ -66,7 +66,8 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
 
     def greedy(pieces: list[Piece], cap: float) -> np.ndarray:
         ids = sim.piece_ids(pieces)
-        return greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.cols_of(ids), sim.num_devices, memory_bytes, np.array([cap], dtype=np.float64))[0]
+        return greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.cols_of(ids), sim.num_devices,
+                            memory_bytes, np.array([cap], dtype=np.float64))[0]
 
     sampler = optuna.samplers.TPESampler(seed=seed)
     verbosity = optuna.logging.get_verbosity()

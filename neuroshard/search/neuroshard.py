@@ -133,22 +133,23 @@ def greedy_place(costs_ms: np.ndarray, sizes_bytes: np.ndarray, widths: np.ndarr
     meets it). Returns (len(caps), pieces) devices; a row of -1 where memory runs out."""
     grid = len(caps)
     rows = np.arange(grid)
-    load = np.zeros((grid, num_devices))
-    free = np.full((grid, num_devices), float(memory_bytes))          # memory left
-    headroom = np.repeat(np.asarray(caps, dtype=np.float64)[:, None], num_devices, axis=1)  # width left
+    state = np.zeros((3, grid, num_devices))  # per cap and device: load, memory left, width left
+    state[1] = memory_bytes
+    state[2] = np.asarray(caps, dtype=np.float64)[:, None]
+    load, free, headroom = state
+    change = np.stack([costs_ms, -np.asarray(sizes_bytes, dtype=np.float64),
+                       -np.asarray(widths, dtype=np.float64)], axis=1)  # what placing a piece adds
     devices = np.zeros((grid, len(costs_ms)), dtype=np.int64)
     failed = np.zeros(grid, dtype=bool)
     for s in np.argsort(-costs_ms, kind="stable").tolist():
         fits = free >= sizes_bytes[s]
         allowed = fits & (headroom >= widths[s])
-        stuck = ~allowed.any(axis=1)
-        if stuck.any():  # no device under the cap: fall back to any device with memory
-            allowed[stuck] = fits[stuck]
+        ok = allowed.any(axis=1)
+        if not ok.all():  # no device under the cap: any device with memory
+            allowed[~ok] = fits[~ok]
             failed |= ~fits.any(axis=1)
         chosen = np.where(allowed, load, np.inf).argmin(axis=1)
         devices[:, s] = chosen
-        load[rows, chosen] += costs_ms[s]
-        free[rows, chosen] -= sizes_bytes[s]
-        headroom[rows, chosen] -= widths[s]
+        state[:, rows, chosen] += change[s][:, None]
     devices[failed] = -1
     return devices

@@ -17,7 +17,6 @@ by the sorted shard ids), and one call per communication term for the whole
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -27,8 +26,6 @@ from ..costmodels.base import CostModels
 from ..costmodels.features import FEATURE_NAMES, table_features
 from ..plan import Plan, Shard
 from ..tables import TableSet
-
-log = logging.getLogger(__name__)
 
 _DIM = FEATURE_NAMES.index("dim")
 _LOG_SIZE = FEATURE_NAMES.index("log2_size_bytes")

@@ -19,8 +19,6 @@ from ..errors import InfeasibleError, NeuroShardError
 from ..units import format_bytes
 from .simulator import Piece, Placement, Simulator
 
-log = logging.getLogger(__name__)
-
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
 
 
