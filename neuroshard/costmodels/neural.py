@@ -1,11 +1,13 @@
 """Neural cost models (the paper's pre-trained models), readable top to bottom.
 
 **Compute** (``NeuralComputeModel``): a set model. Each shard's feature vector
-(``features.FEATURE_NAMES`` plus a few log-scale products) is normalised and
-encoded by an MLP; the encodings of a set are summed (a fused kernel's cost is not
-the sum of its shards', so the sum goes through a second MLP, the predictor) to
-the log of the forward+backward ms. Sets are padded to a common length with a mask,
-so thousands of sets are one batched forward pass.
+(``features.FEATURE_NAMES`` plus a few log-scale and linear products) is normalised
+and encoded by an MLP; the encodings of a set are summed (a fused kernel's cost is
+not the sum of its shards', so the sum goes through a second MLP, the predictor) to
+the log of the forward+backward ms. By default the predictor also sees the log of a
+fitted analytic estimate and learns the log of measured / analytic (a residual): the
+physics carries the scale, which matters when few tables were measured. Sets are
+padded to a common length with a mask, so thousands of sets are one batched pass.
 
 **Communication** (``NeuralCommModel``): one small MLP per direction (forward,
 backward, reduce) that corrects the fitted analytic model multiplicatively:
@@ -137,7 +139,7 @@ class NeuralComputeModel(ComputeCostModel):
     name = "neural"
 
     def __init__(self, hidden: int = 128, depth: int = 3, lr: float = 2e-3, weight_decay: float = 1e-4,
-                 epochs: int = 400, batch_size: int = 128, patience: int = 40, val_fraction: float = 0.15,
+                 epochs: int = 400, batch_size: int = 64, patience: int = 60, val_fraction: float = 0.15,
                  prior: bool = True, seed: int = 0):
         self.hparams = dict(hidden=hidden, depth=depth, lr=lr, weight_decay=weight_decay, epochs=epochs,
                             batch_size=batch_size, patience=patience, val_fraction=val_fraction, prior=prior,

@@ -166,6 +166,7 @@ def tune_compute(train: ComputeData, val: ComputeData, trials: int, epochs: int,
                                    depth=trial.suggest_int("depth", 2, 4),
                                    lr=trial.suggest_float("lr", 3e-4, 1e-2, log=True),
                                    weight_decay=trial.suggest_float("weight_decay", 1e-6, 1e-2, log=True),
+                                   batch_size=trial.suggest_categorical("batch_size", [32, 64, 128]),
                                    epochs=epochs, seed=seed)
         model.fit(train.sets, train.costs_ms, val.sets, val.costs_ms)
         return model.val_loss
