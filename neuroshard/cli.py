@@ -82,8 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    # Only neuroshard's own loggers get verbose: libraries (fbgemm) log heavily at INFO.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("neuroshard").setLevel(logging.INFO if args.verbose else logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except NeuroShardError as exc:

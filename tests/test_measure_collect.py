@@ -137,7 +137,8 @@ def test_bad_input(tmp_path, tables_file):
                  str(tmp_path / "y")]) == 2
     with pytest.raises(NeuroShardError, match="no such cost-data folder"):
         load_compute_data(tmp_path / "nothing")
-    with locked(tmp_path / "z"):
+    with locked(tmp_path / "z", "compute.jsonl"):
         with pytest.raises(NeuroShardError, match="another collection"):
-            with locked(tmp_path / "z"):
+            with locked(tmp_path / "z", "compute.jsonl"):
                 pass
+    assert sorted(p.name for p in (tmp_path / "z").iterdir()) == ["compute.jsonl"]  # no stray lock file

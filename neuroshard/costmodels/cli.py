@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=Path, help="checkpoint to write (MODEL.pt)")
     p.add_argument("--tune", type=int, default=0, metavar="N", help="optuna trials over width/depth/lr/weight decay")
     p.add_argument("--epochs", type=int, default=400, help="maximum epochs (early stopping on validation)")
-    p.add_argument("--test-tables", type=float, default=0.3, help="share of source tables held out (default 0.3)")
+    p.add_argument("--test-tables", type=float, default=0.25, help="share of source tables held out (default 0.25)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-refit", action="store_true",
                    help="save the models trained on the training tables only (default: retrain the same recipe "

@@ -53,36 +53,32 @@ def mlp(num_inputs: int, hidden: int, depth: int, num_outputs: int | None = None
 def train_regressor(net: nn.Module, loss_of: Callable[[nn.Module, np.ndarray], torch.Tensor], num_train: int,
                     val_loss: Callable[[nn.Module], float], epochs: int, batch_size: int, lr: float,
                     weight_decay: float, patience: int, seed: int, desc: str) -> tuple[nn.Module, float]:
-    """Adam over shuffled mini-batches of ``num_train`` items; keeps the weights of the best
-    validation loss and stops after ``patience`` epochs without improvement."""
-    with few_threads():
-        return _train(net, loss_of, num_train, val_loss, epochs, batch_size, lr, weight_decay, patience, seed, desc)
-
-
-def _train(net, loss_of, num_train, val_loss, epochs, batch_size, lr, weight_decay, patience, seed, desc):
+    """AdamW (cosine schedule) over shuffled mini-batches of ``num_train`` items; keeps the weights
+    of the best validation loss and stops after ``patience`` epochs without improvement."""
     rng = np.random.default_rng(seed)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(epochs, 1), eta_min=lr * 0.02)
     best, best_state, waited = float("inf"), copy.deepcopy(net.state_dict()), 0
     bar = tqdm(range(epochs), desc=desc, leave=False, disable=not log.isEnabledFor(logging.INFO))
-    for _ in bar:
-        net.train()
-        order = rng.permutation(num_train)
-        for start in range(0, num_train, batch_size):
-            opt.zero_grad()
-            loss_of(net, order[start:start + batch_size]).backward()
-            opt.step()
-        sched.step()
-        net.eval()
-        with torch.no_grad():
-            current = val_loss(net)
-        bar.set_postfix(val=f"{current:.4f}", best=f"{min(best, current):.4f}")
-        if current < best - 1e-5:
-            best, best_state, waited = current, copy.deepcopy(net.state_dict()), 0
-        else:
-            waited += 1
-            if waited >= patience:
-                break
+    with few_threads():
+        for _ in bar:
+            net.train()
+            order = rng.permutation(num_train)
+            for start in range(0, num_train, batch_size):
+                opt.zero_grad()
+                loss_of(net, order[start:start + batch_size]).backward()
+                opt.step()
+            sched.step()
+            net.eval()
+            with torch.no_grad():
+                current = val_loss(net)
+            bar.set_postfix(val=f"{current:.4f}", best=f"{min(best, current):.4f}")
+            if current < best - 1e-5:
+                best, best_state, waited = current, copy.deepcopy(net.state_dict()), 0
+            else:
+                waited += 1
+                if waited >= patience:
+                    break
     net.load_state_dict(best_state)
     net.eval()
     return net, best

@@ -47,6 +47,16 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split(args: argparse.Namespace) -> int:
+    from ..tables import TableSet
+    from .augment import split_by_table
+    train, test = split_by_table(TableSet.read(args.tables), args.test_fraction, args.seed)
+    train.write(args.train)
+    test.write(args.test)
+    print(f"{args.train}: {len(train)} training tables; {args.test}: {len(test)} held-out tables (seed {args.seed})")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     tables = sub.add_parser("tables", help="describe, generate and import tables files",
                             description="Work with neuroshard.tables/v1 files.")
@@ -78,3 +88,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calibration-tables", type=int, default=16, metavar="N",
                    help="tables sampled for the calibration report (default: 16; 0 skips it)")
     p.set_defaults(func=_generate)
+
+    p = tsub.add_parser("split", help="split tables into training and held-out sets",
+                        description="Split a tables file by table, so cost models can be tested on tables "
+                                    "they never saw in pre-training.")
+    p.add_argument("tables", help="tables file (JSON)")
+    p.add_argument("--test-fraction", type=float, default=0.3, help="share of tables held out (default: 0.3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train", required=True, help="tables file for the training tables")
+    p.add_argument("--test", required=True, help="tables file for the held-out tables")
+    p.set_defaults(func=_split)

@@ -106,7 +106,7 @@ def collect_compute(tables_path: str | Path, samples: int, out: str | Path, *, m
               "dims": list(dims), "seed": seed, "row_split_prob": row_split_prob,
               "tables": tables_path.name, "tables_sha256": _file_sha256(tables_path)}
     out = Path(out)
-    with store.locked(out):
+    with store.locked(out, store.COMPUTE_FILE):
         store.ensure_meta(out, "compute", store.hardware_info(bench.backend), store.software_info(), config)
         done = store.done_samples(out, store.COMPUTE_FILE)
         todo = [i for i in range(samples) if i not in done]
@@ -169,7 +169,7 @@ def collect_comm(num_devices: int, samples: int, out: str | Path, *, batch_size:
     config = {**bench.config(), "max_width": max_width, "max_skew_ms": max_skew_ms,
               "max_reduce_width": max_reduce_width, "seed": seed, "clock": "wall"}
     out = Path(out)
-    with store.locked(out):
+    with store.locked(out, store.COMM_FILE):
         store.ensure_meta(out, "comm", store.hardware_info(backend), store.software_info(), config)
         done = store.done_samples(out, store.COMM_FILE)
         todo = [i for i in range(samples) if i not in done]

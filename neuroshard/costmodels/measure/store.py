@@ -115,11 +115,12 @@ def ensure_meta(folder: str | Path, kind: str, hardware: dict, software: dict, c
 
 
 @contextmanager
-def locked(folder: str | Path) -> Iterator[None]:
-    """Only one writer per dataset folder (released by the OS even after kill -9)."""
+def locked(folder: str | Path, name: str) -> Iterator[None]:
+    """Only one writer per dataset file ``folder/name`` (an advisory lock on the file itself,
+    so no stray lock file; released by the OS even after kill -9)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    handle = open(folder / ".lock", "w")
+    handle = open(folder / name, "a")
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
