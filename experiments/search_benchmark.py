@@ -25,11 +25,11 @@ import math
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
 from neuroshard.costmodels import load_cost_models
+from neuroshard.datasets.augment import benchmark_tables, sample_tasks
 from neuroshard.datasets.synthetic import generate
 from neuroshard.errors import NeuroShardError
 from neuroshard.search import Simulator, search_placement
@@ -46,26 +46,10 @@ ALGORITHMS = ("neuroshard", *GREEDY_ALGORITHMS, "bayes", "torchrec")
 
 def benchmark_tasks(num_tasks: int, devices: int, args: argparse.Namespace, seed: int) -> list[tuple[TableSet, int]]:
     """(tables, per-device memory) of random tasks over the held-out tables of the synthetic
-    dlrm-2021 benchmark: ``datasets.augment.sample_tasks`` (augmented widths, at most
-    ``--fill`` of all memory), or plain random subsets when that module is absent."""
-    pool = generate("dlrm-2021", seed=0)
-    memory = parse_bytes(args.memory)
-    try:
-        from neuroshard.datasets.augment import sample_tasks, split_by_table
-    except ImportError:
-        log.warning("neuroshard.datasets.augment not available; sampling tasks directly")
-        rng = np.random.default_rng(seed)
-        held_out = pool.tables[1::2]  # the other half would train cost models
-        tasks = []
-        for i in range(num_tasks):
-            count = int(rng.integers(args.min_tables, args.max_tables + 1))
-            chosen = sorted(rng.choice(len(held_out), size=count, replace=False))
-            tables = TableSet(f"task{i}-t{count}", [held_out[j] for j in chosen], pool.batch_size)
-            tasks.append((tables, memory_for(tables, devices, args.fill)))
-        return tasks
-    _, held_out = split_by_table(pool, seed=0)
+    dlrm-2021 benchmark (augmented widths, at most ``--fill`` of all memory)."""
+    _, held_out = benchmark_tables("dlrm-2021")
     tasks = sample_tasks(held_out, num_tasks, num_tables=(args.min_tables, args.max_tables), num_devices=devices,
-                         device_memory_bytes=memory, seed=seed, max_fill=args.fill)
+                         device_memory_bytes=parse_bytes(args.memory), seed=seed, max_fill=args.fill)
     return [(task.tables, task.device_memory_bytes) for task in tasks]
 
 

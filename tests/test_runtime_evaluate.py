@@ -34,6 +34,7 @@ def test_evaluate_reports_per_device_costs(tmp_path):
     assert "max device cost" in out.stdout and "1.500 ms estimated" in out.stdout
     m = json.loads((tmp_path / "m.json").read_text())
     assert (m["num_devices"], m["iterations"], m["warmup"], m["backend"]) == (2, 5, 2, "gloo")
+    assert m["clock"] == "thread" and m["kernel"] in ("fbgemm_tbe", "embedding_bag")
     assert [d["device"] for d in m["per_device"]] == [0, 1]
     for d in m["per_device"]:
         assert all(d[k] > 0 for k in ("compute_ms", "fwd_comm_ms", "bwd_comm_ms", "total_ms"))
@@ -53,3 +54,16 @@ def test_train_under_torchrun(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.count("trained 3 steps on 2 devices (gloo)") == 1  # rank 0 reports, once
     assert "step     2  loss" in out.stdout
+
+
+def test_runtime_runs_the_kernel_the_measurement_picks(tmp_path):
+    """`auto` means the same kernel in training as in the kernel benchmark, timed on the same clock."""
+    from neuroshard.costmodels.measure.kernel import KernelBenchmark
+    from neuroshard.runtime.evaluate import evaluate
+    _files(tmp_path)
+    bench = KernelBenchmark(kernel="auto")
+    m = evaluate(Plan.read(tmp_path / "plan.json"), TableSet.read(tmp_path / "tables.json"), iterations=2, warmup=1,
+                 kernel="auto", timeout_s=60)
+    assert (m.kernel, m.clock) == (bench.kernel, bench.clock) == (bench.kernel, "thread")
+    for d in m.per_device:
+        assert d["compute_ms"] > 0 and d["compute_wall_ms"] > 0

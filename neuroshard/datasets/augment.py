@@ -157,3 +157,15 @@ def sample_tasks(tables: TableSet, num_tasks: int, num_tables: tuple[int, int] =
         task_tables = TableSet(f"{tables.name}-task{k}", chosen, tables.batch_size)
         tasks.append(Task(task_tables, num_devices, int(device_memory_bytes), bytes_per_element))
     return tasks
+
+
+#: The benchmark split every stage agrees on: cost data is collected on the training
+#: tables, experiments build tasks from the held-out ones (``neuroshard tables split`` defaults).
+BENCHMARK_TEST_FRACTION = 0.3
+BENCHMARK_SEED = 0
+
+
+def benchmark_tables(preset: str = "dlrm-2021") -> tuple[TableSet, TableSet]:
+    """(training, held-out) tables of the calibrated benchmark ``preset`` (seed 0)."""
+    from .synthetic import generate
+    return split_by_table(generate(preset, seed=BENCHMARK_SEED), BENCHMARK_TEST_FRACTION, BENCHMARK_SEED)

@@ -93,8 +93,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Split a tables file by table, so cost models can be tested on tables "
                                     "they never saw in pre-training.")
     p.add_argument("tables", help="tables file (JSON)")
-    p.add_argument("--test-fraction", type=float, default=0.3, help="share of tables held out (default: 0.3)")
-    p.add_argument("--seed", type=int, default=0)
+    from .augment import BENCHMARK_SEED, BENCHMARK_TEST_FRACTION
+    p.add_argument("--test-fraction", type=float, default=BENCHMARK_TEST_FRACTION,
+                   help=f"share of tables held out (default: {BENCHMARK_TEST_FRACTION})")
+    p.add_argument("--seed", type=int, default=BENCHMARK_SEED)
     p.add_argument("--train", required=True, help="tables file for the training tables")
     p.add_argument("--test", required=True, help="tables file for the held-out tables")
     p.set_defaults(func=_split)

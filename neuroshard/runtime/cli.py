@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from ..kernels import DEFAULT_MAX_ROWS, KERNELS
+
 log = logging.getLogger(__name__)
 
 
@@ -20,7 +22,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate, dense and embeddings (default: 0.1)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and synthetic batches (default: 0)")
     p.add_argument("--row-cap", type=int, default=None,
-                   help="most rows a shard allocates; lookups beyond fold onto them (default: 2,000,000)")
+                   help="most rows a shard allocates; lookups beyond fold onto them "
+                        f"(default: {DEFAULT_MAX_ROWS:,}, the kernel benchmark's max rows)")
+    p.add_argument("--kernel", default="auto", choices=("auto",) + KERNELS,
+                   help="fused embedding kernel of each device (default: auto, as the kernel benchmark picks: "
+                        "fbgemm_tbe when fbgemm is importable, else embedding_bag)")
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"),
                    help="torch.distributed backend (default: nccl with GPUs, else gloo)")
     p.add_argument("--timeout", type=float, default=120.0,
@@ -34,7 +40,8 @@ def _load(args: argparse.Namespace):
     plan, tables = Plan.read(args.plan), TableSet.read(args.tables)
     env = torchrun_env()
     devices = args.devices or (env[1] if env else plan.num_devices)
-    options = {"lr": args.lr, "seed": args.seed, "backend": args.backend, "timeout_s": args.timeout}
+    options = {"lr": args.lr, "seed": args.seed, "backend": args.backend, "kernel": args.kernel,
+               "timeout_s": args.timeout}
     if args.row_cap:
         options["row_cap"] = args.row_cap
     return plan, tables, devices, options
@@ -54,7 +61,8 @@ def _train(args: argparse.Namespace) -> int:
             print(f"step {step:5d}  loss {loss:.6f}")
     step_ms = sorted(max(r[step]["step_ms"] for r in result.records) for step in range(len(result.losses)))
     median = step_ms[len(step_ms) // 2]
-    print(f"trained {len(result.losses)} steps on {devices} devices ({result.backend}), batch {batch_size}: "
+    print(f"trained {len(result.losses)} steps on {devices} devices ({result.backend}) with kernel {result.kernel}, "
+          f"batch {batch_size}: "
           f"median step {median:.2f} ms, {1e3 / median:.2f} iterations/s")
     return 0
 

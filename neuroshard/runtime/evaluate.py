@@ -1,6 +1,10 @@
 """Measure a plan: run training iterations and report, per device, the quantities the
 cost models predict (embedding compute, forward and backward communication, their
-total) as medians over the iterations after warm-up, and their max over devices."""
+total) as medians over the iterations after warm-up, and their max over devices.
+
+Compute runs the fused kernel the cost data was measured with and is timed on the
+same clock (thread CPU time on CPU), so a plan's measured and predicted costs
+compare; ``compute_wall_ms`` is its wall-clock figure."""
 from __future__ import annotations
 
 import json
@@ -25,6 +29,8 @@ class Measurement:
     warmup: int
     batch_size: int
     backend: str
+    kernel: str = ""
+    clock: str = ""
 
     @property
     def per_device_cost_ms(self) -> list[float]:
@@ -49,8 +55,8 @@ class Measurement:
 
     def format(self) -> str:
         """The table as text, with a header and the plan's estimate beside it when it has one."""
-        head = (f"measured plan for '{self.plan.tables_name}' on {len(self.per_device)} devices ({self.backend}): "
-                f"batch {self.batch_size}, median of {self.iterations} iterations "
+        head = (f"measured plan for '{self.plan.tables_name}' on {len(self.per_device)} devices ({self.backend}, "
+                f"kernel {self.kernel}, compute on the {self.clock} clock): batch {self.batch_size}, median of {self.iterations} iterations "
                 f"after {self.warmup} warm-up; {self.iterations_per_s:.2f} iterations/s")
         est = (self.plan.estimate or {}).get("max_device_cost_ms")
         tail = f"\nmax device cost: {self.max_device_cost_ms:.3f} ms measured"
@@ -60,7 +66,7 @@ class Measurement:
 
     def to_dict(self) -> dict:
         return {"tables_name": self.plan.tables_name, "num_devices": len(self.per_device),
-                "backend": self.backend, "batch_size": self.batch_size, "iterations": self.iterations,
+                "backend": self.backend, "kernel": self.kernel, "clock": self.clock, "batch_size": self.batch_size, "iterations": self.iterations,
                 "warmup": self.warmup, "max_device_cost_ms": self.max_device_cost_ms,
                 "per_device_cost_ms": self.per_device_cost_ms, "iterations_per_s": self.iterations_per_s,
                 "per_device": self.per_device, "estimate": self.plan.estimate}
@@ -80,19 +86,21 @@ def summarize(plan: Plan, result: RunResult, warmup: int, batch_size: int) -> Me
         for phase in PHASES:
             row[phase] = statistics.median(r[phase] for r in kept)
         row["total_ms"] = statistics.median(sum(r[p] for p in PHASES) for r in kept)
+        row["compute_wall_ms"] = statistics.median(r["compute_wall_ms"] for r in kept)
         row["dense_ms"] = statistics.median(r["dense_ms"] for r in kept)
         row["step_ms"] = statistics.median(r["step_ms"] for r in kept)
         per_device.append(row)
     steps = len(result.records[0])
     used_warmup = warmup if steps > warmup else 0
-    return Measurement(plan, per_device, steps - used_warmup, used_warmup, batch_size, result.backend)
+    return Measurement(plan, per_device, steps - used_warmup, used_warmup, batch_size, result.backend,
+                       result.kernel, result.clock)
 
 
 def evaluate(plan: Plan, tables: TableSet, devices: int | None = None, iterations: int = 20,
              warmup: int = DEFAULT_WARMUP, batch_size: int | None = None, **options) -> Measurement | None:
     """Run ``iterations`` training steps of ``plan`` and measure every device (None on
     ranks other than 0 under torchrun). ``options`` go to ``RunConfig`` (lr, seed,
-    row_cap, backend, timeout_s, fault)."""
+    row_cap, backend, kernel, timeout_s, fault)."""
     devices = devices or plan.num_devices
     check_run(plan, tables, devices)
     batch_size = batch_size or tables.batch_size

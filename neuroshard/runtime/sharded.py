@@ -10,35 +10,43 @@ column (``index_add_``): column slices land in column order, and the partial sum
 of row-wise shards are reduced at the receiver. Backward runs the same in reverse:
 the receiver picks each shard's gradient columns (the same gradient for every
 row-wise partial sum) and a reverse all-to-all sends them home.
+
+A rank's shards run as one ``neuroshard.kernels.FusedEmbedding``, the fused kernel
+the cost data is measured with (fbgemm TBE with exact SGD fused into its backward,
+or the width-grouped ``embedding_bag`` fallback), with rows capped as there.
 """
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
+from ..kernels import DEFAULT_MAX_ROWS, FusedEmbedding, FusedInputs
 from ..plan import Plan, Shard
 from ..tables import Table
 from .model import init_rows, local_slice
 
 log = logging.getLogger(__name__)
 
-#: default cap on the rows a shard allocates; lookups beyond it are folded (row % cap)
-DEFAULT_ROW_CAP = 2_000_000
-
 
 @dataclass
 class PhaseTimes:
-    """Seconds spent in the communication phases of one step (filled by the all-to-all)."""
+    """Seconds spent in the communication phases of one step (filled by the all-to-all):
+    wall time, and this thread's CPU time (``*_thread``, subtracted from compute timed
+    on the thread clock)."""
 
     fwd_comm: float = 0.0
     bwd_comm: float = 0.0
+    fwd_comm_thread: float = 0.0
+    bwd_comm_thread: float = 0.0
+
+    def reset(self) -> None:
+        self.fwd_comm = self.bwd_comm = self.fwd_comm_thread = self.bwd_comm_thread = 0.0
 
 
 def synchronize(device: torch.device) -> None:
@@ -100,57 +108,55 @@ class PooledAllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, pooled: torch.Tensor, exchange: PooledExchange, times: PhaseTimes) -> torch.Tensor:
         ctx.exchange, ctx.times = exchange, times
-        start = time.perf_counter()
+        start, start_thread = time.perf_counter(), time.thread_time()
         out = exchange.forward(pooled)
         synchronize(exchange.device)
         times.fwd_comm += time.perf_counter() - start
+        times.fwd_comm_thread += time.thread_time() - start_thread
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        start = time.perf_counter()
+        start, start_thread = time.perf_counter(), time.thread_time()
         out = ctx.exchange.backward(grad)
         synchronize(ctx.exchange.device)
         ctx.times.bwd_comm += time.perf_counter() - start
+        ctx.times.bwd_comm_thread += time.thread_time() - start_thread
         return out, None, None
 
 
 @dataclass
 class LocalShard:
-    """A shard this rank holds: its place in the table and its weights. ``rows``
-    rows are allocated (fewer than the shard's when capped: lookups fold onto them)."""
+    """A shard this rank holds: its place in the table and the rows allocated for it
+    (fewer than the shard's when capped: lookups fold onto them)."""
 
     shard: Shard
     rows: int
-    weight: torch.Tensor
-
-
-@dataclass
-class ShardInputs:
-    """One batch's lookups as this rank's shards see them: (indices, offsets) per shard."""
-
-    per_shard: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 class ShardedEmbeddings:
-    """This rank's shards of the plan: lookup (EmbeddingBag sum pooling per shard),
-    exchange, and a plain SGD step on the shard weights."""
+    """This rank's shards of the plan: lookup (one fused kernel for all of them),
+    exchange, and the SGD update of the shard weights (inside TBE's backward, or
+    ``step()`` for the fallback)."""
 
     def __init__(self, plan: Plan, tables: Sequence[Table], rank: int, world_size: int,
-                 batch_size: int, seed: int = 0, row_cap: int = DEFAULT_ROW_CAP,
-                 device: torch.device | None = None) -> None:
+                 batch_size: int, seed: int = 0, row_cap: int = DEFAULT_MAX_ROWS,
+                 device: torch.device | None = None, kernel: str = "auto", lr: float = 0.1) -> None:
         self.device = device or torch.device("cpu")
         self.tables = {t.name: t for t in tables}
         self.batch_size = batch_size
         self.shards: list[LocalShard] = []
+        weights = []
         for s in plan.shards_on(rank):
             rows = min(s.num_rows, row_cap)
             if rows < s.num_rows:
                 log.warning("table '%s' shard rows [%d, %d): allocating %d of %d rows (row cap); "
                             "lookups fold onto them", s.table, s.row_offset, s.row_offset + s.num_rows,
                             rows, s.num_rows)
-            weight = init_rows(self.tables[s.table], seed, s.row_offset, rows, s.col_offset, s.num_cols)
-            self.shards.append(LocalShard(s, rows, weight.to(self.device).requires_grad_()))
+            weights.append(init_rows(self.tables[s.table], seed, s.row_offset, rows, s.col_offset, s.num_cols))
+            self.shards.append(LocalShard(s, rows))
+        self.fused = (FusedEmbedding([(ls.rows, ls.shard.num_cols) for ls in self.shards], kernel, self.device,
+                                     lr=lr, init=weights) if self.shards else None)
         self.exchange = PooledExchange(plan, tables, rank, world_size, batch_size, self.device)
         self.times = PhaseTimes()
 
@@ -159,10 +165,12 @@ class ShardedEmbeddings:
         """The tables this rank holds a shard of (the lookups it needs)."""
         return sorted({ls.shard.table for ls in self.shards})
 
-    def prepare(self, lookups: dict[str, tuple[np.ndarray, np.ndarray]]) -> ShardInputs:
-        """Turn a batch's lookups into per-shard (indices, offsets): keep the lookups in
-        the shard's row range, make them local, fold them onto the allocated rows."""
-        inputs = ShardInputs()
+    def prepare(self, lookups: dict[str, tuple[np.ndarray, np.ndarray]]) -> FusedInputs | None:
+        """Turn a batch's lookups into the fused kernel's inputs: keep the lookups in each
+        shard's row range, make them local, fold them onto the allocated rows."""
+        if self.fused is None:
+            return None
+        per_shard = []
         cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         for ls in self.shards:
             s = ls.shard
@@ -179,31 +187,33 @@ class ShardedEmbeddings:
                 if ls.rows < s.num_rows:
                     local = local % ls.rows
                 offsets = np.concatenate([[0], np.cumsum(local_lengths)[:-1]]).astype(np.int64)
-                cache[key] = (torch.from_numpy(np.ascontiguousarray(local, dtype=np.int64)).to(self.device),
-                              torch.from_numpy(offsets).to(self.device))
-            inputs.per_shard.append(cache[key])
-        return inputs
+                cache[key] = (torch.from_numpy(np.ascontiguousarray(local, dtype=np.int64)),
+                              torch.from_numpy(offsets))
+            per_shard.append(cache[key])
+        return self.fused.prepare(per_shard)
 
-    def lookup(self, inputs: ShardInputs) -> torch.Tensor:
+    @property
+    def kernel(self) -> str | None:
+        """The fused kernel this rank runs (None when it holds no shard)."""
+        return self.fused.kernel if self.fused is not None else None
+
+    def lookup(self, inputs: FusedInputs | None) -> torch.Tensor:
         """Pooled outputs of this rank's shards for the global batch, side by side (B, W_rank)."""
-        pooled = [F.embedding_bag(idx, ls.weight, off, mode="sum", sparse=True)
-                  for ls, (idx, off) in zip(self.shards, inputs.per_shard)]
-        if not pooled:  # a rank without shards still takes part in the exchange
+        if self.fused is None:  # a rank without shards still takes part in the exchange
             return torch.zeros(self.batch_size, 0, device=self.device, requires_grad=True)
-        return torch.cat(pooled, dim=1)
+        return self.fused.pooled(inputs)
 
     def exchange_pooled(self, pooled: torch.Tensor) -> torch.Tensor:
         """The all-to-all (autograd-aware): this rank's slice of the batch, all tables."""
         return PooledAllToAll.apply(pooled, self.exchange, self.times)
 
-    @torch.no_grad()
-    def sgd_step(self, lr: float) -> None:
-        """Plain SGD on the shard weights (sparse gradients), then clear them."""
-        for ls in self.shards:
-            if ls.weight.grad is not None:
-                ls.weight.add_(ls.weight.grad, alpha=-lr)
-                ls.weight.grad = None
+    def step(self) -> None:
+        """Finish the update of the shard weights after the backward."""
+        if self.fused is not None:
+            self.fused.step()
 
     def shard_weights(self) -> list[tuple[Shard, np.ndarray]]:
-        """(shard, weights) of every shard this rank holds."""
-        return [(ls.shard, ls.weight.detach().cpu().numpy().copy()) for ls in self.shards]
+        """(shard, weights) of every shard this rank holds, read back from the kernel."""
+        if self.fused is None:
+            return []
+        return [(ls.shard, w.numpy()) for ls, w in zip(self.shards, self.fused.weights())]

@@ -11,6 +11,12 @@ One step on rank ``r`` (batch split across ranks, dense part data-parallel):
 4. backward communication: reverse all-to-all of the embedding gradients;
 5. compute (backward): embedding backward and the SGD update of the shard weights.
 
+A rank's shards run as one fused kernel (``--kernel``, ``auto`` picking what the
+kernel benchmark picks), and compute is timed as the benchmark times it: on CPU
+with the thread's CPU clock (``compute_ms``; the wall-clock figure is kept as
+``compute_wall_ms``), on CUDA with synchronised wall time. Communication is wall
+time (it includes waiting, which is part of its cost).
+
 Gradients are summed, not averaged, across ranks (each rank's loss is its share
 of the global mean), so a sharded run reproduces the unsharded one exactly.
 """
@@ -27,11 +33,12 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidPlanError, NeuroShardError
+from ..kernels import DEFAULT_MAX_ROWS, resolve_kernel
 from ..plan import Plan
 from ..tables import Table, TableSet
 from .launch import BUILT, JOINED, WorkerContext, launch, torchrun_env
 from .model import build_dense, local_slice, loss_sum, make_batch
-from .sharded import DEFAULT_ROW_CAP, PhaseTimes, ShardedEmbeddings, synchronize
+from .sharded import PhaseTimes, ShardedEmbeddings, synchronize
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +58,9 @@ class RunConfig:
     batch_size: int = 512
     lr: float = 0.1
     seed: int = 0
-    row_cap: int = DEFAULT_ROW_CAP
+    row_cap: int = DEFAULT_MAX_ROWS
     backend: str = "auto"
+    kernel: str = "auto"
     timeout_s: float = 120.0
     fault: str | None = None
     collect_weights: bool = False
@@ -61,12 +69,15 @@ class RunConfig:
 @dataclass
 class RunResult:
     """What rank 0 brings back: global losses per step, per-rank per-step timings
-    (``records[rank][step]``, milliseconds), and the trained tables when asked for."""
+    (``records[rank][step]``, milliseconds), the fused kernel and the clock compute was
+    timed with, and the trained tables when asked for."""
 
     losses: list[float]
     records: list[list[dict]]
     world_size: int
     backend: str
+    kernel: str = ""
+    clock: str = ""
     weights: dict[str, np.ndarray] = field(default_factory=dict)
 
 
@@ -85,6 +96,7 @@ def run(config: RunConfig) -> RunResult | None:
     """Run the training: in-process when started by torchrun (rank 0 gets the result,
     others None), otherwise in ``world_size`` processes spawned here."""
     check_run(config.plan, TableSet("tables", list(config.tables)), config.world_size)
+    resolve_kernel(config.kernel, _device_kind(config.backend))  # refuse a bad kernel before starting
     env = torchrun_env()
     if env is not None:
         rank, world_size = env
@@ -92,6 +104,13 @@ def run(config: RunConfig) -> RunResult | None:
             raise NeuroShardError(f"torchrun started {world_size} processes but {config.world_size} devices were asked for")
         return run_worker(WorkerContext(rank, world_size), config)
     return launch(run_worker, (config,), config.world_size, config.timeout_s)[0]
+
+
+def _device_kind(backend: str) -> str:
+    """'cuda' or 'cpu': where a run on ``backend`` puts the embeddings."""
+    if backend == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if backend == "nccl" else "cpu"
 
 
 def _pick_device(backend: str) -> tuple[str, torch.device]:
@@ -148,7 +167,12 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
     rank, world = wctx.rank, wctx.world_size
     fault = config.fault or os.environ.get(FAULT_ENV)
     tables, batch_size = config.tables, config.batch_size
-    emb = ShardedEmbeddings(config.plan, tables, rank, world, batch_size, config.seed, config.row_cap, device)
+    emb = ShardedEmbeddings(config.plan, tables, rank, world, batch_size, config.seed, config.row_cap, device,
+                            kernel=config.kernel, lr=config.lr)
+    kernel = resolve_kernel(config.kernel, device.type)
+    # Compute is timed on the clock the kernel benchmark uses: thread CPU time on CPU.
+    clock_name = "wall" if device.type == "cuda" else "thread"
+    cpu_clock = time.perf_counter if clock_name == "wall" else time.thread_time
     dense = build_dense(tables, config.seed).to(device)
     ddp = DDP(dense, device_ids=[device.index] if device.type == "cuda" else None)
     ddp.register_comm_hook(None, _allreduce_sum)
@@ -163,15 +187,15 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
         batch = make_batch(held, batch_size, step, config.seed)
         inputs = emb.prepare(batch.lookups)
         dense_x, labels = batch.dense[start:end].to(device), batch.labels[start:end].to(device)
-        emb.times.fwd_comm = emb.times.bwd_comm = 0.0
+        emb.times.reset()
         # Start the step together (input sampling differs per rank); no barrier inside
         # the phases, so waiting for a slower rank shows up in forward communication.
         synchronize(device)
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu_clock()
         pooled = emb.lookup(inputs)
         synchronize(device)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), cpu_clock()
         wctx.heartbeat(4 * step + 1)
         features = emb.exchange_pooled(pooled)
         t2 = time.perf_counter()
@@ -181,19 +205,20 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
         loss.backward()
         opt.step()
         synchronize(device)
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), cpu_clock()
         wctx.heartbeat(4 * step + 2)
         features.backward(leaf.grad)
-        emb.sgd_step(config.lr)
+        emb.step()
         synchronize(device)
-        t4 = time.perf_counter()
+        t4, c4 = time.perf_counter(), cpu_clock()
         wctx.heartbeat(4 * step + 3)
 
         times: PhaseTimes = emb.times
-        compute = (t1 - t0) + (t4 - t3 - times.bwd_comm)
-        records.append({"compute_ms": 1e3 * compute, "fwd_comm_ms": 1e3 * times.fwd_comm,
-                        "bwd_comm_ms": 1e3 * times.bwd_comm, "dense_ms": 1e3 * (t3 - t2),
-                        "step_ms": 1e3 * (t4 - t0)})
+        compute_wall = (t1 - t0) + (t4 - t3 - times.bwd_comm)
+        compute = compute_wall if clock_name == "wall" else (c1 - c0) + (c4 - c3 - times.bwd_comm_thread)
+        records.append({"compute_ms": 1e3 * compute, "compute_wall_ms": 1e3 * compute_wall,
+                        "fwd_comm_ms": 1e3 * times.fwd_comm, "bwd_comm_ms": 1e3 * times.bwd_comm,
+                        "dense_ms": 1e3 * (t3 - t2), "step_ms": 1e3 * (t4 - t0)})
         total = loss.detach().clone()
         dist.all_reduce(total)
         losses.append(float(total))
@@ -205,7 +230,7 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
     dist.gather_object((records, weights), gathered, dst=0)
     if rank != 0:
         return None
-    result = RunResult(losses, [g[0] for g in gathered], world, backend)
+    result = RunResult(losses, [g[0] for g in gathered], world, backend, kernel, clock_name)
     if config.collect_weights:
         result.weights = _assemble(tables, [g[1] for g in gathered])
     return result

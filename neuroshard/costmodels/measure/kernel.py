@@ -1,19 +1,10 @@
 """Kernel benchmark: forward + backward of a set of shards on one device, as one fused op.
 
 Training runs all shards of a device as one fused operation, so that is what is
-timed:
-
-* ``fbgemm_tbe`` (preferred): fbgemm's table-batched embedding,
-  ``SplitTableBatchedEmbeddingBagsCodegen``, one table per shard, sum pooling, its
-  optimizer (exact SGD or exact row-wise adagrad) fused into the backward. On CPU
-  (``fbgemm-gpu-cpu``) weights live on the host (``EmbeddingLocation.HOST``,
-  ``ComputeDevice.CPU``); on CUDA in device memory.
-* ``embedding_bag`` (fallback when fbgemm is not importable): PyTorch has no
-  table-batched op, so shards are fused **per width group**: the shards of equal
-  width are stacked into one ``nn.EmbeddingBag`` (rows concatenated, each
-  shard's ids shifted by its row offset, one bag per (shard, sample)); the groups
-  (at most one per distinct width) run one after another. Backward is a real
-  sparse gradient of ``sum(outputs)`` followed by an in-place SGD update.
+timed: ``neuroshard.kernels.FusedEmbedding``, the same fused kernel the training
+runtime runs (``fbgemm_tbe``, fbgemm's table-batched embedding with its optimizer
+fused into the backward, preferred; ``embedding_bag``, shards stacked per width
+group, as the fallback when fbgemm is not importable).
 
 Every measurement: a real gradient (``sum`` of the pooled outputs, backward),
 ``warmup`` untimed runs, then ``repeats`` timed runs (more, up to ``max_repeats``,
@@ -43,44 +34,15 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import NeuroShardError
+from ...kernels import (BACKENDS, DEFAULT_MAX_ROWS, KERNELS, OPTIMIZERS, FusedEmbedding,  # noqa: F401
+                        FusedInputs, fbgemm_available, resolve_kernel)
 from ...tables import Table
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("fbgemm_tbe", "embedding_bag")
-BACKENDS = ("cpu", "cuda")
 CLOCKS = ("thread", "wall")
-OPTIMIZERS = ("exact_sgd", "exact_rowwise_adagrad")
 DEFAULT_CPU_BATCH_SIZE = 4096   # a per-device share of a 64k-256k global batch that one CPU thread runs in ms
-DEFAULT_MAX_ROWS = 1_000_000
 DEFAULT_MEMORY_BYTES = 1 << 30
-
-
-def fbgemm_available(backend: str = "cpu") -> bool:
-    """Whether fbgemm's table-batched embedding can run on ``backend``."""
-    try:
-        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: F401
-            SplitTableBatchedEmbeddingBagsCodegen)
-    except Exception:  # ImportError, or a library load error of a mismatched build
-        return False
-    if backend == "cuda":
-        import torch
-        return torch.cuda.is_available()
-    return True
-
-
-def resolve_kernel(kernel: str, backend: str) -> str:
-    """``auto`` -> the best kernel available; an unknown name -> NeuroShardError."""
-    if backend not in BACKENDS:
-        raise NeuroShardError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if kernel == "auto":
-        return "fbgemm_tbe" if fbgemm_available(backend) else "embedding_bag"
-    if kernel not in KERNELS:
-        raise NeuroShardError(f"unknown kernel {kernel!r}; choose one of auto, {', '.join(KERNELS)}")
-    if kernel == "fbgemm_tbe" and not fbgemm_available(backend):
-        raise NeuroShardError(f"kernel fbgemm_tbe is not available for backend {backend} "
-                              f"(install fbgemm-gpu{'-cpu' if backend == 'cpu' else ''})")
-    return kernel
 
 
 def llc_bytes() -> int:
@@ -188,9 +150,10 @@ class KernelBenchmark:
         torch.set_num_threads(self.threads)
         try:
             with torch.no_grad():
-                inputs = self._inputs(shards)
-            run = self._build(shards, inputs)
-            return self._time(run)
+                lookups, rows = self._inputs(shards)
+            fused = FusedEmbedding([(r, t.embedding_dim) for t, r in zip(shards, rows)], self.kernel,
+                                   self._device, lr=0.01, init=0.01, optimizer=self.optimizer)
+            return self._time(fused, fused.prepare(lookups))
         finally:
             torch.set_num_threads(previous_threads)
 
@@ -200,84 +163,20 @@ class KernelBenchmark:
         import torch
         return torch.device("cuda" if self.backend == "cuda" else "cpu")
 
-    def _inputs(self, shards: Sequence[Table]) -> list[tuple[np.ndarray, np.ndarray, int]]:
-        """(folded row ids, lengths, allocated rows) of each shard."""
-        out = []
+    def _inputs(self, shards: Sequence[Table]):
+        """Each shard's (folded row ids, bag offsets) as tensors, and its allocated rows."""
+        import torch
+        lookups, allocated = [], []
         for t in shards:
             rows, lengths = t.sample_lookups(self.batch_size)
             alloc = min(t.num_embeddings, self.max_rows)
             rows = np.asarray(rows, dtype=np.int64)
             if alloc < t.num_embeddings:
                 rows = rows % alloc
-            out.append((rows, np.asarray(lengths, dtype=np.int64), alloc))
-        return out
-
-    def _build(self, shards, inputs):
-        if self.kernel == "fbgemm_tbe":
-            return self._build_tbe(shards, inputs)
-        return self._build_embedding_bag(shards, inputs)
-
-    def _build_tbe(self, shards, inputs):
-        import torch
-        from fbgemm_gpu.split_embedding_configs import EmbOptimType
-        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
-        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-            ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
-        cuda = self.backend == "cuda"
-        location = EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST
-        compute = ComputeDevice.CUDA if cuda else ComputeDevice.CPU
-        specs = [(alloc, t.embedding_dim, location, compute) for t, (_, _, alloc) in zip(shards, inputs)]
-        optimizer = {"exact_sgd": EmbOptimType.EXACT_SGD,
-                     "exact_rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}[self.optimizer]
-        try:
-            tbe = SplitTableBatchedEmbeddingBagsCodegen(specs, optimizer=optimizer, learning_rate=0.01,
-                                                        device=self._device)
-        except (RuntimeError, MemoryError) as exc:
-            raise NeuroShardError(f"cannot allocate the fused kernel for {len(shards)} shards: "
-                                  f"{str(exc).splitlines()[0]}") from None
-        with torch.no_grad():  # values do not change the speed; writing maps every page before timing
-            tbe.weights_host.fill_(0.01) if not cuda else tbe.weights_dev.fill_(0.01)
-        indices = torch.from_numpy(np.concatenate([r for r, _, _ in inputs])).to(self._device)
-        lengths = np.concatenate([length for _, length, _ in inputs])
-        offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)).to(self._device)
-
-        def forward():
-            return tbe(indices, offsets)
-
-        return forward
-
-    def _build_embedding_bag(self, shards, inputs):
-        import torch
-        groups: dict[int, list[int]] = {}
-        for i, t in enumerate(shards):
-            groups.setdefault(t.embedding_dim, []).append(i)
-        bags = []
-        for width, members in groups.items():
-            total_rows = sum(inputs[i][2] for i in members)
-            bag = torch.nn.EmbeddingBag(total_rows, width, mode="sum", sparse=True).to(self._device)
-            with torch.no_grad():
-                bag.weight.fill_(0.01)
-            ids, lens, base = [], [], 0
-            for i in members:
-                rows, lengths, alloc = inputs[i]
-                ids.append(rows + base)
-                lens.append(lengths)
-                base += alloc
-            lengths = np.concatenate(lens)
-            offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-            bags.append((bag, torch.from_numpy(np.concatenate(ids)).to(self._device),
-                         torch.from_numpy(offsets).to(self._device), len(members)))
-        optimizer = torch.optim.SGD([b.weight for b, _, _, _ in bags], lr=0.01)
-        batch = self.batch_size
-
-        class _Fused:  # forward returns a tensor whose backward also applies the update
-            def __call__(self):
-                optimizer.zero_grad(set_to_none=True)
-                outs = [bag(ids, offsets).view(n, batch, -1).transpose(0, 1).reshape(batch, -1)
-                        for bag, ids, offsets, n in bags]
-                return _StepOnBackward(torch.cat(outs, dim=1) if len(outs) > 1 else outs[0], optimizer)
-
-        return _Fused()
+            offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))[:-1]]).astype(np.int64)
+            lookups.append((torch.from_numpy(rows), torch.from_numpy(offsets)))
+            allocated.append(alloc)
+        return lookups, allocated
 
     def _flush(self) -> None:
         import torch
@@ -290,7 +189,7 @@ class KernelBenchmark:
         else:
             float(self._flush_buffer.sum())
 
-    def _time(self, forward) -> ComputeMeasurement:
+    def _time(self, fused: FusedEmbedding, inputs: FusedInputs) -> ComputeMeasurement:
         import torch
         cuda = self.backend == "cuda"
         if cuda:
@@ -303,17 +202,19 @@ class KernelBenchmark:
             if cuda:
                 torch.cuda.synchronize()
                 start.record()
-                out = forward()
+                out = fused.pooled(inputs)
                 mid.record()
                 out.sum().backward()
+                fused.step()
                 end.record()
                 torch.cuda.synchronize()
                 fwd, total = start.elapsed_time(mid), start.elapsed_time(end)
             else:
                 t0 = clock()
-                out = forward()
+                out = fused.pooled(inputs)
                 t1 = clock()
                 out.sum().backward()
+                fused.step()
                 t2 = clock()
                 fwd, total = (t1 - t0) / 1e6, (t2 - t0) / 1e6
             del out
@@ -328,32 +229,6 @@ class KernelBenchmark:
         return ComputeMeasurement(cost_ms=float(statistics.median(totals)), fwd_ms=float(statistics.median(forwards)),
                                   times_ms=[round(x, 4) for x in totals], cv=coefficient_of_variation(totals),
                                   kernel=self.kernel, batch_size=self.batch_size)
-
-
-class _StepOnBackward:
-    """Pooled output of the EmbeddingBag fallback: ``.sum().backward()`` back-propagates
-    and applies the SGD step, as TBE's fused backward does."""
-
-    def __init__(self, output, optimizer) -> None:
-        self.output = output
-        self.optimizer = optimizer
-
-    @property
-    def shape(self):
-        return self.output.shape
-
-    def sum(self):
-        return _Backward(self.output.sum(), self.optimizer)
-
-
-class _Backward:
-    def __init__(self, loss, optimizer) -> None:
-        self.loss = loss
-        self.optimizer = optimizer
-
-    def backward(self) -> None:
-        self.loss.backward()
-        self.optimizer.step()
 
 
 def measure_compute(shards: Sequence[Table], **kwargs) -> ComputeMeasurement:

@@ -1,0 +1,252 @@
+"""Fused embedding kernels: all shards of one device run as one operation.
+
+Shared by the kernel benchmark (``costmodels.measure.kernel``, what the cost models
+learn from) and the training runtime (``runtime.sharded``, what a plan is measured
+with), so a predicted and a measured cost time the same code.
+
+* ``fbgemm_tbe`` (preferred): fbgemm's table-batched embedding,
+  ``SplitTableBatchedEmbeddingBagsCodegen``, one table per shard, sum pooling, its
+  optimizer (exact SGD or exact row-wise adagrad) fused into the backward. On CPU
+  (``fbgemm-gpu-cpu``) weights live on the host (``EmbeddingLocation.HOST``,
+  ``ComputeDevice.CPU``); on CUDA in device memory. TBE needs widths that are
+  multiples of 4: a narrower shard gets zero padding columns that are never read
+  out (their gradient is zero, so they stay zero).
+* ``embedding_bag`` (fallback when fbgemm is not importable): PyTorch has no
+  table-batched op, so shards are fused **per width group**: the shards of equal
+  width are stacked into one ``nn.EmbeddingBag`` (rows concatenated, each shard's
+  ids shifted by its row offset, one bag per (shard, sample)); the groups (at most
+  one per distinct width) run one after another. Backward leaves sparse gradients;
+  ``step()`` applies the SGD update.
+
+A step is ``pooled(inputs)``, a backward through the pooled output, then
+``step()`` (a no-op for TBE, whose update happens in its backward).
+
+Heavy imports (torch, fbgemm) happen inside the functions that need them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from .errors import NeuroShardError
+
+if TYPE_CHECKING:
+    import torch
+
+KERNELS = ("fbgemm_tbe", "embedding_bag")
+BACKENDS = ("cpu", "cuda")
+OPTIMIZERS = ("exact_sgd", "exact_rowwise_adagrad")
+#: most rows a shard allocates, in measurement and training alike; lookups beyond fold (row % cap)
+DEFAULT_MAX_ROWS = 1_000_000
+#: TBE's widths must be multiples of this
+TBE_WIDTH_ALIGN = 4
+
+
+def fbgemm_available(backend: str = "cpu") -> bool:
+    """Whether fbgemm's table-batched embedding can run on ``backend``."""
+    try:
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: F401
+            SplitTableBatchedEmbeddingBagsCodegen)
+    except Exception:  # ImportError, or a library load error of a mismatched build
+        return False
+    if backend == "cuda":
+        import torch
+        return torch.cuda.is_available()
+    return True
+
+
+def resolve_kernel(kernel: str, backend: str) -> str:
+    """``auto`` -> the best kernel available; an unknown name -> NeuroShardError."""
+    if backend not in BACKENDS:
+        raise NeuroShardError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if kernel == "auto":
+        return "fbgemm_tbe" if fbgemm_available(backend) else "embedding_bag"
+    if kernel not in KERNELS:
+        raise NeuroShardError(f"unknown kernel {kernel!r}; choose one of auto, {', '.join(KERNELS)}")
+    if kernel == "fbgemm_tbe" and not fbgemm_available(backend):
+        raise NeuroShardError(f"kernel fbgemm_tbe is not available for backend {backend} "
+                              f"(install fbgemm-gpu{'-cpu' if backend == 'cpu' else ''})")
+    return kernel
+
+
+@dataclass
+class FusedInputs:
+    """One batch's lookups of all shards, laid out for the kernel (build it once, outside
+    any timing): TBE gets one (indices, offsets) pair, ``embedding_bag`` one per width group."""
+
+    batch_size: int
+    tensors: list[tuple["torch.Tensor", "torch.Tensor"]]
+
+
+class FusedEmbedding:
+    """The shards of one device as one fused embedding with sum pooling and its update.
+
+    ``shapes`` are the (allocated rows, width) of each shard; ``init`` is one value for
+    every weight or one (rows, width) tensor per shard. ``lr`` is the learning rate of
+    the fused update; ``optimizer`` applies to TBE (the fallback always runs SGD)."""
+
+    def __init__(self, shapes: Sequence[tuple[int, int]], kernel: str = "auto", device: "torch.device | str" = "cpu",
+                 lr: float = 0.01, init: "float | Sequence[torch.Tensor]" = 0.01,
+                 optimizer: str = "exact_sgd") -> None:
+        import torch
+        self.device = torch.device(device)
+        self.kernel = resolve_kernel(kernel, self.device.type)
+        if optimizer not in OPTIMIZERS:
+            raise NeuroShardError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        self.shapes = [(int(r), int(d)) for r, d in shapes]
+        if not self.shapes:
+            raise NeuroShardError("a fused embedding needs at least one shard")
+        if any(r < 1 or d < 1 for r, d in self.shapes):
+            raise NeuroShardError(f"shard shapes must be positive (rows, width), got {self.shapes}")
+        if not isinstance(init, (int, float)) and len(init) != len(self.shapes):
+            raise NeuroShardError(f"{len(init)} initial weights given for {len(self.shapes)} shards")
+        self.lr = lr
+        self.optimizer = optimizer
+        try:
+            if self.kernel == "fbgemm_tbe":
+                self._build_tbe(init)
+            else:
+                self._build_embedding_bag(init)
+        except (RuntimeError, MemoryError) as exc:
+            raise NeuroShardError(f"cannot allocate the fused kernel for {len(self.shapes)} shards: "
+                                  f"{str(exc).splitlines()[0]}") from None
+
+    @property
+    def widths(self) -> list[int]:
+        return [d for _, d in self.shapes]
+
+    # ------------------------------------------------------------ building
+    def _build_tbe(self, init) -> None:
+        import torch
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
+        cuda = self.device.type == "cuda"
+        location = EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST
+        compute = ComputeDevice.CUDA if cuda else ComputeDevice.CPU
+        padded = [-(-d // TBE_WIDTH_ALIGN) * TBE_WIDTH_ALIGN for d in self.widths]
+        specs = [(r, p, location, compute) for (r, _), p in zip(self.shapes, padded)]
+        optimizer = {"exact_sgd": EmbOptimType.EXACT_SGD,
+                     "exact_rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}[self.optimizer]
+        self._tbe = SplitTableBatchedEmbeddingBagsCodegen(specs, optimizer=optimizer, learning_rate=self.lr,
+                                                          device=self.device)
+        # Output columns to keep when a width was padded (None: the output is already right).
+        self._keep = None
+        if padded != self.widths:
+            keep, base = [], 0
+            for d, p in zip(self.widths, padded):
+                keep.extend(range(base, base + d))
+                base += p
+            self._keep = torch.tensor(keep, dtype=torch.long, device=self.device)
+        with torch.no_grad():  # writing every weight also maps every page before timing
+            if isinstance(init, (int, float)) and self._keep is None:
+                (self._tbe.weights_dev if cuda else self._tbe.weights_host).fill_(float(init))
+            else:
+                for i, w in enumerate(self._tbe.split_embedding_weights()):
+                    d = self.widths[i]
+                    w[:, d:].zero_()
+                    if isinstance(init, (int, float)):
+                        w[:, :d].fill_(float(init))
+                    else:
+                        w[:, :d].copy_(init[i])
+
+    def _build_embedding_bag(self, init) -> None:
+        import torch
+        groups: dict[int, list[int]] = {}
+        for i, d in enumerate(self.widths):
+            groups.setdefault(d, []).append(i)
+        self._groups = list(groups.items())  # (width, shard indices)
+        self._row_base: dict[int, int] = {}  # shard -> first row in its group's bag
+        self._bags = []
+        for width, members in self._groups:
+            base = 0
+            for i in members:
+                self._row_base[i] = base
+                base += self.shapes[i][0]
+            bag = torch.nn.EmbeddingBag(base, width, mode="sum", sparse=True).to(self.device)
+            with torch.no_grad():
+                if isinstance(init, (int, float)):
+                    bag.weight.fill_(float(init))
+                else:
+                    for i in members:
+                        start = self._row_base[i]
+                        bag.weight[start:start + self.shapes[i][0]].copy_(init[i])
+            self._bags.append(bag)
+        self._sgd = torch.optim.SGD([b.weight for b in self._bags], lr=self.lr)
+
+    # --------------------------------------------------------------- steps
+    def prepare(self, per_shard: Sequence[tuple["torch.Tensor", "torch.Tensor"]]) -> FusedInputs:
+        """Lay out one batch: ``per_shard`` holds each shard's (indices into its allocated
+        rows, offsets), offsets being the B bag starts as ``F.embedding_bag`` takes them."""
+        import torch
+        if len(per_shard) != len(self.shapes):
+            raise NeuroShardError(f"lookups for {len(per_shard)} shards given to a kernel of {len(self.shapes)}")
+        batch = int(per_shard[0][1].numel())
+        if any(int(off.numel()) != batch for _, off in per_shard):
+            raise NeuroShardError("every shard's lookups must cover the same batch")
+        per_shard = [(idx.to(self.device, torch.long), off.to(self.device, torch.long)) for idx, off in per_shard]
+        if self.kernel == "fbgemm_tbe":
+            return FusedInputs(batch, [self._concat(per_shard, [0] * len(per_shard), True)])
+        tensors = [self._concat([per_shard[i] for i in members], [self._row_base[i] for i in members], False)
+                   for _, members in self._groups]
+        return FusedInputs(batch, tensors)
+
+    @staticmethod
+    def _concat(parts, row_bases, with_end: bool):
+        """Indices (shifted by ``row_bases``) and offsets (shifted by the indices before
+        them) of several shards one after another; ``with_end`` appends the total."""
+        import torch
+        ids, offs, base = [], [], 0
+        for (idx, off), rows in zip(parts, row_bases):
+            ids.append(idx + rows if rows else idx)
+            offs.append(off + base)
+            base += int(idx.numel())
+        if with_end:
+            offs.append(torch.tensor([base], dtype=torch.long, device=offs[0].device))
+        return torch.cat(ids), torch.cat(offs)
+
+    def pooled(self, inputs: FusedInputs) -> "torch.Tensor":
+        """Pooled embeddings of every shard side by side in shard order, (B, sum of widths).
+        A backward through it computes the gradients (and, for TBE, applies the update)."""
+        import torch
+        if self.kernel == "fbgemm_tbe":
+            indices, offsets = inputs.tensors[0]
+            out = self._tbe(indices, offsets)
+            return out if self._keep is None else out.index_select(1, self._keep)
+        batch = inputs.batch_size
+        per_shard: list = [None] * len(self.shapes)
+        for bag, (width, members), (ids, offsets) in zip(self._bags, self._groups, inputs.tensors):
+            out = bag(ids, offsets)
+            if len(self._groups) == 1 and len(members) == 1:
+                return out
+            for j, i in enumerate(members):
+                per_shard[i] = out[j * batch:(j + 1) * batch]
+        return torch.cat(per_shard, dim=1)
+
+    def forward(self, inputs: "FusedInputs | Sequence[tuple[torch.Tensor, torch.Tensor]]") -> list["torch.Tensor"]:
+        """Pooled embeddings, one (B, width) tensor per shard."""
+        import torch
+        if not isinstance(inputs, FusedInputs):
+            inputs = self.prepare(inputs)
+        return list(torch.split(self.pooled(inputs), self.widths, dim=1))
+
+    __call__ = forward
+
+    def step(self) -> None:
+        """Apply the update after a backward (TBE already did, inside its backward)."""
+        if self.kernel == "embedding_bag":
+            self._sgd.step()
+            self._sgd.zero_grad(set_to_none=True)
+
+    def weights(self) -> list["torch.Tensor"]:
+        """Current weights of every shard, (rows, width) copies on the CPU."""
+        if self.kernel == "fbgemm_tbe":
+            return [w[:, :d].detach().cpu().clone()
+                    for w, d in zip(self._tbe.split_embedding_weights(), self.widths)]
+        out: list = [None] * len(self.shapes)
+        for bag, (_, members) in zip(self._bags, self._groups):
+            for i in members:
+                start = self._row_base[i]
+                out[i] = bag.weight[start:start + self.shapes[i][0]].detach().cpu().clone()
+        return out
