@@ -18,6 +18,9 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes owner-only files; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

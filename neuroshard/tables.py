@@ -41,6 +41,10 @@ class Table:
     base_dir: Path | None = field(default=None, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
+    def __getstate__(self) -> dict:
+        # Sampled batches are caches: keep them out of pickles sent to worker processes.
+        return {**self.__dict__, "_cache": {}}
+
     # ---------------------------------------------------------------- format
     @classmethod
     def from_dict(cls, data: Any, where: str = "table") -> "Table":

@@ -12,7 +12,6 @@ import importlib
 import io
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +86,6 @@ def save_cost_models(models: CostModels, path: str | Path) -> Path:
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     path = atomic_write_bytes(path, buffer.getvalue())
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o666 & ~umask)  # the temporary file was private (0600); a checkpoint is for everyone to read
     log.info("wrote cost models %s (%.1f kB)", path, path.stat().st_size / 1024)
     return path
 

@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Train the neural compute and communication models on measured cost data, "
                                    "compare them with gradient-boosted trees and the analytic model on tables "
                                    "held out of training, and save a checkpoint (+ a parity plot beside it).")
-    p.add_argument("--data", required=True, type=Path, help="folder with compute.jsonl (+ meta.json)")
+    p.add_argument("--data", required=True, nargs="+", type=Path, metavar="DIR",
+                   help="folders with compute.jsonl (+ meta.json), measured on one machine")
     p.add_argument("--comm-data", nargs="*", type=Path, metavar="DIR",
                    help="folders with comm.jsonl, one per device count")
     p.add_argument("--out", required=True, type=Path, help="checkpoint to write (MODEL.pt)")

@@ -149,13 +149,15 @@ class NeuralComputeModel(ComputeCostModel):
     def _inputs(self, sets: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
         """Network inputs of sets: (shard inputs, mask, per-set inputs, log prior ms added to the output)."""
         padded, mask = pad_sets(sets)
-        x = (padded - self.x_mean) / self.x_std * mask[..., None]
+        # Clipped to the range seen in training: a set model must not extrapolate wildly on
+        # shards unlike any it was trained on (the analytic prior carries those).
+        x = np.clip((padded - self.x_mean) / self.x_std, self.x_lo, self.x_hi) * mask[..., None]
         if self.prior is None:
             base = np.zeros(len(sets))
             set_inputs = np.zeros((len(sets), 0))
         else:
             base = np.log(np.maximum(self.prior.predict(sets), 1e-6))
-            set_inputs = ((base - self.prior_mean) / self.prior_std)[:, None]
+            set_inputs = np.clip((base - self.prior_mean) / self.prior_std, *self.prior_range)[:, None]
         return (torch.from_numpy(x.astype(np.float32)), torch.from_numpy(mask),
                 torch.from_numpy(set_inputs.astype(np.float32)), base)
 
@@ -175,12 +177,17 @@ class NeuralComputeModel(ComputeCostModel):
         padded, mask = pad_sets(sets)
         real = padded[mask > 0]
         self.x_mean, self.x_std = real.mean(0), real.std(0) + 1e-6
+        self.x_lo, self.x_hi = (real.min(0) - self.x_mean) / self.x_std, (real.max(0) - self.x_mean) / self.x_std
+        self.prior_range = (-np.inf, np.inf)
         self.prior = AnalyticComputeModel().fit(sets, costs_ms) if hp.get("prior", True) else None
         if self.prior is not None:
             log_prior = np.log(np.maximum(self.prior.predict(sets), 1e-6))
             self.prior_mean, self.prior_std = float(log_prior.mean()), float(log_prior.std() + 1e-6)
+            normed = (log_prior - self.prior_mean) / self.prior_std
+            self.prior_range = (float(normed.min()), float(normed.max()))
         x, m, s, base = self._inputs(sets)
         residual = np.log(costs_ms) - base
+        self.residual_range = (float(residual.min()), float(residual.max()))
         self.y_mean, self.y_std = float(residual.mean()), float(residual.std() + 1e-6)
         target = torch.from_numpy(((residual - self.y_mean) / self.y_std).astype(np.float32))
         vx, vm, vs, vbase = self._inputs(val_sets)
@@ -207,13 +214,16 @@ class NeuralComputeModel(ComputeCostModel):
         with few_threads():
             for start in range(0, len(sets), chunk):
                 x, m, s, base = self._inputs(sets[start:start + chunk])
-                out[start:start + chunk] = base + self.net(x, m, s).double().numpy() * self.y_std + self.y_mean
+                residual = self.net(x, m, s).double().numpy() * self.y_std + self.y_mean
+                out[start:start + chunk] = base + np.clip(residual, *self.residual_range)
         return np.exp(out)
 
     def state_dict(self) -> dict:
         return {"hparams": dict(self.hparams), "weights": self.net.state_dict() if self.net else None,
                 "x_mean": self.x_mean.tolist(), "x_std": self.x_std.tolist(), "y_mean": self.y_mean,
-                "y_std": self.y_std, "val_loss": float(self.val_loss), "num_inputs": NUM_INPUTS,
+                "y_std": self.y_std, "x_lo": self.x_lo.tolist(), "x_hi": self.x_hi.tolist(),
+                "prior_range": list(self.prior_range), "residual_range": list(self.residual_range),
+                "val_loss": float(self.val_loss), "num_inputs": NUM_INPUTS,
                 "prior": self.prior.state_dict() if self.prior else None,
                 "prior_norm": [self.prior_mean, self.prior_std] if self.prior else None}
 
@@ -222,6 +232,10 @@ class NeuralComputeModel(ComputeCostModel):
         self.x_mean = np.asarray(state["x_mean"], np.float32)
         self.x_std = np.asarray(state["x_std"], np.float32)
         self.y_mean, self.y_std = float(state["y_mean"]), float(state["y_std"])
+        self.x_lo = np.asarray(state.get("x_lo", -np.inf), np.float32)
+        self.x_hi = np.asarray(state.get("x_hi", np.inf), np.float32)
+        self.prior_range = tuple(state.get("prior_range", (-np.inf, np.inf)))
+        self.residual_range = tuple(state.get("residual_range", (-np.inf, np.inf)))
         self.val_loss = float(state.get("val_loss", float("nan")))
         self.prior = None
         if state.get("prior"):

@@ -90,6 +90,22 @@ def load_compute(folder: str | Path) -> ComputeData:
     return ComputeData(sets, np.asarray(costs), tables, batch_size, meta)
 
 
+def load_compute_folders(folders: Sequence[str | Path]) -> ComputeData:
+    """Measured shard sets of several folders (the same hardware, kernel and batch size) as one."""
+    parts = [load_compute(f) for f in folders]
+    first = parts[0]
+    for folder, part in zip(folders[1:], parts[1:]):
+        for key in ("hardware", "software"):
+            if part.meta.get(key) != first.meta.get(key):
+                raise NeuroShardError(f"{folder}: measured on other {key} than {folders[0]}; "
+                                      f"pre-train one checkpoint per machine")
+        if (part.batch_size, part.meta.get("config", {}).get("kernel")) != \
+                (first.batch_size, first.meta.get("config", {}).get("kernel")):
+            raise NeuroShardError(f"{folder}: batch size or kernel differs from {folders[0]}")
+    return ComputeData([s for p in parts for s in p.sets], np.concatenate([p.costs_ms for p in parts]),
+                       [t for p in parts for t in p.tables], first.batch_size, first.meta)
+
+
 def load_comm(folders: Sequence[str | Path]) -> tuple[list[CommSamples], dict]:
     """Read ``comm.jsonl`` of each folder; one ``CommSamples`` group per device count, and the
     first folder's ``meta.json`` with the samples' ``batch_size`` added."""
@@ -281,13 +297,14 @@ def parity_plot(path: Path, compute_models: dict, compute_test: ComputeData | No
     return path
 
 
-def pretrain(data: str | Path, comm_data: Sequence[str | Path] = (), out: str | Path | None = None,
+def pretrain(data: str | Path | Sequence[str | Path], comm_data: Sequence[str | Path] = (), out: str | Path | None = None,
              tune: int = 0, epochs: int = 400, test_tables: float = 0.25, seed: int = 0,
              refit: bool = True) -> PretrainResult:
     """Fit and compare all models on the held-out split; with ``out``, save the neural bundle (with
     ``refit``, the same recipe retrained on all data: the metrics stay those of the held-out
     evaluation) and a parity plot beside it."""
-    compute = load_compute(data)
+    folders = [data] if isinstance(data, (str, Path)) else list(data)
+    compute = load_compute_folders(folders)
     train_rows, test_rows, mixed_rows = split_by_table(compute.tables, test_tables, seed)
     if len(test_rows) < 10 or len(train_rows) < 20:
         raise NeuroShardError(f"too few shard sets for a split by table: {len(train_rows)} train, {len(test_rows)} "
@@ -319,7 +336,7 @@ def pretrain(data: str | Path, comm_data: Sequence[str | Path] = (), out: str | 
                         comm=shipped_comm or AnalyticCommModel(compute.batch_size),
                         batch_size=compute.batch_size, hardware=compute.meta,
                         name=Path(out).stem if out else "pretrained", metrics=metrics,
-                        data_summary={"compute": compute_summary, "comm": comm_summary, "data": str(data),
+                        data_summary={"compute": compute_summary, "comm": comm_summary, "data": [str(f) for f in folders],
                                       "comm_data": [str(c) for c in comm_data],
                                       "feature_schema_version": FEATURE_SCHEMA_VERSION})
     if out is not None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from ...kernels import DEFAULT_MAX_ROWS
+
 
 def _flush_bytes(text: str) -> int | None:
     from ...units import parse_bytes
@@ -57,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--row-split-prob", type=float, default=0.2, help="share of shards that are row slices")
     p.add_argument("--backend", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--kernel", default="auto", help="auto, fbgemm_tbe or embedding_bag (default auto)")
-    p.add_argument("--max-rows", type=int, default=1_000_000, help="rows allocated at most per shard; "
+    p.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS, help="rows allocated at most per shard; "
                                                                       "ids are folded (default 1000000)")
     p.add_argument("--optimizer", default="exact_sgd", help="exact_sgd or exact_rowwise_adagrad")
     p.add_argument("--clock", default="auto", help="auto (thread CPU time on cpu, CUDA events on cuda), wall")
