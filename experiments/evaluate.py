@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
     models = load_cost_models(args.cost_model)
     print(f"cost models: {models.name}, measured at batch {models.batch_size} on "
-          f"{models.hardware.get('cpu_model', models.hardware)}")
+          f"{models.hardware.get('hardware', {}).get('cpu_model', 'unknown hardware')}")
     df, plans = search_all(args, models)
     measured = measure_some(args, df, plans) if args.measure > 0 and args.measure_devices else pd.DataFrame()
     table, per_plan = summarize(df, measured)

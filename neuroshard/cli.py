@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Generate benchmark tables, search plans, validate and show them.")
     p.add_argument("--out", default="out/demo", help="folder for the demo's files (default: out/demo)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tables", type=int, default=24, help="tables to generate (default: 24)")
+    p.add_argument("--devices", type=int, default=4, help="devices (runtime processes) (default: 4)")
+    p.add_argument("--iterations", type=int, default=12, help="measured iterations per plan (default: 12)")
     p.set_defaults(func=_demo)
     return parser
 

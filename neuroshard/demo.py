@@ -13,9 +13,6 @@ from pathlib import Path
 
 from .search.api import GREEDY_ALGORITHMS
 
-DEMO_TABLES = 24
-DEMO_DEVICES = 4
-DEMO_ITERATIONS = 12
 
 
 def _improvement(best_baseline: float, ours: float) -> str:
@@ -24,28 +21,29 @@ def _improvement(best_baseline: float, ours: float) -> str:
 
 def run_demo(args: argparse.Namespace) -> int:
     from .costmodels import load_cost_models
-    from .datasets.synthetic import calibration_report, generate
+    from .datasets.synthetic import generate
     from .runtime.evaluate import evaluate
     from .search import shard
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"== 1. tables: {DEMO_TABLES} tables from the calibrated dlrm-2021 preset (seed {args.seed})")
-    tables = generate("dlrm-2021", num_tables=DEMO_TABLES, seed=args.seed)
-    total = tables.total_bytes()
-    memory = int(1.25 * total / DEMO_DEVICES)
-    tables.write(out / "tables.json")
-    print(f"   {out / 'tables.json'}: {total / 2**30:.1f} GiB in fp32; {DEMO_DEVICES} devices of "
-          f"{memory / 2**30:.1f} GiB each")
-
     models = load_cost_models()
+    print(f"== 1. tables: {args.tables} tables from the calibrated dlrm-2021 preset (seed {args.seed})")
+    tables = generate("dlrm-2021", num_tables=args.tables, seed=args.seed)
     # The runtime measures at the cost models' batch size, so plans are searched for it too:
     # predicted and measured per-device costs are then directly comparable.
     tables.batch_size = models.batch_size
-    print(f"\n== 2. search with cost models '{models.name}' (measured at batch {models.batch_size})")
+    tables.write(out / "tables.json")
+    total = tables.total_bytes()
+    memory = int(1.25 * total / args.devices)
+    print(f"   {out / 'tables.json'}: {total / 2**30:.1f} GiB in fp32, batch {tables.batch_size}; "
+          f"{args.devices} devices of {memory / 2**30:.2f} GiB each")
+
+    print(f"\n== 2. search with cost models '{models.name}' (measured at batch {models.batch_size} on "
+          f"{models.hardware.get('hardware', {}).get('cpu_model', 'unknown hardware')})")
     plans = {}
     for algorithm in ("neuroshard", *GREEDY_ALGORITHMS):
-        plans[algorithm] = shard(tables, devices=DEMO_DEVICES, memory=memory, algorithm=algorithm,
+        plans[algorithm] = shard(tables, devices=args.devices, memory=memory, algorithm=algorithm,
                                  cost_models=models, seed=args.seed)
         plans[algorithm].write(out / f"plan-{algorithm}.json")
     simulated = {a: p.estimate["max_device_cost_ms"] for a, p in plans.items()}
@@ -58,11 +56,11 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"\n   simulated improvement of NeuroShard over {baseline}: "
           f"{_improvement(simulated[baseline], simulated['neuroshard'])}")
 
-    print(f"\n== 3. run both plans on the training runtime: {DEMO_DEVICES} gloo processes, batch "
-          f"{models.batch_size}, {DEMO_ITERATIONS} iterations")
+    print(f"\n== 3. run both plans on the training runtime: {args.devices} gloo processes, batch "
+          f"{models.batch_size}, {args.iterations} iterations")
     measured = {}
     for algorithm in ("neuroshard", baseline):
-        result = evaluate(plans[algorithm], tables, devices=DEMO_DEVICES, iterations=DEMO_ITERATIONS,
+        result = evaluate(plans[algorithm], tables, devices=args.devices, iterations=args.iterations,
                           batch_size=models.batch_size)
         result.write_json(out / f"measured-{algorithm}.json")
         measured[algorithm] = result
