@@ -10,7 +10,9 @@ other tables), filling at most 70% of ``--devices`` x ``--memory``. Plans are se
 at the cost models' batch size so predicted and measured costs compare directly.
 
 For every task and algorithm it records the simulated cost (the cost models'
-prediction of the slowest device), the planning time and whether the plan is valid.
+prediction of the slowest device), the planning time and whether it returned a valid
+plan (``valid_plan_share``: TorchRec's planner counts optimizer state in memory and
+finds no plan for some tasks; ratios are over the tasks with a plan).
 For the first ``--measure`` tasks of each device count in ``--measure-devices`` it runs
 NeuroShard's plan and the task's best baseline on the training runtime
 (``neuroshard.runtime.evaluate``: gloo processes on this machine) and records what
@@ -116,7 +118,7 @@ def summarize(df: pd.DataFrame, measured: pd.DataFrame) -> tuple[pd.DataFrame, p
     table = df.groupby(["devices", "algorithm"], sort=False).agg(
         tasks=("task", "count"), mean_simulated_ms=("simulated_ms", "mean"),
         mean_ratio=("ratio_to_best_baseline", "mean"), worst_ratio=("ratio_to_best_baseline", "max"),
-        planning_s=("planning_s", "mean"), valid=("valid", "mean")).reset_index()
+        planning_s=("planning_s", "mean"), valid_plan_share=("valid", "mean")).reset_index()
     table["improvement_vs_best_baseline_%"] = 100.0 * (1.0 - table.mean_ratio)
     if measured.empty:
         return table, measured
