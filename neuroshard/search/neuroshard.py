@@ -12,6 +12,9 @@ Two levels, both judged by the simulator (the pre-trained cost models):
   that has memory for it and stays under a per-device width cap; sweep the cap over
   a grid (the cap balances communication, the loads balance compute) and keep the
   placement the simulator finds cheapest.
+* **Refinement.** The greedy balances sums of single-piece costs, but fused kernel
+  costs are not additive: the best plan is then improved by moving single pieces off
+  its slowest device while the simulator says the plan gets cheaper.
 
 Tables too large for one device are split first (``rowwise.split_for_memory``).
 """
@@ -40,13 +43,15 @@ class NeuroShardParams:
     max_cap_factor: float = 1.5  # caps from 1x to this x the mean width per device (plus no cap)
     row_splits: bool = True      # also try halving hot pieces along rows
     patience: int = 3            # stop after this many steps without a better plan
+    refine_steps: int = 16       # most single-piece moves off the slowest device at the end
 
     def __post_init__(self) -> None:
         for name in ("beam_width", "top_n", "grid_size", "patience"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise NeuroShardError(f"parameter {name} must be an integer >= 1, got {getattr(self, name)!r}")
-        if not isinstance(self.depth, int) or self.depth < 0:
-            raise NeuroShardError(f"parameter depth must be an integer >= 0, got {self.depth!r}")
+        for name in ("depth", "refine_steps"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise NeuroShardError(f"parameter {name} must be an integer >= 0, got {getattr(self, name)!r}")
         if not self.max_cap_factor >= 1.0:
             raise NeuroShardError(f"parameter max_cap_factor must be >= 1, got {self.max_cap_factor!r}")
 
@@ -78,9 +83,36 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
             stale += 1
             if stale >= params.patience:
                 break
-    best.details = {"parameters": asdict(params), "shards": len(best.pieces),
-                    "states_evaluated": len(seen), "simulated_cost_ms": best.cost_ms}
+    best, moves = refine(sim, best, memory_bytes, params.refine_steps)
+    best.details = {"parameters": asdict(params), "shards": len(best.pieces), "states_evaluated": len(seen),
+                    "refinement_moves": moves, "simulated_cost_ms": best.cost_ms}
     return best
+
+
+def refine(sim: Simulator, placement: Placement, memory_bytes: int, steps: int) -> tuple[Placement, int]:
+    """Move one piece at a time off the slowest device to wherever the simulated plan cost
+    drops most (memory permitting); stop when no move helps. Returns (placement, moves)."""
+    ids = sim.piece_ids(placement.pieces)
+    sizes = sim.bytes_of(ids)
+    devices, cost = placement.devices.copy(), placement.cost_ms
+    for move in range(steps):
+        slowest = int(sim.evaluate_ids([(ids, devices)]).total_ms[0].argmax())
+        used = np.bincount(devices, weights=sizes, minlength=sim.num_devices)
+        candidates = []
+        for piece in np.flatnonzero(devices == slowest):
+            for target in np.flatnonzero(used + sizes[piece] <= memory_bytes):
+                if target != slowest:
+                    moved = devices.copy()
+                    moved[piece] = target
+                    candidates.append(moved)
+        if not candidates:
+            return Placement(placement.pieces, devices, cost), move
+        costs = sim.evaluate_ids([(ids, row) for row in candidates]).max_ms
+        best = int(costs.argmin())
+        if costs[best] >= cost - 1e-9:
+            return Placement(placement.pieces, devices, cost), move
+        devices, cost = candidates[best], float(costs[best])
+    return Placement(placement.pieces, devices, cost), steps
 
 
 def split_children(sim: Simulator, pieces: list[Piece], params: NeuroShardParams) -> list[list[Piece]]:
