@@ -79,7 +79,9 @@ def search_all(args: argparse.Namespace, models) -> tuple[pd.DataFrame, dict]:
 
 
 def measure_some(args: argparse.Namespace, df: pd.DataFrame, plans: dict) -> pd.DataFrame:
-    """Run NeuroShard's plan and the best baseline's on the runtime for a few tasks."""
+    """Run NeuroShard's plan and the best baseline's on the runtime for a few tasks:
+    ``--rounds`` alternating runs of the two (A B A B ...), so that slow spells of this
+    shared machine hit both; one row per round, plan and device."""
     from neuroshard.runtime.evaluate import evaluate
     rows = []
     for devices in args.measure_devices:
@@ -89,16 +91,17 @@ def measure_some(args: argparse.Namespace, df: pd.DataFrame, plans: dict) -> pd.
                 continue
             baselines = here[here.algorithm.isin(GREEDY_ALGORITHMS)].dropna(subset=["simulated_ms"])
             best = baselines.loc[baselines.simulated_ms.idxmin(), "algorithm"]
-            for algorithm in ("neuroshard", best):
+            for round_, algorithm in [(r, a) for r in range(args.rounds) for a in ("neuroshard", best)]:
                 if (devices, i, algorithm) not in plans:
                     continue
                 plan, task = plans[(devices, i, algorithm)]
-                log.warning("measuring %s on d%d-task%d (%d tables)", algorithm, devices, i, len(task.tables))
+                log.warning("measuring %s on d%d-task%d (%d tables), round %d", algorithm, devices, i,
+                            len(task.tables), round_)
                 result = evaluate(plan, task.tables, devices=devices, iterations=args.iterations,
                                   batch_size=task.tables.batch_size)
                 est = plan.estimate
                 for d, measured in enumerate(result.per_device):
-                    rows.append({"devices": devices, "task": i, "algorithm": algorithm,
+                    rows.append({"devices": devices, "task": i, "round": round_, "algorithm": algorithm,
                                  "role": "neuroshard" if algorithm == "neuroshard" else "best_baseline",
                                  "device": d,
                                  "predicted_compute_ms": est["per_device_compute_ms"][d],
@@ -122,8 +125,12 @@ def summarize(df: pd.DataFrame, measured: pd.DataFrame) -> tuple[pd.DataFrame, p
     table["improvement_vs_best_baseline_%"] = 100.0 * (1.0 - table.mean_ratio)
     if measured.empty:
         return table, measured
-    per_plan = measured.groupby(["devices", "task", "algorithm", "role"]).agg(
+    # a plan's cost is its slowest device, per round; the measured figure is the median over rounds
+    per_round = measured.groupby(["devices", "task", "algorithm", "role", "round"]).agg(
         predicted_ms=("predicted_total_ms", "max"), measured_ms=("measured_total_ms", "max")).reset_index()
+    per_plan = per_round.groupby(["devices", "task", "algorithm", "role"]).agg(
+        predicted_ms=("predicted_ms", "first"), measured_ms=("measured_ms", "median"),
+        measured_spread=("measured_ms", lambda x: (x.max() - x.min()) / x.median())).reset_index()
     per_plan["model_error_%"] = 100.0 * (per_plan.predicted_ms - per_plan.measured_ms).abs() / per_plan.measured_ms
     return table, per_plan
 
@@ -161,7 +168,8 @@ def plot(table: pd.DataFrame, measured: pd.DataFrame, per_plan: pd.DataFrame, ou
 
     if measured.empty:
         return paths
-    first = measured[(measured.devices == measured.devices.iloc[0]) & (measured.task == measured.task.iloc[0])]
+    first = measured[(measured.devices == measured.devices.iloc[0]) & (measured.task == measured.task.iloc[0])
+                     & (measured["round"] == 0)]
     fig, axes = plt.subplots(1, first.algorithm.nunique(), figsize=(10, 3.8), sharey=True, squeeze=False)
     for ax, (algorithm, part) in zip(axes[0], first.groupby("algorithm", sort=False)):
         x = np.arange(len(part))
@@ -211,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", type=int, default=6, help="tasks per device count run on the runtime")
     parser.add_argument("--measure-devices", type=int, nargs="*", default=[4],
                         help="device counts whose plans are measured (default 4; this machine has 2 cores)")
-    parser.add_argument("--iterations", type=int, default=8, help="measured iterations per plan")
+    parser.add_argument("--iterations", type=int, default=8, help="measured iterations per plan and round")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating measurement rounds per plan (median)")
     parser.add_argument("--cost-model", default=None, help="cost-model checkpoint (default: the shipped one)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -244,13 +253,18 @@ def main(argv: list[str] | None = None) -> int:
         print(wins.to_string(index=False, float_format=fmt))
         print(f"mean measured improvement of NeuroShard over the best baseline: "
               f"{wins['measured_improvement_%'].mean():+.1f}% (worst task {wins['measured_improvement_%'].min():+.1f}%)")
+        spread = f"{100 * per_plan.measured_spread.median():.1f}%"
+        print(f"run-to-run spread of one plan's measured cost (max-min over median of {args.rounds} rounds), "
+              f"median over plans: {spread}")
         print("\nCost-model error on the chosen plans (max device cost):")
         errors = per_plan.groupby("role")["model_error_%"].agg(["mean", "max"])
         print(errors.to_string(float_format=fmt))
         lines += ["\n## Measured on the runtime (max device cost, ms)\n",
                   markdown(wins),
                   f"\nMean measured improvement of NeuroShard over the best baseline: "
-                  f"{wins['measured_improvement_%'].mean():+.1f}% (worst task {wins['measured_improvement_%'].min():+.1f}%)\n",
+                  f"{wins['measured_improvement_%'].mean():+.1f}% (worst task {wins['measured_improvement_%'].min():+.1f}%); "
+                  f"median over {args.rounds} alternating rounds per plan, whose run-to-run spread "
+                  f"(max-min over median) is {spread} for the median plan\n",
                   "## Cost-model error on the chosen plans (% of measured max device cost)\n",
                   markdown(errors.reset_index())]
     figures = plot(table, measured, per_plan, args.out)
