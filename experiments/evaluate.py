@@ -147,7 +147,13 @@ def plot(table: pd.DataFrame, measured: pd.DataFrame, per_plan: pd.DataFrame, ou
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-    paths = []
+    paths: list[Path] = []
+
+    def save(fig, name: str, rect=None) -> None:
+        fig.tight_layout(rect=rect)
+        paths.append(out / name)
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 3.6))
     device_counts = sorted(table.devices.unique())
@@ -161,10 +167,7 @@ def plot(table: pd.DataFrame, measured: pd.DataFrame, per_plan: pd.DataFrame, ou
     ax.set_ylabel("simulated cost / best baseline")
     ax.set_title("Plan cost by algorithm (mean over tasks; lower is better)")
     ax.legend()
-    fig.tight_layout()
-    paths.append(out / "cost_by_algorithm.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    save(fig, "cost_by_algorithm.png")
 
     if measured.empty:
         return paths
@@ -186,10 +189,7 @@ def plot(table: pd.DataFrame, measured: pd.DataFrame, per_plan: pd.DataFrame, ou
     axes[0][0].set_ylabel("ms per iteration")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=7)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    paths.append(out / "per_device_breakdown.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    save(fig, "per_device_breakdown.png", rect=(0, 0.08, 1, 1))
 
     fig, ax = plt.subplots(figsize=(4.5, 4.5))
     for role, part in per_plan.groupby("role"):
@@ -203,10 +203,7 @@ def plot(table: pd.DataFrame, measured: pd.DataFrame, per_plan: pd.DataFrame, ou
     ax.set_ylabel("predicted (ms)")
     ax.set_title("Predicted vs measured plan cost")
     ax.legend()
-    fig.tight_layout()
-    paths.append(out / "predicted_vs_measured.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    save(fig, "predicted_vs_measured.png")
     return paths
 
 
