@@ -92,7 +92,7 @@ def measure_some(args: argparse.Namespace, df: pd.DataFrame, plans: dict) -> pd.
     """Run NeuroShard's plan and the best baseline's on the runtime for a few tasks:
     ``--rounds`` alternating runs of the two (A B A B ...), so that slow spells of this
     shared machine hit both; one row per round, plan and device."""
-    from neuroshard.runtime.evaluate import evaluate
+    from neuroshard.runtime.evaluate import measure_alternating
     rows = []
     for devices in args.measure_devices:
         for i in range(min(args.measure, args.tasks)):
@@ -101,27 +101,27 @@ def measure_some(args: argparse.Namespace, df: pd.DataFrame, plans: dict) -> pd.
                 continue
             baselines = here[here.algorithm.isin(GREEDY_ALGORITHMS)].dropna(subset=["simulated_ms"])
             best = baselines.loc[baselines.simulated_ms.idxmin(), "algorithm"]
-            for round_, algorithm in [(r, a) for r in range(args.rounds) for a in ("neuroshard", best)]:
-                if (devices, i, algorithm) not in plans:
-                    continue
-                plan, task = plans[(devices, i, algorithm)]
-                log.warning("measuring %s on d%d-task%d (%d tables), round %d", algorithm, devices, i,
-                            len(task.tables), round_)
-                result = evaluate(plan, task.tables, devices=devices, iterations=args.iterations,
-                                  batch_size=task.tables.batch_size)
-                est = plan.estimate
-                for d, measured in enumerate(result.per_device):
-                    rows.append({"devices": devices, "task": i, "round": round_, "algorithm": algorithm,
-                                 "role": "neuroshard" if algorithm == "neuroshard" else "best_baseline",
-                                 "device": d,
-                                 "predicted_compute_ms": est["per_device_compute_ms"][d],
-                                 "predicted_fwd_comm_ms": est["per_device_fwd_comm_ms"][d],
-                                 "predicted_bwd_comm_ms": est["per_device_bwd_comm_ms"][d],
-                                 "predicted_total_ms": est["per_device_cost_ms"][d],
-                                 "measured_compute_ms": measured["compute_ms"],
-                                 "measured_fwd_comm_ms": measured["fwd_comm_ms"],
-                                 "measured_bwd_comm_ms": measured["bwd_comm_ms"],
-                                 "measured_total_ms": measured["total_ms"]})
+            pair = {a: plans[(devices, i, a)][0] for a in ("neuroshard", best) if (devices, i, a) in plans}
+            task = plans[(devices, i, best)][1]
+            log.warning("measuring neuroshard and %s on d%d-task%d (%d tables), %d rounds", best, devices, i,
+                        len(task.tables), args.rounds)
+            results = measure_alternating(pair, task.tables, rounds=args.rounds, iterations=args.iterations,
+                                          devices=devices, batch_size=task.tables.batch_size)
+            for algorithm, measurements in results.items():
+                est = pair[algorithm].estimate
+                for round_, result in enumerate(measurements):
+                    for d, measured in enumerate(result.per_device):
+                        rows.append({"devices": devices, "task": i, "round": round_, "algorithm": algorithm,
+                                     "role": "neuroshard" if algorithm == "neuroshard" else "best_baseline",
+                                     "device": d,
+                                     "predicted_compute_ms": est["per_device_compute_ms"][d],
+                                     "predicted_fwd_comm_ms": est["per_device_fwd_comm_ms"][d],
+                                     "predicted_bwd_comm_ms": est["per_device_bwd_comm_ms"][d],
+                                     "predicted_total_ms": est["per_device_cost_ms"][d],
+                                     "measured_compute_ms": measured["compute_ms"],
+                                     "measured_fwd_comm_ms": measured["fwd_comm_ms"],
+                                     "measured_bwd_comm_ms": measured["bwd_comm_ms"],
+                                     "measured_total_ms": measured["total_ms"]})
     return pd.DataFrame(rows)
 
 
@@ -150,12 +150,15 @@ def measured_summary(measured: pd.DataFrame, per_plan: pd.DataFrame) -> pd.DataF
     median costs over rounds, and the improvement from the rounds' paired ratios
     (NeuroShard's cost over the baseline's measured just before or after it)."""
     import numpy as np
+    from neuroshard.runtime.evaluate import paired_improvement
     wide = per_plan.pivot_table(index=["devices", "task"], columns="role", values="measured_ms").dropna()
     per_round = (measured.groupby(["devices", "task", "round", "role"]).measured_total_ms.max()
                  .unstack("role").dropna())
+    paired = per_round.groupby(["devices", "task"])
+    wide["measured_improvement_%"] = paired.apply(
+        lambda r: 100.0 * paired_improvement(r["neuroshard"], r["best_baseline"]))
     log_ratio = np.log(per_round["neuroshard"] / per_round["best_baseline"])
-    paired = log_ratio.groupby(["devices", "task"]).agg(["mean", "min", "max"])
-    wide["measured_improvement_%"] = 100.0 * (1.0 - np.exp(paired["mean"]))
+    paired = log_ratio.groupby(["devices", "task"]).agg(["min", "max"])
     wide["best_round_%"] = 100.0 * (1.0 - np.exp(paired["min"]))
     wide["worst_round_%"] = 100.0 * (1.0 - np.exp(paired["max"]))
     return wide.reset_index()

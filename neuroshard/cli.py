@@ -76,8 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="out/demo", help="folder for the demo's files (default: out/demo)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tables", type=int, default=24, help="tables to generate (default: 24)")
-    p.add_argument("--devices", type=int, default=4, help="devices (runtime processes) (default: 4)")
-    p.add_argument("--iterations", type=int, default=12, help="measured iterations per plan (default: 12)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="devices (runtime processes) (default: 4, or the CPU cores when fewer, at least 2)")
+    p.add_argument("--iterations", type=int, default=12, help="measured iterations per plan and round (default: 12)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="alternating measurement rounds of the two plans (default: 3)")
     p.set_defaults(func=_demo)
     return parser
 

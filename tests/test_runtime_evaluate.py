@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.launch import free_port
 from neuroshard.tables import Table, TableSet
@@ -67,3 +69,31 @@ def test_runtime_runs_the_kernel_the_measurement_picks(tmp_path):
     assert (m.kernel, m.clock) == (bench.kernel, bench.clock) == (bench.kernel, "thread")
     for d in m.per_device:
         assert d["compute_ms"] > 0 and d["compute_wall_ms"] > 0
+
+
+def test_paired_improvement_is_the_geometric_mean_of_round_ratios():
+    from neuroshard.runtime.evaluate import paired_improvement
+    assert paired_improvement([90.0, 45.0], [100.0, 50.0]) == pytest.approx(0.10)
+    # a slow spell that hits both plans of a round does not change the result
+    assert paired_improvement([90.0, 180.0], [100.0, 200.0]) == pytest.approx(0.10)
+    assert paired_improvement([110.0], [100.0]) == pytest.approx(-0.10)
+
+
+def test_plans_measured_together_alternate_their_steps(tmp_path):
+    """An A/B run: both plans' embeddings live in every rank and their steps alternate."""
+    from neuroshard.runtime.evaluate import evaluate_together, measure_alternating
+    from neuroshard.runtime.trainer import RunConfig, run
+    _files(tmp_path)
+    tables = TableSet.read(tmp_path / "tables.json")
+    split = Plan.read(tmp_path / "plan.json")
+    whole = Plan(TABLES, [Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, i % 2) for i, t in enumerate(TABLES)],
+                 2, 10**9, tables_name="evaluate")
+    result = run(RunConfig(split, TABLES, 2, steps=6, batch_size=64, alternates=[whole]))
+    assert [r["plan"] for r in result.records[0]] == [0, 1, 0, 1, 0, 1]
+    first, second = evaluate_together([split, whole], tables, iterations=3, warmup=1)
+    assert first.plan is split and second.plan is whole
+    assert first.iterations == second.iterations == 3 and first.warmup == 1
+    assert [d["shards"] for d in first.per_device] == [3, 3] and [d["shards"] for d in second.per_device] == [2, 2]
+    rounds = measure_alternating({"split": split, "whole": whole}, tables, rounds=2, iterations=2)
+    assert [len(v) for v in rounds.values()] == [2, 2]
+    assert all(m.plan is whole for m in rounds["whole"])

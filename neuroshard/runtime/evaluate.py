@@ -8,13 +8,20 @@ compare; ``compute_wall_ms`` is its wall-clock figure."""
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
+import numpy as np
+
+from ..errors import NeuroShardError
 from ..plan import Plan
 from ..tables import TableSet
 from .trainer import PHASES, RunConfig, RunResult, check_run, run
+
+log = logging.getLogger(__name__)
 
 DEFAULT_WARMUP = 3
 
@@ -76,12 +83,15 @@ class Measurement:
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
 
-def summarize(plan: Plan, result: RunResult, warmup: int, batch_size: int) -> Measurement:
-    """Medians per device over the steps after ``warmup`` (each device's total is the
-    median of its per-step totals, not the sum of medians)."""
-    per_device = []
+def summarize(plan: Plan, result: RunResult, warmup: int, batch_size: int, which: int = 0) -> Measurement:
+    """Medians per device over the steps of plan number ``which`` after its first
+    ``warmup`` (each device's total is the median of its per-step totals, not the sum
+    of medians)."""
+    per_device, steps = [], 0
     for rank, records in enumerate(result.records):
-        kept = records[warmup:] or records
+        mine = [r for r in records if r.get("plan", 0) == which]
+        kept = mine[warmup:] or mine
+        steps = len(mine)
         row: dict = {"device": rank, "shards": len(plan.shards_on(rank))}
         for phase in PHASES:
             row[phase] = statistics.median(r[phase] for r in kept)
@@ -90,7 +100,6 @@ def summarize(plan: Plan, result: RunResult, warmup: int, batch_size: int) -> Me
         row["dense_ms"] = statistics.median(r["dense_ms"] for r in kept)
         row["step_ms"] = statistics.median(r["step_ms"] for r in kept)
         per_device.append(row)
-    steps = len(result.records[0])
     used_warmup = warmup if steps > warmup else 0
     return Measurement(plan, per_device, steps - used_warmup, used_warmup, batch_size, result.backend,
                        result.kernel, result.clock)
@@ -101,11 +110,52 @@ def evaluate(plan: Plan, tables: TableSet, devices: int | None = None, iteration
     """Run ``iterations`` training steps of ``plan`` and measure every device (None on
     ranks other than 0 under torchrun). ``options`` go to ``RunConfig`` (lr, seed,
     row_cap, backend, kernel, timeout_s, fault)."""
-    devices = devices or plan.num_devices
-    check_run(plan, tables, devices)
+    measured = evaluate_together([plan], tables, devices, iterations, warmup, batch_size, **options)
+    return None if measured is None else measured[0]
+
+
+def evaluate_together(plans: Sequence[Plan], tables: TableSet, devices: int | None = None, iterations: int = 20,
+                      warmup: int = DEFAULT_WARMUP, batch_size: int | None = None,
+                      **options) -> list[Measurement] | None:
+    """Measure plans of the same tables in one run, their steps interleaved (A B A B
+    ...: ``RunConfig.alternates``), ``iterations`` measured steps each: one
+    ``Measurement`` per plan, in order."""
+    plans = list(plans)
+    if not plans:
+        raise NeuroShardError("no plan to measure")
+    devices = devices or max(p.num_devices for p in plans)
+    for plan in plans:
+        check_run(plan, tables, devices)
     batch_size = batch_size or tables.batch_size
-    config = RunConfig(plan, list(tables), devices, steps=iterations + warmup, batch_size=batch_size, **options)
+    config = RunConfig(plans[0], list(tables), devices, steps=len(plans) * (iterations + warmup),
+                       batch_size=batch_size, alternates=plans[1:], **options)
     result = run(config)
     if result is None:
         return None
-    return summarize(plan, result, warmup, batch_size)
+    return [summarize(plan, result, warmup, batch_size, which) for which, plan in enumerate(plans)]
+
+
+def measure_alternating(plans: dict[str, Plan], tables: TableSet, rounds: int = 3, iterations: int = 20,
+                        devices: int | None = None, **options) -> dict[str, list[Measurement]]:
+    """Measure several plans of the same tables in ``rounds`` runs, each running all
+    plans with their steps interleaved (``evaluate_together``; the order rotates from
+    round to round), so a slow spell of a shared machine hits every plan alike.
+    Returns each plan's measurements, one per round."""
+    if rounds < 1:
+        raise NeuroShardError(f"rounds must be at least 1, got {rounds}")
+    names = list(plans)
+    out: dict[str, list[Measurement]] = {name: [] for name in names}
+    for round_ in range(rounds):
+        order = names[round_ % len(names):] + names[:round_ % len(names)]
+        log.info("round %d of %d: %s interleaved", round_ + 1, rounds, ", ".join(order))
+        measured = evaluate_together([plans[n] for n in order], tables, devices, iterations, **options)
+        for name, measurement in zip(order, measured):
+            out[name].append(measurement)
+    return out
+
+
+def paired_improvement(ours: Sequence[float], theirs: Sequence[float]) -> float:
+    """How much cheaper (fraction) ``ours`` is than ``theirs`` over paired rounds: one
+    minus the geometric mean of the per-round ratios ours/theirs."""
+    ratios = np.asarray(ours, dtype=np.float64) / np.asarray(theirs, dtype=np.float64)
+    return float(1.0 - np.exp(np.log(ratios).mean()))

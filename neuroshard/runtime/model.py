@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..exchange import batch_shares
 from ..tables import Table
 
 #: rows per deterministic initialisation block (a shard's rows are made block by block)
@@ -93,9 +94,9 @@ def make_batch(tables: Sequence[Table], batch_size: int, step: int, seed: int,
 
 def local_slice(batch_size: int, world_size: int, rank: int) -> tuple[int, int]:
     """[start, end) of the samples of the global batch that ``rank`` trains on."""
-    base, extra = divmod(batch_size, world_size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
+    shares = batch_shares(batch_size, world_size)
+    start = sum(shares[:rank])
+    return start, start + shares[rank]
 
 
 # --------------------------------------------------------------- dense part

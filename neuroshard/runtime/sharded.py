@@ -2,14 +2,8 @@
 global batch, and an all-to-all hands every rank the pooled embeddings of its own
 slice of the batch.
 
-Layout of the exchange. Rank ``p`` holds shards of total width ``W_p`` (in plan
-order); its pooled output for the global batch is a ``(B, W_p)`` matrix whose rows
-``[start_q, end_q)`` go to rank ``q``. Rank ``q`` receives ``(b_q, W_p)`` from every
-``p``, lays them side by side and adds each received column into its table's
-column (``index_add_``): column slices land in column order, and the partial sums
-of row-wise shards are reduced at the receiver. Backward runs the same in reverse:
-the receiver picks each shard's gradient columns (the same gradient for every
-row-wise partial sum) and a reverse all-to-all sends them home.
+The exchange and its layout are ``neuroshard.exchange.PooledExchange`` (the
+communication benchmark times the same code).
 
 A rank's shards run as one ``neuroshard.kernels.FusedEmbedding``, the fused kernel
 the cost data is measured with (fbgemm TBE with exact SGD fused into its backward,
@@ -26,10 +20,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..exchange import PooledExchange
 from ..kernels import DEFAULT_MAX_ROWS, FusedEmbedding, FusedInputs
 from ..plan import Plan, Shard
 from ..tables import Table
-from .model import init_rows, local_slice
+from .model import init_rows
 
 log = logging.getLogger(__name__)
 
@@ -53,52 +48,6 @@ def synchronize(device: torch.device) -> None:
     """Wait for queued kernels on an accelerator (a no-op on CPU), so clocks are honest."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-class PooledExchange:
-    """The all-to-all of pooled embeddings between ranks, and its reverse."""
-
-    def __init__(self, plan: Plan, tables: Sequence[Table], rank: int, world_size: int,
-                 batch_size: int, device: torch.device) -> None:
-        self.rank, self.world_size, self.device = rank, world_size, device
-        self.batch_sizes = [b - a for a, b in (local_slice(batch_size, world_size, q) for q in range(world_size))]
-        self.widths = [sum(s.num_cols for s in plan.shards_on(p)) for p in range(world_size)]
-        table_offset, offset = {}, 0
-        for t in tables:
-            table_offset[t.name] = offset
-            offset += t.embedding_dim
-        self.output_width = offset
-        # Output column of every received column, sources in rank order.
-        dest = []
-        for p in range(world_size):
-            for s in plan.shards_on(p):
-                start = table_offset[s.table] + s.col_offset
-                dest.extend(range(start, start + s.num_cols))
-        self.dest_cols = torch.tensor(dest, dtype=torch.long, device=device)
-
-    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        """(B, W_rank) pooled outputs of this rank's shards -> (b_rank, all table widths)."""
-        b = self.batch_sizes[self.rank]
-        received = torch.empty(b * sum(self.widths), device=self.device)
-        dist.all_to_all_single(received, pooled.contiguous().view(-1),
-                               output_split_sizes=[b * w for w in self.widths],
-                               input_split_sizes=[n * self.widths[self.rank] for n in self.batch_sizes])
-        parts = [chunk.view(b, w) for chunk, w in zip(torch.split(received, [b * w for w in self.widths]),
-                                                       self.widths)]
-        out = torch.zeros(b, self.output_width, device=self.device)
-        return out.index_add_(1, self.dest_cols, torch.cat(parts, dim=1))
-
-    def backward(self, grad: torch.Tensor) -> torch.Tensor:
-        """(b_rank, all table widths) gradient -> (B, W_rank) gradient of this rank's shards."""
-        b = self.batch_sizes[self.rank]
-        picked = grad.index_select(1, self.dest_cols)
-        send = torch.cat([part.contiguous().view(-1) for part in torch.split(picked, self.widths, dim=1)])
-        width = self.widths[self.rank]
-        received = torch.empty(sum(self.batch_sizes) * width, device=self.device)
-        dist.all_to_all_single(received, send,
-                               output_split_sizes=[n * width for n in self.batch_sizes],
-                               input_split_sizes=[b * w for w in self.widths])
-        return received.view(sum(self.batch_sizes), width)
 
 
 class PooledAllToAll(torch.autograd.Function):
@@ -157,7 +106,7 @@ class ShardedEmbeddings:
             self.shards.append(LocalShard(s, rows))
         self.fused = (FusedEmbedding([(ls.rows, ls.shard.num_cols) for ls in self.shards], kernel, self.device,
                                      lr=lr, init=weights) if self.shards else None)
-        self.exchange = PooledExchange(plan, tables, rank, world_size, batch_size, self.device)
+        self.exchange = PooledExchange.for_plan(plan, tables, rank, world_size, batch_size, self.device)
         self.times = PhaseTimes()
 
     @property

@@ -19,6 +19,12 @@ time (it includes waiting, which is part of its cost).
 
 Gradients are summed, not averaged, across ranks (each rank's loss is its share
 of the global mean), so a sharded run reproduces the unsharded one exactly.
+
+``RunConfig.alternates`` (other plans of the same tables) turns a run into an A/B
+measurement: every rank holds the embeddings of every plan and step ``s`` runs
+plan ``s % (1 + len(alternates))``, the dense part shared. A slow spell of a shared
+machine (seconds long) then hits all plans alike, which separate runs of each plan
+do not achieve. Each step's record says which plan ran (``plan``).
 """
 from __future__ import annotations
 
@@ -64,6 +70,12 @@ class RunConfig:
     timeout_s: float = 120.0
     fault: str | None = None
     collect_weights: bool = False
+    alternates: list[Plan] = field(default_factory=list)  # plans run on alternate steps (A/B measurement)
+
+    @property
+    def plans(self) -> list[Plan]:
+        """The plan, then the alternates: step ``s`` runs ``plans[s % len(plans)]``."""
+        return [self.plan, *self.alternates]
 
 
 @dataclass
@@ -95,7 +107,8 @@ def check_run(plan: Plan, tables: TableSet, devices: int) -> None:
 def run(config: RunConfig) -> RunResult | None:
     """Run the training: in-process when started by torchrun (rank 0 gets the result,
     others None), otherwise in ``world_size`` processes spawned here."""
-    check_run(config.plan, TableSet("tables", list(config.tables)), config.world_size)
+    for plan in config.plans:
+        check_run(plan, TableSet("tables", list(config.tables)), config.world_size)
     resolve_kernel(config.kernel, _device_kind(config.backend))  # refuse a bad kernel before starting
     env = torchrun_env()
     if env is not None:
@@ -167,8 +180,8 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
     rank, world = wctx.rank, wctx.world_size
     fault = config.fault or os.environ.get(FAULT_ENV)
     tables, batch_size = config.tables, config.batch_size
-    emb = ShardedEmbeddings(config.plan, tables, rank, world, batch_size, config.seed, config.row_cap, device,
-                            kernel=config.kernel, lr=config.lr)
+    embs = [ShardedEmbeddings(plan, tables, rank, world, batch_size, config.seed, config.row_cap, device,
+                              kernel=config.kernel, lr=config.lr) for plan in config.plans]
     kernel = resolve_kernel(config.kernel, device.type)
     # Compute is timed on the clock the kernel benchmark uses: thread CPU time on CPU.
     clock_name = "wall" if device.type == "cuda" else "thread"
@@ -177,13 +190,15 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
     ddp = DDP(dense, device_ids=[device.index] if device.type == "cuda" else None)
     ddp.register_comm_hook(None, _allreduce_sum)
     opt = torch.optim.SGD(ddp.parameters(), lr=config.lr)
-    held = [t for t in tables if t.name in set(emb.table_names)]
+    held = [t for t in tables if any(t.name in emb.table_names for emb in embs)]
     start, end = local_slice(batch_size, world, rank)
     losses, records = [], []
     wctx.heartbeat(BUILT)
     for step in range(config.steps):
         wctx.heartbeat(4 * step)
         _maybe_fault(fault, rank, step)
+        which = step % len(embs)
+        emb = embs[which]
         batch = make_batch(held, batch_size, step, config.seed)
         inputs = emb.prepare(batch.lookups)
         dense_x, labels = batch.dense[start:end].to(device), batch.labels[start:end].to(device)
@@ -218,14 +233,14 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
         compute = compute_wall if clock_name == "wall" else (c1 - c0) + (c4 - c3 - times.bwd_comm_thread)
         records.append({"compute_ms": 1e3 * compute, "compute_wall_ms": 1e3 * compute_wall,
                         "fwd_comm_ms": 1e3 * times.fwd_comm, "bwd_comm_ms": 1e3 * times.bwd_comm,
-                        "dense_ms": 1e3 * (t3 - t2), "step_ms": 1e3 * (t4 - t0)})
+                        "dense_ms": 1e3 * (t3 - t2), "step_ms": 1e3 * (t4 - t0), "plan": which})
         total = loss.detach().clone()
         dist.all_reduce(total)
         losses.append(float(total))
         log.info("rank %d step %d loss %.6f", rank, step, losses[-1])
     wctx.heartbeat(4 * config.steps)
 
-    weights = emb.shard_weights() if config.collect_weights else []
+    weights = embs[0].shard_weights() if config.collect_weights else []
     gathered = [None] * world if rank == 0 else None
     dist.gather_object((records, weights), gathered, dst=0)
     if rank != 0:

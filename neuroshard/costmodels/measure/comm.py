@@ -8,12 +8,14 @@ measurements. For one sample, device ``d`` holds shards of total width
 before the collective, so early devices wait for late ones as in training).
 Each repeat times, per device:
 
-* forward: ``all_to_all_single`` of pooled embeddings, the batch split across
-  devices (device ``d`` gets ``b_d`` ≈ B/D samples): every source sends
-  ``[b_dst, widths[src]]`` to every destination (uneven input/output splits);
-  the time runs from the end of the device's own skew, so it includes waiting;
-* backward: the reverse all-to-all of the gradients (``[b_src, widths[dst]]``
-  sent back to each holder), after a barrier;
+* forward: the training runtime's own exchange (``neuroshard.exchange.PooledExchange``):
+  an ``all_to_all_single`` of pooled embeddings, the batch split across devices
+  (device ``d`` gets ``b_d`` ≈ B/D samples; every source sends
+  ``[b_dst, widths[src]]`` to every destination), and the layout of the received
+  columns into the ``[b_d, sum(widths)]`` features; the time runs from the end of
+  the device's own skew, so it includes waiting;
+* backward: the reverse exchange of the gradients (columns picked, then
+  ``[b_src, widths[dst]]`` sent back to each holder), after a barrier;
 * reduce: the reduction row-wise shards need: every device holds partial sums
   ``[B, reduce_width]`` and ends with the summed ``[b_d, reduce_width]`` of its
   samples. gloo has no ``reduce_scatter``, so it is an ``all_to_all_single`` plus
@@ -42,6 +44,8 @@ from ...errors import NeuroShardError
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 4096
+#: what forward and backward times cover (recorded with the data: older data timed the bare all-to-all)
+TIMED = "runtime exchange: all-to-all and column layout"
 
 
 @dataclass
@@ -63,8 +67,8 @@ def free_port() -> int:
 
 def split_batch(batch_size: int, num_devices: int) -> list[int]:
     """Samples of the batch each device owns after the forward all-to-all."""
-    base, rest = divmod(batch_size, num_devices)
-    return [base + (1 if d < rest else 0) for d in range(num_devices)]
+    from ...exchange import batch_shares
+    return batch_shares(batch_size, num_devices)
 
 
 def _busy_wait_ms(ms: float) -> None:
@@ -84,19 +88,15 @@ def _run_sample(rank: int, world: int, task: dict, device) -> dict:
     """One sample on one rank: warm-up + repeats of forward, backward, reduce."""
     import torch
     import torch.distributed as dist
+    from ...exchange import PooledExchange
     widths, skews, reduce_width = task["widths"], task["skews_ms"], int(task["reduce_width"])
     b = split_batch(int(task["batch_size"]), world)
     batch = sum(b)
     w_me = int(widths[rank])
     sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
-    # forward: to each dst [b_dst, w_me]; from each src [b_me, w_src]
-    fwd_in_splits = [b[d] * w_me for d in range(world)]
-    fwd_out_splits = [b[rank] * int(widths[s]) for s in range(world)]
-    fwd_in = torch.ones(sum(fwd_in_splits), device=device)
-    fwd_out = torch.empty(sum(fwd_out_splits), device=device)
-    # backward: the reverse
-    bwd_in = torch.ones(sum(fwd_out_splits), device=device)
-    bwd_out = torch.empty(sum(fwd_in_splits), device=device)
+    exchange = PooledExchange.for_widths([int(w) for w in widths], rank, world, batch, device)
+    pooled = torch.ones(batch, w_me, device=device)                 # this device's shards, whole batch
+    grad = torch.ones(b[rank], exchange.output_width, device=device)  # gradient of its samples' features
     red_in = torch.ones(batch * reduce_width, device=device)
     red_out = torch.empty(world * b[rank] * reduce_width, device=device)
     red_in_splits = [b[d] * reduce_width for d in range(world)]
@@ -106,12 +106,12 @@ def _run_sample(rank: int, world: int, task: dict, device) -> dict:
         dist.barrier()
         _busy_wait_ms(float(skews[rank]))
         t0 = time.perf_counter()
-        dist.all_to_all_single(fwd_out, fwd_in, fwd_out_splits, fwd_in_splits)
+        exchange.forward(pooled)
         sync()
         t1 = time.perf_counter()
         dist.barrier()
         t2 = time.perf_counter()
-        dist.all_to_all_single(bwd_out, bwd_in, fwd_in_splits, fwd_out_splits)
+        exchange.backward(grad)
         sync()
         t3 = time.perf_counter()
         if reduce_width > 0:
@@ -193,7 +193,8 @@ class CommBenchmark:
 
     def config(self) -> dict:
         return {"backend": self.backend, "dist_backend": self.dist_backend, "num_devices": self.num_devices,
-                "batch_size": self.batch_size, "warmup": self.warmup, "repeats": self.repeats}
+                "batch_size": self.batch_size, "warmup": self.warmup, "repeats": self.repeats,
+                "timed": TIMED}
 
     @property
     def pids(self) -> list[int]:
