@@ -16,10 +16,11 @@ finds no plan for some tasks; ratios are over the tasks with a plan).
 For the first ``--measure`` tasks of each device count in ``--measure-devices`` it runs
 NeuroShard's plan and the task's best baseline on the training runtime
 (``neuroshard.runtime.evaluate``: gloo processes on this machine) and records what
-each device really spent. The two plans run back to back, ``--rounds`` times
-(A B A B ...), and each round's pair gives a ratio: the measured improvement of a
-task is one minus the geometric mean of its paired ratios, so slow spells of a
-shared machine, which hit both plans of a pair, cancel out.
+each device really spent. Each of ``--rounds`` runs holds both plans and
+alternates their steps (A B A B ..., ``neuroshard.runtime.evaluate.measure_alternating``),
+so the slow spells of a shared machine, seconds long, hit both plans alike; each
+round gives a ratio of the two plans' measured costs, and the measured improvement
+of a task is one minus the geometric mean of its rounds' ratios.
 
 Measured device counts default to 2 because a device of the runtime is a process
 running one thread: on this 2-core machine only 2 of them run truly in parallel.
@@ -90,8 +91,8 @@ def search_all(args: argparse.Namespace, models) -> tuple[pd.DataFrame, dict]:
 
 def measure_some(args: argparse.Namespace, df: pd.DataFrame, plans: dict) -> pd.DataFrame:
     """Run NeuroShard's plan and the best baseline's on the runtime for a few tasks:
-    ``--rounds`` alternating runs of the two (A B A B ...), so that slow spells of this
-    shared machine hit both; one row per round, plan and device."""
+    ``--rounds`` runs, each alternating the two plans' steps; one row per round, plan
+    and device."""
     from neuroshard.runtime.evaluate import measure_alternating
     rows = []
     for devices in args.measure_devices:
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure-devices", type=int, nargs="*", default=[2],
                         help="device counts whose plans are measured (default 2: one process per core here)")
     parser.add_argument("--iterations", type=int, default=20, help="measured iterations per plan and round")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating measurement rounds per plan (median)")
+    parser.add_argument("--rounds", type=int, default=3, help="measurement runs per task, each alternating both plans")
     parser.add_argument("--cost-model", default=None, help="cost-model checkpoint (default: the shipped one)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -282,8 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["\n## Measured on the runtime (max device cost, ms)\n",
                   markdown(wins),
                   f"\nMean measured improvement of NeuroShard over the best baseline: {verdict}. "
-                  f"Per task: one minus the geometric mean of {args.rounds} paired rounds (the two plans run back "
-                  f"to back, {args.iterations} iterations each, median per device); the columns neuroshard and "
+                  f"Per task: one minus the geometric mean of the cost ratios of {args.rounds} rounds (runs that "
+                  f"alternate the two plans' steps, {args.iterations} measured steps each, median per device); "
+                  f"the columns neuroshard and "
                   f"best_baseline are medians over rounds, whose run-to-run spread (max-min over median) is "
                   f"{spread} for the median plan\n",
                   "## Cost-model error on the chosen plans (% of measured max device cost)\n",

@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="devices (runtime processes) (default: 4, or the CPU cores when fewer, at least 2)")
     p.add_argument("--iterations", type=int, default=12, help="measured iterations per plan and round (default: 12)")
     p.add_argument("--rounds", type=int, default=3,
-                   help="alternating measurement rounds of the two plans (default: 3)")
+                   help="measurement runs, each alternating the two plans' steps (default: 3)")
     p.set_defaults(func=_demo)
     return parser
 

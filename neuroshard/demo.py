@@ -62,7 +62,7 @@ def run_demo(args: argparse.Namespace) -> int:
           f"{_improvement(simulated[baseline], simulated['neuroshard'])}")
 
     print(f"\n== 3. run both plans on the training runtime: {args.devices} gloo processes, batch "
-          f"{models.batch_size}, {args.rounds} alternating rounds of {args.iterations} iterations")
+          f"{models.batch_size}, {args.rounds} runs alternating the two plans' steps, {args.iterations} iterations each")
     rounds = measure_alternating({a: plans[a] for a in ("neuroshard", baseline)}, tables, rounds=args.rounds,
                                  iterations=args.iterations, devices=args.devices, batch_size=models.batch_size)
     measured = {}

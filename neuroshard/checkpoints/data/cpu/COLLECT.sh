@@ -9,7 +9,7 @@ D=neuroshard/checkpoints/data/cpu
 neuroshard collect compute --tables $D/compute/tables.json --samples 3000 --out $D/compute \
   --max-tables-per-device 8 --memory 1GiB --batch-size 4096 --dims 4..128 --seed 0 --max-minutes 44
 
-# 2. all-to-all on 2, 3 and 4 gloo processes
+# 2. all-to-all on 2, 3 and 4 gloo processes (the runtime's exchange: all-to-all + column layout)
 for d in 2 3 4; do
   neuroshard collect comm --devices $d --samples 300 --out $D/comm/comm$d --batch-size 4096 --seed 0 --max-minutes 7
 done
