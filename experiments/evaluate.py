@@ -3,7 +3,7 @@
     python experiments/evaluate.py                       # the defaults below (about 20-30 min here)
     python experiments/evaluate.py --tasks 3 --measure 1 # a quick look
 
-Tasks: ``--tasks`` per device count, each 10-60 tables at augmented widths drawn from
+Tasks: ``--tasks`` per device count, each ``--tables-per-task`` (10-60) tables at augmented widths drawn from
 the held-out tables of the calibrated ``dlrm-2021`` benchmark
 (``neuroshard.datasets.augment.benchmark_tables``: the cost data is collected on the
 other tables), filling at most 70% of ``--devices`` x ``--memory``. Plans are searched
@@ -65,7 +65,7 @@ def search_all(args: argparse.Namespace, models) -> tuple[pd.DataFrame, dict]:
     algorithms = [a for a in args.algorithms if a != "torchrec" or torchrec_available()]
     rows, plans = [], {}
     for devices in args.devices:
-        tasks = sample_tasks(held_out, args.tasks, num_tables=(10, 60), num_devices=devices,
+        tasks = sample_tasks(held_out, args.tasks, num_tables=tuple(args.tables_per_task), num_devices=devices,
                              device_memory_bytes=parse_bytes(args.memory), seed=args.seed + devices)
         for i, task in enumerate(tqdm(tasks, desc=f"search, {devices} devices")):
             task.tables.name = f"d{devices}-task{i}"
@@ -91,8 +91,9 @@ def search_all(args: argparse.Namespace, models) -> tuple[pd.DataFrame, dict]:
 
 def measure_some(args: argparse.Namespace, df: pd.DataFrame, plans: dict) -> pd.DataFrame:
     """Run NeuroShard's plan and the best baseline's on the runtime for a few tasks:
-    ``--rounds`` runs, each alternating the two plans' steps; one row per round, plan
-    and device."""
+    ``--rounds`` runs, each alternating the plans' steps (with ``--control``, the
+    baseline's plan a second time as an A/A control); one row per round, plan and
+    device."""
     from neuroshard.runtime.evaluate import measure_alternating
     rows = []
     for devices in args.measure_devices:
@@ -104,6 +105,8 @@ def measure_some(args: argparse.Namespace, df: pd.DataFrame, plans: dict) -> pd.
             best = baselines.loc[baselines.simulated_ms.idxmin(), "algorithm"]
             pair = {a: plans[(devices, i, a)][0] for a in ("neuroshard", best) if (devices, i, a) in plans}
             task = plans[(devices, i, best)][1]
+            if args.control:  # A/A: the baseline's plan once more, measured like the others
+                pair["control"] = pair[best]
             log.warning("measuring neuroshard and %s on d%d-task%d (%d tables), %d rounds", best, devices, i,
                         len(task.tables), args.rounds)
             results = measure_alternating(pair, task.tables, rounds=args.rounds, iterations=args.iterations,
@@ -113,7 +116,7 @@ def measure_some(args: argparse.Namespace, df: pd.DataFrame, plans: dict) -> pd.
                 for round_, result in enumerate(measurements):
                     for d, measured in enumerate(result.per_device):
                         rows.append({"devices": devices, "task": i, "round": round_, "algorithm": algorithm,
-                                     "role": "neuroshard" if algorithm == "neuroshard" else "best_baseline",
+                                     "role": algorithm if algorithm in ("neuroshard", "control") else "best_baseline",
                                      "device": d,
                                      "predicted_compute_ms": est["per_device_compute_ms"][d],
                                      "predicted_fwd_comm_ms": est["per_device_fwd_comm_ms"][d],
@@ -162,7 +165,10 @@ def measured_summary(measured: pd.DataFrame, per_plan: pd.DataFrame) -> pd.DataF
     paired = log_ratio.groupby(["devices", "task"]).agg(["min", "max"])
     wide["best_round_%"] = 100.0 * (1.0 - np.exp(paired["min"]))
     wide["worst_round_%"] = 100.0 * (1.0 - np.exp(paired["max"]))
-    return wide.reset_index()
+    if "control" in per_round:  # the same measurement of the baseline's plan against itself
+        wide["control_%"] = per_round.groupby(["devices", "task"]).apply(
+            lambda r: 100.0 * paired_improvement(r["control"], r["best_baseline"]))
+    return wide.drop(columns="control", errors="ignore").reset_index()
 
 
 def plot(table: pd.DataFrame, measured: pd.DataFrame, per_plan: pd.DataFrame, out: Path) -> list[Path]:
@@ -235,12 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=20, help="tasks per device count (default 20)")
     parser.add_argument("--devices", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--memory", default="1GiB", help="memory per device (default 1GiB)")
+    parser.add_argument("--tables-per-task", type=int, nargs=2, default=[10, 60], metavar=("MIN", "MAX"),
+                        help="tables per task (default 10 60)")
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     parser.add_argument("--measure", type=int, default=10, help="tasks per device count run on the runtime")
     parser.add_argument("--measure-devices", type=int, nargs="*", default=[2],
                         help="device counts whose plans are measured (default 2: one process per core here)")
     parser.add_argument("--iterations", type=int, default=20, help="measured iterations per plan and round")
     parser.add_argument("--rounds", type=int, default=3, help="measurement runs per task, each alternating both plans")
+    parser.add_argument("--no-control", dest="control", action="store_false",
+                        help="skip the A/A control (by default each measured run also holds the baseline's plan "
+                             "a second time, which shows the measurement's own noise)")
     parser.add_argument("--cost-model", default=None, help="cost-model checkpoint (default: the shipped one)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -261,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# NeuroShard evaluation\n",
              f"Command: `python experiments/evaluate.py {' '.join(argv or [])}`".rstrip() + "  ",
              f"Cost models: `{models.name}` (batch {models.batch_size}). Tasks: {args.tasks} per device count, "
-             f"10-60 held-out dlrm-2021 tables, {args.memory} per device.\n",
+             f"{args.tables_per_task[0]}-{args.tables_per_task[1]} held-out dlrm-2021 tables, {args.memory} per device.\n",
              "## Simulated cost per algorithm (ratio to the best of the five greedy baselines per task)\n",
              markdown(table)]
     print("\nSimulated cost per algorithm (ratio = cost / best greedy baseline of the same task):")
@@ -273,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         print(wins.to_string(index=False, float_format=fmt))
         verdict = (f"{wins['measured_improvement_%'].mean():+.1f}% (worst task {wins['measured_improvement_%'].min():+.1f}%, "
                    f"better on {int((wins['measured_improvement_%'] > 0).sum())} of {len(wins)} tasks)")
+        if "control_%" in wins:
+            verdict += (f"; the A/A control (the baseline's plan against itself) gives {wins['control_%'].mean():+.1f}% "
+                        f"on average, {wins['control_%'].abs().mean():.1f}% in absolute value per task")
         print(f"mean measured improvement of NeuroShard over the best baseline: {verdict}")
         spread = f"{100 * per_plan.measured_spread.median():.1f}%"
         print(f"run-to-run spread of one plan's measured cost (max-min over median of {args.rounds} rounds), "

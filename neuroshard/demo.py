@@ -30,6 +30,9 @@ def run_demo(args: argparse.Namespace) -> int:
         # A runtime device is a process running one thread: with more processes than cores they
         # time-share the cores and the measured comparison stops meaning "D parallel devices".
         args.devices = max(2, min(4, os.cpu_count() or 2))
+    if args.tables is None:
+        # The shipped compute model saw at most 8 tables (1 GiB) per device: stay inside that.
+        args.tables = 6 * args.devices
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     models = load_cost_models()
