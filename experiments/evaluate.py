@@ -153,21 +153,24 @@ def measured_summary(measured: pd.DataFrame, per_plan: pd.DataFrame) -> pd.DataF
     """NeuroShard against the best baseline on measured cost, per measured task: the
     median costs over rounds, and the improvement from the rounds' paired ratios
     (NeuroShard's cost over the baseline's measured just before or after it)."""
-    import numpy as np
     from neuroshard.runtime.evaluate import paired_improvement
     wide = per_plan.pivot_table(index=["devices", "task"], columns="role", values="measured_ms").dropna()
     per_round = (measured.groupby(["devices", "task", "round", "role"]).measured_total_ms.max()
                  .unstack("role").dropna())
-    paired = per_round.groupby(["devices", "task"])
-    wide["measured_improvement_%"] = paired.apply(
-        lambda r: 100.0 * paired_improvement(r["neuroshard"], r["best_baseline"]))
-    log_ratio = np.log(per_round["neuroshard"] / per_round["best_baseline"])
-    paired = log_ratio.groupby(["devices", "task"]).agg(["min", "max"])
-    wide["best_round_%"] = 100.0 * (1.0 - np.exp(paired["min"]))
-    wide["worst_round_%"] = 100.0 * (1.0 - np.exp(paired["max"]))
+
+    def against_baseline(role: str) -> pd.DataFrame:
+        """Per task: the paired improvement of ``role`` over the baseline, and its best and worst round."""
+        return per_round.groupby(["devices", "task"]).apply(lambda r: pd.Series({
+            "improvement": paired_improvement(r[role], r["best_baseline"]),
+            "best": 1.0 - (r[role] / r["best_baseline"]).min(),
+            "worst": 1.0 - (r[role] / r["best_baseline"]).max()}))
+
+    ours = 100.0 * against_baseline("neuroshard")
+    wide["measured_improvement_%"] = ours["improvement"]
+    wide["best_round_%"] = ours["best"]
+    wide["worst_round_%"] = ours["worst"]
     if "control" in per_round:  # the same measurement of the baseline's plan against itself
-        wide["control_%"] = per_round.groupby(["devices", "task"]).apply(
-            lambda r: 100.0 * paired_improvement(r["control"], r["best_baseline"]))
+        wide["control_%"] = 100.0 * against_baseline("control")["improvement"]
     return wide.drop(columns="control", errors="ignore").reset_index()
 
 

@@ -5,13 +5,14 @@ import time
 
 import pytest
 
-from neuroshard.costmodels.measure.comm import CommBenchmark, split_batch
+from neuroshard.costmodels.measure.comm import CommBenchmark
+from neuroshard.exchange import batch_shares
 from neuroshard.errors import NeuroShardError
 
 
-def test_split_batch():
-    assert split_batch(10, 3) == [4, 3, 3]
-    assert sum(split_batch(4096, 3)) == 4096
+def test_batch_shares():
+    assert batch_shares(10, 3) == [4, 3, 3]
+    assert sum(batch_shares(4096, 3)) == 4096
 
 
 def _check_measures(bench, devices):

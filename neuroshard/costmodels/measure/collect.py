@@ -13,11 +13,12 @@ cap. With probability ``row_split_prob`` a shard is also a row-wise slice
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -105,31 +106,51 @@ def collect_compute(tables_path: str | Path, samples: int, out: str | Path, *, m
     config = {**bench.config(), "memory_bytes": memory_bytes, "max_tables_per_device": max_tables,
               "dims": list(dims), "seed": seed, "row_split_prob": row_split_prob,
               "tables": tables_path.name, "tables_sha256": _file_sha256(tables_path)}
-    out = Path(out)
-    with store.locked(out, store.COMPUTE_FILE):
-        store.ensure_meta(out, "compute", store.hardware_info(bench.backend), store.software_info(), config)
-        done = store.done_samples(out, store.COMPUTE_FILE)
+
+    def measure(i: int) -> tuple[dict, dict]:
+        rng = np.random.default_rng(seed + i)
+        shards = sample_shard_set(tables.tables, rng, max_tables, memory_bytes, batch_size, dims, row_split_prob)
+        m = bench.measure(shards)
+        record = {"sample": i, "batch_size": batch_size, "kernel": m.kernel,
+                  "shards": [s.to_dict() for s in shards], "cost_ms": round(m.cost_ms, 5),
+                  "fwd_ms": round(m.fwd_ms, 5), "times_ms": m.times_ms, "cv": round(m.cv, 5)}
+        return record, {"cost_ms": f"{m.cost_ms:.2f}", "cv": f"{m.cv:.3f}"}
+
+    return _collect(Path(out), "compute", store.COMPUTE_FILE, store.hardware_info(bench.backend), config, samples,
+                    measure, "compute", progress, max_minutes)
+
+
+def _collect(out: Path, kind: str, filename: str, hardware: dict, config: dict, samples: int,
+             measure: Callable[[int], tuple[dict, dict]], desc: str, progress: bool, max_minutes: float | None,
+             running: contextlib.AbstractContextManager = contextlib.nullcontext()) -> int:
+    """The resumable loop of every collection: under the folder's lock, check or write its
+    ``meta.json``, then ``measure(i)`` each sample not yet in ``filename`` (a record and
+    progress-bar figures) and append its record, stopping cleanly after ``max_minutes``.
+    ``running`` (e.g. the benchmark's processes) is entered only when there is work.
+    Returns how many samples were measured now."""
+    with store.locked(out, filename):
+        store.ensure_meta(out, kind, hardware, store.software_info(), config)
+        done = store.done_samples(out, filename)
         todo = [i for i in range(samples) if i not in done]
-        log.info("compute: %d of %d samples already in %s, %d to measure", samples - len(todo), samples, out, len(todo))
-        bar = _progress(samples, samples - len(todo), "compute") if progress else None
+        log.info("%s: %d of %d samples already in %s, %d to measure", kind, samples - len(todo), samples, out,
+                 len(todo))
+        if not todo:
+            return 0
+        bar = _progress(samples, samples - len(todo), desc) if progress else None
         deadline = _deadline(max_minutes)
         measured = 0
         try:
-            for i in todo:
-                if time.monotonic() > deadline:
-                    log.warning("compute: time limit reached after %d samples; rerun to continue", measured)
-                    break
-                rng = np.random.default_rng(seed + i)
-                shards = sample_shard_set(tables.tables, rng, max_tables, memory_bytes, batch_size, dims, row_split_prob)
-                m = bench.measure(shards)
-                append_jsonl(out / store.COMPUTE_FILE, {
-                    "sample": i, "batch_size": batch_size, "kernel": m.kernel,
-                    "shards": [s.to_dict() for s in shards], "cost_ms": round(m.cost_ms, 5),
-                    "fwd_ms": round(m.fwd_ms, 5), "times_ms": m.times_ms, "cv": round(m.cv, 5)})
-                measured += 1
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(cost_ms=f"{m.cost_ms:.2f}", cv=f"{m.cv:.3f}", refresh=False)
+            with running:
+                for i in todo:
+                    if time.monotonic() > deadline:
+                        log.warning("%s: time limit reached after %d samples; rerun to continue", kind, measured)
+                        break
+                    record, postfix = measure(i)
+                    append_jsonl(out / filename, record)
+                    measured += 1
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(**postfix, refresh=False)
         finally:
             if bar is not None:
                 bar.close()
@@ -168,37 +189,16 @@ def collect_comm(num_devices: int, samples: int, out: str | Path, *, batch_size:
                           timeout_s=timeout_s)
     config = {**bench.config(), "max_width": max_width, "max_skew_ms": max_skew_ms,
               "max_reduce_width": max_reduce_width, "seed": seed, "clock": "wall"}
-    out = Path(out)
-    with store.locked(out, store.COMM_FILE):
-        store.ensure_meta(out, "comm", store.hardware_info(backend), store.software_info(), config)
-        done = store.done_samples(out, store.COMM_FILE)
-        todo = [i for i in range(samples) if i not in done]
-        log.info("comm: %d of %d samples already in %s, %d to measure", samples - len(todo), samples, out, len(todo))
-        if not todo:
-            return 0
-        bar = _progress(samples, samples - len(todo), f"comm D={num_devices}") if progress else None
-        deadline = _deadline(max_minutes)
-        measured = 0
-        try:
-            with bench:
-                for i in todo:
-                    if time.monotonic() > deadline:
-                        log.warning("comm: time limit reached after %d samples; rerun to continue", measured)
-                        break
-                    rng = np.random.default_rng(seed + i)
-                    widths, skews, reduce_width = sample_comm(rng, num_devices, max_width, max_skew_ms,
-                                                              max_reduce_width)
-                    m = bench.measure(widths, skews, reduce_width)
-                    r4 = lambda xs: [round(x, 4) for x in xs]  # noqa: E731
-                    append_jsonl(out / store.COMM_FILE, {
-                        "sample": i, "num_devices": num_devices, "batch_size": batch_size, "widths": widths,
-                        "skews_ms": skews, "reduce_width": reduce_width, "fwd_ms": r4(m.fwd_ms),
-                        "bwd_ms": r4(m.bwd_ms), "reduce_ms": r4(m.reduce_ms), "cv_fwd": round(m.cv_fwd, 5)})
-                    measured += 1
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(fwd_ms=f"{max(m.fwd_ms):.2f}", cv=f"{m.cv_fwd:.3f}", refresh=False)
-        finally:
-            if bar is not None:
-                bar.close()
-    return measured
+
+    def measure(i: int) -> tuple[dict, dict]:
+        rng = np.random.default_rng(seed + i)
+        widths, skews, reduce_width = sample_comm(rng, num_devices, max_width, max_skew_ms, max_reduce_width)
+        m = bench.measure(widths, skews, reduce_width)
+        r4 = lambda xs: [round(x, 4) for x in xs]  # noqa: E731
+        record = {"sample": i, "num_devices": num_devices, "batch_size": batch_size, "widths": widths,
+                  "skews_ms": skews, "reduce_width": reduce_width, "fwd_ms": r4(m.fwd_ms),
+                  "bwd_ms": r4(m.bwd_ms), "reduce_ms": r4(m.reduce_ms), "cv_fwd": round(m.cv_fwd, 5)}
+        return record, {"fwd_ms": f"{max(m.fwd_ms):.2f}", "cv": f"{m.cv_fwd:.3f}"}
+
+    return _collect(Path(out), "comm", store.COMM_FILE, store.hardware_info(backend), config, samples, measure,
+                    f"comm D={num_devices}", progress, max_minutes, running=bench)

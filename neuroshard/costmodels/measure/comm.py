@@ -65,12 +65,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def split_batch(batch_size: int, num_devices: int) -> list[int]:
-    """Samples of the batch each device owns after the forward all-to-all."""
-    from ...exchange import batch_shares
-    return batch_shares(batch_size, num_devices)
-
-
 def _busy_wait_ms(ms: float) -> None:
     end = time.perf_counter() + ms / 1e3
     while time.perf_counter() < end:
@@ -88,9 +82,9 @@ def _run_sample(rank: int, world: int, task: dict, device) -> dict:
     """One sample on one rank: warm-up + repeats of forward, backward, reduce."""
     import torch
     import torch.distributed as dist
-    from ...exchange import PooledExchange
+    from ...exchange import PooledExchange, batch_shares
     widths, skews, reduce_width = task["widths"], task["skews_ms"], int(task["reduce_width"])
-    b = split_batch(int(task["batch_size"]), world)
+    b = batch_shares(int(task["batch_size"]), world)
     batch = sum(b)
     w_me = int(widths[rank])
     sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
