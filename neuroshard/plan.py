@@ -10,6 +10,7 @@ import numpy as np
 
 from .errors import FormatError, InvalidPlanError
 from .tables import Table, TableSet, _is_int, _is_number
+from .validate import MAX_BYTES_PER_ELEMENT, MAX_DEVICES, MAX_MEMORY_BYTES, MAX_TABLES, read_json
 
 PLAN_FORMAT = "neuroshard.plan/v1"
 _SHARD_KEYS = ("table", "row_offset", "num_rows", "col_offset", "num_cols", "device")
@@ -154,16 +155,21 @@ class Plan:
         if data.get("format") != PLAN_FORMAT:
             raise FormatError(f"{source}: field 'format' is {data.get('format')!r}; "
                               f"this version of neuroshard reads {PLAN_FORMAT!r}")
-        for key in ("num_devices", "device_memory_bytes"):
+        for key, high, limit in (("num_devices", MAX_DEVICES, "MAX_DEVICES"),
+                                 ("device_memory_bytes", MAX_MEMORY_BYTES, "MAX_MEMORY_BYTES")):
             if key not in data:
                 raise FormatError(f"{source}: field '{key}' is missing")
-            if not (_is_int(data[key]) and data[key] >= 1):
-                raise FormatError(f"{source}: field '{key}' must be an integer >= 1, got {data[key]!r}")
+            if not (_is_int(data[key]) and 1 <= data[key] <= high):
+                raise FormatError(f"{source}: field '{key}' must be an integer in [1, {high}] ({limit}), "
+                                  f"got {data[key]!r}")
         bpe = data.get("bytes_per_element", 4)
-        if not (_is_int(bpe) and bpe >= 1):
-            raise FormatError(f"{source}: field 'bytes_per_element' must be an integer >= 1, got {bpe!r}")
+        if not (_is_int(bpe) and 1 <= bpe <= MAX_BYTES_PER_ELEMENT):
+            raise FormatError(f"{source}: field 'bytes_per_element' must be an integer in "
+                              f"[1, {MAX_BYTES_PER_ELEMENT}], got {bpe!r}")
         if not isinstance(data.get("tables"), list) or not data["tables"]:
             raise FormatError(f"{source}: field 'tables' must be a non-empty list")
+        if len(data["tables"]) > MAX_TABLES:
+            raise FormatError(f"{source}: {len(data['tables'])} tables, over the limit of {MAX_TABLES} (MAX_TABLES)")
         if not isinstance(data.get("shards"), list):
             raise FormatError(f"{source}: field 'shards' must be a list")
         tables = [Table.from_dict(t, where=f"{source}: table #{i}") for i, t in enumerate(data["tables"])]
@@ -171,6 +177,13 @@ class Plan:
         for key in ("estimate", "provenance"):
             if data.get(key) is not None and not isinstance(data[key], Mapping):
                 raise FormatError(f"{source}: field '{key}' must be an object")
+        estimate = data.get("estimate") or {}
+        if "max_device_cost_ms" in estimate and not _is_number(estimate["max_device_cost_ms"]):
+            raise FormatError(f"{source}: field 'estimate.max_device_cost_ms' must be a number, "
+                              f"got {estimate['max_device_cost_ms']!r}")
+        costs = estimate.get("per_device_cost_ms")
+        if costs is not None and not (isinstance(costs, list) and all(_is_number(c) for c in costs)):
+            raise FormatError(f"{source}: field 'estimate.per_device_cost_ms' must be a list of numbers")
         extra = {k: v for k, v in data.items() if k not in _PLAN_KEYS}
         return cls(tables, shards, data["num_devices"], data["device_memory_bytes"], bpe,
                    str(data.get("tables_name", "tables")), data.get("estimate"), data.get("provenance"), extra)
@@ -190,13 +203,7 @@ class Plan:
     @classmethod
     def read(cls, path: str | Path) -> "Plan":
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except OSError as exc:
-            raise FormatError(f"{path}: cannot read plan file ({exc.strerror or exc})") from None
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_json(path, "plan file"), source=str(path))
 
     def write(self, path: str | Path) -> Path:
         """Validate, then write atomically: an invalid plan never leaves the tool."""

@@ -12,6 +12,8 @@ import numpy as np
 
 from .datasets import access as acc
 from .errors import FormatError
+from .validate import (MAX_BATCH_SIZE, MAX_EMBEDDING_DIM, MAX_LOOKUPS_PER_BATCH, MAX_NUM_EMBEDDINGS,
+                       MAX_POOLING_FACTOR, MAX_TABLES, read_json)
 
 TABLES_FORMAT = "neuroshard.tables/v1"
 DEFAULT_BATCH_SIZE = 65536
@@ -40,6 +42,7 @@ class Table:
     extra: dict = field(default_factory=dict, repr=False)
     base_dir: Path | None = field(default=None, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+    source: str | None = field(default=None, repr=False, compare=False)  # where it was read, for errors
 
     def __getstate__(self) -> dict:
         # Sampled batches are caches: keep them out of pickles sent to worker processes.
@@ -55,20 +58,26 @@ class Table:
         if not isinstance(name, str) or not name:
             raise FormatError(f"{where}: field 'name' must be a non-empty string, got {name!r}")
         where = f"{where} '{name}'"
-        for key, check, what in (
-            ("num_embeddings", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-            ("embedding_dim", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-            ("pooling_factor", lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+        for key, check, what, high, limit in (
+            ("num_embeddings", lambda v: _is_int(v) and v >= 1, "an integer >= 1", MAX_NUM_EMBEDDINGS,
+             "MAX_NUM_EMBEDDINGS"),
+            ("embedding_dim", lambda v: _is_int(v) and v >= 1, "an integer >= 1", MAX_EMBEDDING_DIM,
+             "MAX_EMBEDDING_DIM"),
+            ("pooling_factor", lambda v: _is_number(v) and v >= 0, "a number >= 0", MAX_POOLING_FACTOR,
+             "MAX_POOLING_FACTOR"),
         ):
             if key not in data:
                 raise FormatError(f"{where}: field '{key}' is missing")
             if not check(data[key]):
                 raise FormatError(f"{where}: field '{key}' must be {what}, got {data[key]!r}")
-        access = data.get("access", {}) or {}
+            if data[key] > high:
+                raise FormatError(f"{where}: field '{key}' is {data[key]!r}, over the limit of {high:.15g} ({limit})")
+        access = data.get("access", {})
+        access = {} if access is None else access
         _check_access(access, where)
         extra = {k: v for k, v in data.items() if k not in _TABLE_KEYS}
         return cls(name, int(data["num_embeddings"]), int(data["embedding_dim"]),
-                   float(data["pooling_factor"]), dict(access), extra)
+                   float(data["pooling_factor"]), dict(access), extra, source=where)
 
     def to_dict(self) -> dict:
         out = {"name": self.name, "num_embeddings": self.num_embeddings,
@@ -201,19 +210,27 @@ class TableSet:
         if fmt != TABLES_FORMAT:
             raise FormatError(f"{source}: field 'format' is {fmt!r}; this version of neuroshard reads {TABLES_FORMAT!r}")
         batch_size = data.get("batch_size", DEFAULT_BATCH_SIZE)
-        if not (_is_int(batch_size) and batch_size >= 1):
-            raise FormatError(f"{source}: field 'batch_size' must be an integer >= 1, got {batch_size!r}")
+        if not (_is_int(batch_size) and 1 <= batch_size <= MAX_BATCH_SIZE):
+            raise FormatError(f"{source}: field 'batch_size' must be an integer in [1, {MAX_BATCH_SIZE}] "
+                              f"(MAX_BATCH_SIZE), got {batch_size!r}")
         name = data.get("name", Path(source).stem if source != "<tables>" else "tables")
         if not isinstance(name, str):
             raise FormatError(f"{source}: field 'name' must be a string, got {name!r}")
         entries = data.get("tables")
         if not isinstance(entries, list) or not entries:
             raise FormatError(f"{source}: field 'tables' must be a non-empty list")
+        if len(entries) > MAX_TABLES:
+            raise FormatError(f"{source}: {len(entries)} tables, over the limit of {MAX_TABLES} (MAX_TABLES); "
+                              f"split the file")
         tables, seen = [], set()
         for i, entry in enumerate(entries):
             table = Table.from_dict(entry, where=f"{source}: table #{i}")
             if table.name in seen:
                 raise FormatError(f"{source}: table #{i} '{table.name}': duplicate name")
+            if batch_size * table.pooling_factor > MAX_LOOKUPS_PER_BATCH:
+                raise FormatError(f"{source}: table #{i} '{table.name}': field 'pooling_factor' "
+                                  f"{table.pooling_factor:g} x batch size {batch_size} is over "
+                                  f"{MAX_LOOKUPS_PER_BATCH} lookups per batch (MAX_LOOKUPS_PER_BATCH)")
             seen.add(table.name)
             table.base_dir = base_dir
             tables.append(table)
@@ -224,14 +241,7 @@ class TableSet:
     def read(cls, path: str | Path) -> "TableSet":
         """Read and validate a tables file; FormatError names the file, table and field."""
         path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise FormatError(f"{path}: cannot read tables file ({exc.strerror or exc})") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise FormatError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        data = read_json(path, "tables file")
         tables = cls.from_dict(data, source=str(path), base_dir=path.parent.resolve())
         tables.path = path
         return tables

@@ -4,15 +4,16 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import time
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import NeuroShardError
+from ..errors import InfeasibleError, NeuroShardError
 from ..plan import Plan
 from ..tables import Table, TableSet
-from ..units import parse_bytes
+from ..validate import (MAX_LOOKUPS_PER_BATCH, MAX_TABLES, check_batch_size, check_bytes_per_element, check_devices,
+                        check_memory, check_seed)
 from .rowwise import check_feasible
 from .simulator import Placement, Simulator
 
@@ -41,7 +42,20 @@ def search_placement(sim: Simulator, memory_bytes: int, algorithm: str = "neuros
     """Run one algorithm on a simulator (the simulator's caches carry over between calls)."""
     if algorithm == "neuroshard":
         from .neuroshard import NeuroShardParams, search
-        return search(sim, memory_bytes, _params(NeuroShardParams, params, algorithm))
+        chosen = _params(NeuroShardParams, params, algorithm)
+        try:
+            return search(sim, memory_bytes, chosen)
+        except InfeasibleError as exc:
+            # Never worse at finding a valid plan than the baselines it ships: keep the best that packs.
+            fallback = best_packing_greedy(sim, memory_bytes, seed)
+            if fallback is None:
+                raise
+            log.warning("the NeuroShard search could not pack the shards (%s); using the %s baseline's plan",
+                        exc, fallback.details["fallback"]["algorithm"])
+            fallback.details["fallback"]["reason"] = str(exc)
+            fallback.details["parameters"] = {**fallback.details.get("parameters", {}),
+                                              "neuroshard": asdict(chosen)}
+            return fallback
     if algorithm in GREEDY_ALGORITHMS:
         from .baselines import greedy_by_key
         _no_params(params, algorithm)
@@ -58,6 +72,27 @@ def search_placement(sim: Simulator, memory_bytes: int, algorithm: str = "neuros
     raise NeuroShardError(f"unknown algorithm '{algorithm}' (choose from {', '.join(ALGORITHMS)})")
 
 
+def best_packing_greedy(sim: Simulator, memory_bytes: int, seed: int = 0) -> Placement | None:
+    """The simulated cheapest of the shipped greedy baselines that packs the tables into
+    memory (None when none does); ``details['fallback']`` names it and what else was tried."""
+    from .baselines import greedy_by_key
+    best, tried = None, {}
+    for key in GREEDY_ALGORITHMS:
+        try:
+            placed = greedy_by_key(sim, memory_bytes, key, seed)
+        except InfeasibleError:
+            tried[key] = "could not pack"
+            continue
+        tried[key] = round(placed.cost_ms, 6)
+        if best is None or placed.cost_ms < best[1].cost_ms:
+            best = (key, placed)
+    if best is None:
+        return None
+    key, placed = best
+    placed.details["fallback"] = {"algorithm": key, "baselines": tried}
+    return placed
+
+
 def resolve_cost_models(cost_models: Any = None):
     """A ``CostModels`` bundle from a bundle, a checkpoint path, or None (the shipped default)."""
     from ..costmodels import CostModels, load_cost_models
@@ -70,11 +105,33 @@ def resolve_cost_models(cost_models: Any = None):
 
 
 def as_table_set(tables: TableSet | list[Table]) -> TableSet:
-    if isinstance(tables, TableSet):
-        return tables
+    """A TableSet from a TableSet, a tables file path, or a list of tables (checked)."""
     if isinstance(tables, (str, Path)):
-        return TableSet.read(tables)
-    return TableSet("tables", list(tables))
+        tables = TableSet.read(tables)
+    elif not isinstance(tables, TableSet):
+        try:
+            listed = list(tables)
+        except TypeError:
+            raise NeuroShardError(f"tables must be a TableSet, a tables file or a list of Table, "
+                                  f"got {type(tables).__name__}") from None
+        if not all(isinstance(t, Table) for t in listed):
+            raise NeuroShardError("tables must be a TableSet, a tables file or a list of Table")
+        tables = TableSet("tables", listed)
+    if not len(tables):
+        raise NeuroShardError("no tables to shard")
+    if len(tables) > MAX_TABLES:
+        raise NeuroShardError(f"{len(tables)} tables, over the limit of {MAX_TABLES} (MAX_TABLES)")
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        raise NeuroShardError("tables must have distinct names")
+    check_batch_size(tables.batch_size, f"tables '{tables.name}': batch_size")
+    for t in tables:  # tables built in Python skip the file checks: check the same bounds here
+        Table.from_dict(t.to_dict(), where=f"tables '{tables.name}': table")
+        if tables.batch_size * t.pooling_factor > MAX_LOOKUPS_PER_BATCH:
+            raise NeuroShardError(f"tables '{tables.name}': table '{t.name}': pooling factor {t.pooling_factor:g} "
+                                  f"x batch size {tables.batch_size} is over {MAX_LOOKUPS_PER_BATCH} lookups per "
+                                  f"batch (MAX_LOOKUPS_PER_BATCH)")
+    return tables
 
 
 def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm: str, search_time_s: float) -> Plan:
@@ -107,14 +164,16 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algor
     validated and carries ``estimate`` and ``provenance``. Raises InfeasibleError when
     the tables cannot fit."""
     tables = as_table_set(tables)
-    if not isinstance(devices, int) or devices < 1:
-        raise NeuroShardError(f"devices must be an integer >= 1, got {devices!r}")
-    if not isinstance(bytes_per_element, int) or bytes_per_element < 1:
-        raise NeuroShardError(f"bytes_per_element must be an integer >= 1, got {bytes_per_element!r}")
-    if algorithm not in ALGORITHMS:
-        raise NeuroShardError(f"unknown algorithm '{algorithm}' (choose from {', '.join(ALGORITHMS)})")
-    memory_bytes = parse_bytes(memory)
-    check_feasible(tables, devices, memory_bytes, bytes_per_element, params.get("row_splits", True))
+    devices = check_devices(devices)
+    bytes_per_element = check_bytes_per_element(bytes_per_element)
+    seed = check_seed(seed)
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+        raise NeuroShardError(f"unknown algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})")
+    memory_bytes = check_memory(memory)
+    row_splits = params.get("row_splits", True)
+    if not isinstance(row_splits, bool):
+        raise NeuroShardError(f"parameter row_splits must be true or false, got {row_splits!r}")
+    check_feasible(tables, devices, memory_bytes, bytes_per_element, row_splits)
     sim = Simulator(tables, devices, resolve_cost_models(cost_models), bytes_per_element)
     start = time.perf_counter()
     placement = search_placement(sim, memory_bytes, algorithm, seed, **params)

@@ -32,13 +32,11 @@ class BayesParams:
     max_cap_factor: float = 2.0  # width cap per device, x the mean width
 
     def __post_init__(self) -> None:
-        for name in ("n_trials", "batch", "max_tables", "max_row_parts"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise NeuroShardError(f"parameter {name} must be an integer >= 1, got {getattr(self, name)!r}")
-        if not isinstance(self.max_col_halvings, int) or self.max_col_halvings < 0:
-            raise NeuroShardError(f"parameter max_col_halvings must be an integer >= 0, got {self.max_col_halvings!r}")
-        if not self.max_cap_factor >= 1.0:
-            raise NeuroShardError(f"parameter max_cap_factor must be >= 1, got {self.max_cap_factor!r}")
+        from ..validate import check_int, check_number
+        for name, low, high in (("n_trials", 1, 100000), ("batch", 1, 1024), ("max_tables", 1, 10000),
+                                ("max_row_parts", 1, 1024), ("max_col_halvings", 0, 12)):
+            check_int(getattr(self, name), f"parameter {name}", low, high)
+        check_number(self.max_cap_factor, "parameter max_cap_factor", 1.0, 100.0)
 
 
 def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None, seed: int = 0) -> Placement:

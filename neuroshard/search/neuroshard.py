@@ -53,14 +53,14 @@ class NeuroShardParams:
     baseline_seeds: bool = True  # also start refinement from the best classic greedy plan when cheaper
 
     def __post_init__(self) -> None:
-        for name in ("beam_width", "top_n", "grid_size", "patience"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise NeuroShardError(f"parameter {name} must be an integer >= 1, got {getattr(self, name)!r}")
-        for name in ("depth", "refine_steps"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise NeuroShardError(f"parameter {name} must be an integer >= 0, got {getattr(self, name)!r}")
-        if not self.max_cap_factor >= 1.0:
-            raise NeuroShardError(f"parameter max_cap_factor must be >= 1, got {self.max_cap_factor!r}")
+        from ..validate import check_int, check_number
+        for name, low, high in (("beam_width", 1, 64), ("top_n", 1, 64), ("grid_size", 1, 64), ("patience", 1, 1000),
+                                ("depth", 0, 1000), ("refine_steps", 0, 10000)):
+            check_int(getattr(self, name), f"parameter {name}", low, high)
+        check_number(self.max_cap_factor, "parameter max_cap_factor", 1.0, 100.0)
+        for name in ("row_splits", "baseline_seeds"):
+            if not isinstance(getattr(self, name), bool):
+                raise NeuroShardError(f"parameter {name} must be true or false, got {getattr(self, name)!r}")
 
 
 def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = None) -> Placement:
