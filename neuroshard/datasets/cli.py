@@ -31,12 +31,13 @@ def _from_dlrm(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .synthetic import calibration_report, generate
+    from .families import generate
+    from .synthetic import PRESETS, calibration_report
     tables = generate(args.preset, num_tables=args.num_tables, seed=args.seed)
     tables.write(args.output)
     print(f"{args.output}: {len(tables)} synthetic tables ({args.preset}, seed {args.seed}), "
           f"batch size {tables.batch_size}")
-    if args.calibration_tables == 0:
+    if args.calibration_tables == 0 or args.preset not in PRESETS:  # only calibrated presets have targets
         return 0
     report = calibration_report(tables, seed=args.seed, max_tables=args.calibration_tables)
     print(f"calibration against the published statistics ({report['tables_sampled']} tables sampled, one batch):")
@@ -77,16 +78,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dim", type=int, default=128, help="embedding width of every table (default: 128)")
     p.set_defaults(func=_from_dlrm)
 
-    from .synthetic import PRESETS
-    p = tsub.add_parser("generate", help="synthetic tables calibrated to published statistics",
-                        description="Generate a synthetic benchmark calibrated to the dlrm_datasets locality "
-                                    "statistics and print how close one sampled batch comes to them.")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="dlrm-2021")
+    from .families import FAMILIES
+    p = tsub.add_parser("generate", help="synthetic tables: calibrated presets and benchmark families",
+                        description="Generate synthetic tables. dlrm-2021 and dlrm-2022 are calibrated to the "
+                                    "dlrm_datasets locality statistics (and print how close one sampled batch "
+                                    "comes to them); criteo-kaggle, criteo-terabyte, broad and hot-few are "
+                                    "benchmark families of different shapes (neuroshard/datasets/families.py).")
+    p.add_argument("--preset", choices=sorted(FAMILIES), default="dlrm-2021")
     p.add_argument("--num-tables", type=int, help="number of tables (default: the preset's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-o", "--output", required=True, help="tables file to write (JSON)")
     p.add_argument("--calibration-tables", type=int, default=16, metavar="N",
-                   help="tables sampled for the calibration report (default: 16; 0 skips it)")
+                   help="tables sampled for the calibration report of a calibrated preset "
+                        "(default: 16; 0 skips it)")
     p.set_defaults(func=_generate)
 
     p = tsub.add_parser("split", help="split tables into training and held-out sets",
