@@ -21,12 +21,20 @@ with), so a predicted and a measured cost time the same code.
 A step is ``pooled(inputs)``, a backward through the pooled output, then
 ``step()`` (a no-op for TBE, whose update happens in its backward).
 
+``weights_buffer`` lets kernels share memory: the weights are carved from the start
+of one flat float32 tensor instead of being allocated (``neuroshard measure`` times
+the devices of a plan one at a time, so they all use one buffer the size of the
+largest device). ``local_lookups`` turns a table's batch into one shard's lookups,
+for the runtime and for ``measure`` alike.
+
 Heavy imports (torch, fbgemm) happen inside the functions that need them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
 
 from .errors import NeuroShardError
 
@@ -78,16 +86,44 @@ class FusedInputs:
     tensors: list[tuple["torch.Tensor", "torch.Tensor"]]
 
 
+def local_lookups(rows: np.ndarray, lengths: np.ndarray, row_offset: int, num_rows: int, table_rows: int,
+                  allocated_rows: int) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """One shard's (indices, offsets) from its table's batch (``rows``: row ids,
+    ``lengths``: lookups per sample): the lookups inside rows [row_offset, +num_rows),
+    made local to the shard and folded onto its ``allocated_rows`` (the row cap)."""
+    import torch
+    if num_rows == table_rows:
+        local, local_lengths = rows, lengths
+    else:
+        inside = (rows >= row_offset) & (rows < row_offset + num_rows)
+        owner = np.repeat(np.arange(lengths.size), lengths)
+        local = rows[inside] - row_offset
+        local_lengths = np.bincount(owner[inside], minlength=lengths.size)
+    if allocated_rows < num_rows:
+        local = local % allocated_rows
+    offsets = np.concatenate([[0], np.cumsum(local_lengths)[:-1]]).astype(np.int64)
+    return torch.from_numpy(np.ascontiguousarray(local, dtype=np.int64)), torch.from_numpy(offsets)
+
+
+def weights_numel(shapes: Sequence[tuple[int, int]], kernel: str) -> int:
+    """Floats the weights of ``shapes`` take in ``kernel`` (TBE pads widths to multiples of 4)."""
+    align = TBE_WIDTH_ALIGN if kernel == "fbgemm_tbe" else 1
+    return sum(int(r) * (-(-int(d) // align) * align) for r, d in shapes)
+
+
 class FusedEmbedding:
     """The shards of one device as one fused embedding with sum pooling and its update.
 
     ``shapes`` are the (allocated rows, width) of each shard; ``init`` is one value for
     every weight or one (rows, width) tensor per shard. ``lr`` is the learning rate of
-    the fused update; ``optimizer`` applies to TBE (the fallback always runs SGD)."""
+    the fused update; ``optimizer`` applies to TBE (the fallback always runs SGD).
+    ``weights_buffer`` (a flat float32 tensor of at least ``weights_numel(shapes,
+    kernel)`` elements) holds the weights instead of a new allocation; its values are
+    left as they are (``init`` is not applied), as when timing kernels that share it."""
 
     def __init__(self, shapes: Sequence[tuple[int, int]], kernel: str = "auto", device: "torch.device | str" = "cpu",
                  lr: float = 0.01, init: "float | Sequence[torch.Tensor]" = 0.01,
-                 optimizer: str = "exact_sgd") -> None:
+                 optimizer: str = "exact_sgd", weights_buffer: "torch.Tensor | None" = None) -> None:
         import torch
         self.device = torch.device(device)
         self.kernel = resolve_kernel(kernel, self.device.type)
@@ -102,11 +138,14 @@ class FusedEmbedding:
             raise NeuroShardError(f"{len(init)} initial weights given for {len(self.shapes)} shards")
         self.lr = lr
         self.optimizer = optimizer
+        if weights_buffer is not None and weights_buffer.numel() < weights_numel(self.shapes, self.kernel):
+            raise NeuroShardError(f"weights buffer of {weights_buffer.numel()} floats is smaller than the "
+                                  f"{weights_numel(self.shapes, self.kernel)} the shards need")
         try:
             if self.kernel == "fbgemm_tbe":
-                self._build_tbe(init)
+                self._build_tbe(init, weights_buffer)
             else:
-                self._build_embedding_bag(init)
+                self._build_embedding_bag(init, weights_buffer)
         except (RuntimeError, MemoryError) as exc:
             raise NeuroShardError(f"cannot allocate the fused kernel for {len(self.shapes)} shards: "
                                   f"{str(exc).splitlines()[0]}") from None
@@ -116,7 +155,7 @@ class FusedEmbedding:
         return [d for _, d in self.shapes]
 
     # ------------------------------------------------------------ building
-    def _build_tbe(self, init) -> None:
+    def _build_tbe(self, init, buffer) -> None:
         import torch
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
@@ -129,8 +168,13 @@ class FusedEmbedding:
         specs = [(r, p, location, compute) for (r, _), p in zip(self.shapes, padded)]
         optimizer = {"exact_sgd": EmbOptimType.EXACT_SGD,
                      "exact_rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}[self.optimizer]
+        shared = None
+        if buffer is not None:
+            if cuda:
+                raise NeuroShardError("a shared weights buffer is for host (CPU) weights only")
+            shared = {"weights": buffer[:weights_numel(self.shapes, self.kernel)]}
         self._tbe = SplitTableBatchedEmbeddingBagsCodegen(specs, optimizer=optimizer, learning_rate=self.lr,
-                                                          device=self.device)
+                                                          device=self.device, preallocated_host_buffers=shared)
         # Output columns to keep when a width was padded (None: the output is already right).
         self._keep = None
         if padded != self.widths:
@@ -139,6 +183,8 @@ class FusedEmbedding:
                 keep.extend(range(base, base + d))
                 base += p
             self._keep = torch.tensor(keep, dtype=torch.long, device=self.device)
+        if buffer is not None:
+            return
         with torch.no_grad():  # writing every weight also maps every page before timing
             if isinstance(init, (int, float)) and self._keep is None:
                 (self._tbe.weights_dev if cuda else self._tbe.weights_host).fill_(float(init))
@@ -151,7 +197,7 @@ class FusedEmbedding:
                     else:
                         w[:, :d].copy_(init[i])
 
-    def _build_embedding_bag(self, init) -> None:
+    def _build_embedding_bag(self, init, buffer) -> None:
         import torch
         groups: dict[int, list[int]] = {}
         for i, d in enumerate(self.widths):
@@ -159,11 +205,18 @@ class FusedEmbedding:
         self._groups = list(groups.items())  # (width, shard indices)
         self._row_base: dict[int, int] = {}  # shard -> first row in its group's bag
         self._bags = []
+        used = 0  # floats of the shared buffer taken so far
         for width, members in self._groups:
             base = 0
             for i in members:
                 self._row_base[i] = base
                 base += self.shapes[i][0]
+            if buffer is not None:
+                shared = buffer[used:used + base * width].view(base, width)
+                used += base * width
+                bag = torch.nn.EmbeddingBag(base, width, mode="sum", sparse=True, _weight=shared)
+                self._bags.append(bag)
+                continue
             bag = torch.nn.EmbeddingBag(base, width, mode="sum", sparse=True).to(self.device)
             with torch.no_grad():
                 if isinstance(init, (int, float)):

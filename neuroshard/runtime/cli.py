@@ -9,6 +9,8 @@ import argparse
 import logging
 
 from ..kernels import DEFAULT_MAX_ROWS, KERNELS
+from ..validate import (batch_size_int, device_count, float_in, nonneg_int, positive_float, positive_int,
+                        seed_int)
 
 log = logging.getLogger(__name__)
 
@@ -16,12 +18,14 @@ log = logging.getLogger(__name__)
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", required=True, help="plan file (neuroshard.plan/v1)")
     p.add_argument("--tables", required=True, help="tables file (neuroshard.tables/v1)")
-    p.add_argument("--devices", type=int, default=None,
+    p.add_argument("--devices", type=device_count, default=None,
                    help="processes to run (default: the plan's num_devices; under torchrun: its world size)")
-    p.add_argument("--batch-size", type=int, default=None, help="global batch size (default: the tables file's)")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate, dense and embeddings (default: 0.1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of weights and synthetic batches (default: 0)")
-    p.add_argument("--row-cap", type=int, default=None,
+    p.add_argument("--batch-size", type=batch_size_int, default=None,
+                   help="global batch size (default: the tables file's)")
+    p.add_argument("--lr", type=positive_float, default=0.1,
+                   help="SGD learning rate, dense and embeddings (default: 0.1)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of weights and synthetic batches (default: 0)")
+    p.add_argument("--row-cap", type=positive_int, default=None,
                    help="most rows a shard allocates; lookups beyond fold onto them "
                         f"(default: {DEFAULT_MAX_ROWS:,}, the kernel benchmark's max rows)")
     p.add_argument("--kernel", default="auto", choices=("auto",) + KERNELS,
@@ -29,7 +33,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "fbgemm_tbe when fbgemm is importable, else embedding_bag)")
     p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"),
                    help="torch.distributed backend (default: nccl with GPUs, else gloo)")
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--timeout", type=float_in(1.0, 86400.0, what="seconds"), default=120.0,
                    help="seconds without progress after which the run is stopped (default: 120)")
 
 
@@ -39,10 +43,10 @@ def _load(args: argparse.Namespace):
     from .launch import torchrun_env
     plan, tables = Plan.read(args.plan), TableSet.read(args.tables)
     env = torchrun_env()
-    devices = args.devices or (env[1] if env else plan.num_devices)
+    devices = args.devices if args.devices is not None else (env[1] if env else plan.num_devices)
     options = {"lr": args.lr, "seed": args.seed, "backend": args.backend, "kernel": args.kernel,
                "timeout_s": args.timeout}
-    if args.row_cap:
+    if args.row_cap is not None:
         options["row_cap"] = args.row_cap
     return plan, tables, devices, options
 
@@ -51,7 +55,7 @@ def _train(args: argparse.Namespace) -> int:
     from .trainer import RunConfig, check_run, run
     plan, tables, devices, options = _load(args)
     check_run(plan, tables, devices)
-    batch_size = args.batch_size or tables.batch_size
+    batch_size = args.batch_size if args.batch_size is not None else tables.batch_size
     result = run(RunConfig(plan, list(tables), devices, steps=args.steps, batch_size=batch_size, **options))
     if result is None:  # not rank 0 under torchrun
         return 0
@@ -68,7 +72,10 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    from ..validate import check_output
     from .evaluate import evaluate
+    if args.json:  # checked before the run: a finished measurement is never lost to a bad path
+        check_output(args.json, [args.plan, args.tables], "measurement file")
     plan, tables, devices, options = _load(args)
     measurement = evaluate(plan, tables, devices, iterations=args.iterations, warmup=args.warmup,
                            batch_size=args.batch_size, **options)
@@ -81,13 +88,32 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _measure(args: argparse.Namespace) -> int:
+    from ..plan import Plan
+    from ..tables import TableSet
+    from ..validate import check_output
+    from .measure_plan import measure_plans, plan_names
+    paths = list(args.plans) + list(args.with_plans or [])
+    output = check_output(args.output, [*paths, args.tables], "measurement file") if args.output else None
+    tables = TableSet.read(args.tables)
+    plans = dict(zip(plan_names(paths), (Plan.read(p) for p in paths)))
+    result = measure_plans(plans, tables, rounds=args.rounds, warmup_rounds=args.warmup_rounds,
+                           repeats=args.repeats, batch_size=args.batch_size, row_cap=args.row_cap,
+                           kernel=args.kernel, cost_models=args.cost_model, progress=True)
+    print(result.format())
+    if output is not None:
+        result.write_json(output)
+        print(f"wrote {output}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this stage's subcommands."""
     p = sub.add_parser("train", help="train a DLRM whose embeddings are sharded by a plan",
                        description="Train a DLRM on synthetic batches (or the tables' recorded indices) "
                                    "with its embedding tables sharded as the plan says, one process per device.")
     _common(p)
-    p.add_argument("--steps", type=int, default=20, help="training steps (default: 20)")
+    p.add_argument("--steps", type=positive_int, default=20, help="training steps (default: 20)")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("evaluate", help="measure what each device spends per iteration under a plan",
@@ -95,7 +121,34 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "embedding compute, forward and backward communication and their total "
                                    "(medians after warm-up), and the max over devices.")
     _common(p)
-    p.add_argument("--iterations", type=int, default=20, help="measured iterations (default: 20)")
-    p.add_argument("--warmup", type=int, default=3, help="warm-up iterations, not measured (default: 3)")
+    p.add_argument("--iterations", type=positive_int, default=20, help="measured iterations (default: 20)")
+    p.add_argument("--warmup", type=nonneg_int, default=3, help="warm-up iterations, not measured (default: 3)")
     p.add_argument("--json", default=None, help="also write the measurement as JSON to this file")
     p.set_defaults(func=_evaluate)
+
+    from .measure_plan import DEFAULT_REPEATS, DEFAULT_ROUNDS, DEFAULT_WARMUP_ROUNDS
+    p = sub.add_parser("measure", help="time every device of one or more plans on this machine, one at a time",
+                       description="Time each device's shards as one fused kernel (forward, backward, update), "
+                                   "one device at a time on one pinned thread, the devices of all plans taking "
+                                   "turns round-robin; print per device the measured compute beside the cost "
+                                   "model's estimate, and each plan's max device against the first plan's. "
+                                   "Works for any device count; communication is modeled, not measured.")
+    p.add_argument("plans", nargs="+", metavar="PLAN.json", help="plan files (neuroshard.plan/v1) of the same tables")
+    p.add_argument("--with", dest="with_plans", nargs="+", metavar="PLAN.json", help="more plans to compare")
+    p.add_argument("--tables", required=True, help="tables file (neuroshard.tables/v1)")
+    p.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS,
+                   help=f"measured rounds; a device's figure is its median (default: {DEFAULT_ROUNDS})")
+    p.add_argument("--warmup-rounds", type=nonneg_int, default=DEFAULT_WARMUP_ROUNDS,
+                   help=f"rounds run first and not counted (default: {DEFAULT_WARMUP_ROUNDS})")
+    p.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
+                   help=f"timed runs per device and round (default: {DEFAULT_REPEATS})")
+    p.add_argument("--batch-size", type=batch_size_int, default=None,
+                   help="batch each device looks up (default: the cost model's, 4096 for the shipped one)")
+    p.add_argument("--row-cap", type=positive_int, default=DEFAULT_MAX_ROWS,
+                   help=f"most rows a shard allocates; lookups beyond fold onto them (default: {DEFAULT_MAX_ROWS:,})")
+    p.add_argument("--kernel", default="auto", choices=("auto",) + KERNELS, help="fused kernel (default: auto)")
+    p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
+                   help="cost models for the estimates (default: the shipped checkpoint)")
+    p.add_argument("-o", "--output", "--json", dest="output", default=None, metavar="OUT.json",
+                   help="also write the measurement as JSON")
+    p.set_defaults(func=_measure)

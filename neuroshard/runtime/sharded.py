@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..exchange import PooledExchange
-from ..kernels import DEFAULT_MAX_ROWS, FusedEmbedding, FusedInputs
+from ..kernels import DEFAULT_MAX_ROWS, FusedEmbedding, FusedInputs, local_lookups
 from ..plan import Plan, Shard
 from ..tables import Table
 from .model import init_rows
@@ -126,18 +126,8 @@ class ShardedEmbeddings:
             key = (s.table, s.row_offset, s.num_rows)
             if key not in cache:
                 rows, lengths = lookups[s.table]
-                if s.num_rows == self.tables[s.table].num_embeddings:
-                    local, local_lengths = rows, lengths
-                else:
-                    inside = (rows >= s.row_offset) & (rows < s.row_offset + s.num_rows)
-                    owner = np.repeat(np.arange(lengths.size), lengths)
-                    local = rows[inside] - s.row_offset
-                    local_lengths = np.bincount(owner[inside], minlength=lengths.size)
-                if ls.rows < s.num_rows:
-                    local = local % ls.rows
-                offsets = np.concatenate([[0], np.cumsum(local_lengths)[:-1]]).astype(np.int64)
-                cache[key] = (torch.from_numpy(np.ascontiguousarray(local, dtype=np.int64)),
-                              torch.from_numpy(offsets))
+                cache[key] = local_lookups(rows, lengths, s.row_offset, s.num_rows,
+                                           self.tables[s.table].num_embeddings, ls.rows)
             per_shard.append(cache[key])
         return self.fused.prepare(per_shard)
 

@@ -20,7 +20,7 @@ from .simulator import Placement, Simulator
 log = logging.getLogger(__name__)
 
 GREEDY_ALGORITHMS = ("random", "size", "dim", "lookup", "size-lookup")
-ALGORITHMS = ("neuroshard", *GREEDY_ALGORITHMS, "bayes", "torchrec")
+ALGORITHMS = ("neuroshard", *GREEDY_ALGORITHMS, "measured-greedy", "bayes", "torchrec")
 
 
 def _params(cls: type, params: dict, algorithm: str) -> Any:
@@ -60,6 +60,9 @@ def search_placement(sim: Simulator, memory_bytes: int, algorithm: str = "neuros
         from .baselines import greedy_by_key
         _no_params(params, algorithm)
         return greedy_by_key(sim, memory_bytes, algorithm, seed)
+    if algorithm == "measured-greedy":
+        from .measured_greedy import MeasuredGreedyParams, search as measured_search
+        return measured_search(sim, memory_bytes, _params(MeasuredGreedyParams, params, algorithm))
     if algorithm == "bayes":
         from .bayes import BayesParams, search as bayes_search
         return bayes_search(sim, memory_bytes, _params(BayesParams, params, algorithm), seed)

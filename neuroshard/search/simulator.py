@@ -242,6 +242,12 @@ class Simulator:
             sorted_ids = ids[order].tolist()
             set_keys.extend(tuple(sorted_ids[bounds[d]:bounds[d + 1]]) for d in range(dev))
         compute = self.set_costs_ms(set_keys).reshape(num, dev)
+        return self._with_comm(compute, widths, reduce_width)
+
+    def _with_comm(self, compute: np.ndarray, widths: np.ndarray, reduce_width: np.ndarray) -> Estimate:
+        """The estimate of plans whose per-device compute is ``compute`` (P, D), in ms at
+        the models' batch size: the communication terms added (forward waiting included)."""
+        num, dev = compute.shape
         bwd = self.comm.predict_backward(widths)
         ready = compute + bwd
         fwd = self.comm.predict_forward(widths, ready - ready.max(axis=1, keepdims=True))
@@ -256,10 +262,16 @@ class Simulator:
         pieces = [Piece(index[s.table], s.row_offset, s.num_rows, s.col_offset, s.num_cols) for s in plan.shards]
         return pieces, np.array([s.device for s in plan.shards], dtype=np.int64)
 
-    def evaluate_plan(self, plan: Plan) -> Estimate:
-        """Predicted costs of one plan (a batch of one)."""
+    def evaluate_plan(self, plan: Plan, compute_ms: Sequence[float] | None = None) -> Estimate:
+        """Predicted costs of one plan (a batch of one). With ``compute_ms`` (per device, ms
+        at the tables' batch size, e.g. measured), only communication is predicted."""
         pieces, devices = self.pieces_of_plan(plan)
-        return self.evaluate(pieces, devices[None, :])
+        if compute_ms is None:
+            return self.evaluate(pieces, devices[None, :])
+        cols = self.cols_of(self.piece_ids(pieces))
+        widths = np.bincount(devices, weights=cols, minlength=self.num_devices)[None, :]
+        compute = np.asarray(compute_ms, dtype=np.float64)[None, :] / self.scale
+        return self._with_comm(compute, widths, np.array([cols.sum() - self.total_dim]))
 
     def to_shards(self, pieces: Sequence[Piece], devices: np.ndarray) -> list[Shard]:
         """Pieces placed on devices as plan shards, ordered by table, rows, columns."""

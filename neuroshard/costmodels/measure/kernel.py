@@ -37,6 +37,7 @@ from ...errors import NeuroShardError
 from ...kernels import (BACKENDS, DEFAULT_MAX_ROWS, KERNELS, OPTIMIZERS, FusedEmbedding,  # noqa: F401
                         FusedInputs, fbgemm_available, resolve_kernel)
 from ...tables import Table
+from ..base import few_threads
 
 log = logging.getLogger(__name__)
 
@@ -146,16 +147,19 @@ class KernelBenchmark:
         if logical > self.memory_bytes:
             raise NeuroShardError(f"shard set of {logical / 2**20:.1f} MiB is over the device memory cap of "
                                   f"{self.memory_bytes / 2**20:.1f} MiB")
-        previous_threads = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
+        with few_threads(self.threads):
             with torch.no_grad():
                 lookups, rows = self._inputs(shards)
             fused = FusedEmbedding([(r, t.embedding_dim) for t, r in zip(shards, rows)], self.kernel,
                                    self._device, lr=0.01, init=0.01, optimizer=self.optimizer)
             return self._time(fused, fused.prepare(lookups))
-        finally:
-            torch.set_num_threads(previous_threads)
+
+    def time_fused(self, fused: FusedEmbedding, inputs: FusedInputs) -> ComputeMeasurement:
+        """Time a kernel already built, on inputs already laid out, with this benchmark's
+        protocol (cache flush before each run, warm-up, repeats, median, its clock and
+        threads): what ``neuroshard measure`` runs for each device of a plan."""
+        with few_threads(self.threads):
+            return self._time(fused, inputs)
 
     # ------------------------------------------------------------- internals
     @property

@@ -1,0 +1,348 @@
+"""Measure plans device by device on one machine: ``neuroshard measure``.
+
+A device's embedding compute does not depend on the other devices, so every device
+of a plan of any device count can be timed one after another on one thread (CPU) or
+one GPU, and the plan's compute cost is its slowest device. Each device's shards run
+as one ``neuroshard.kernels.FusedEmbedding`` (what training runs and cost data is
+collected with): forward, backward and the fused update, timed with the kernel
+benchmark's protocol (``KernelBenchmark.time_fused``: cache flush before every run,
+warm-up, median of repeats, the thread's CPU clock on CPU).
+
+Comparing plans on a shared, noisy machine: the devices of all plans take turns
+round-robin, the order rotated every round, and each device's figure is the median
+over rounds after warm-up rounds, so a slow spell hits every plan alike.
+
+Memory: on CPU the devices share one weights buffer the size of the largest device
+(``FusedEmbedding(weights_buffer=)``), so a 128-device plan needs the memory of one
+device. Rows beyond ``row_cap`` are not allocated (lookups fold onto the allocated
+rows, as in training and collection); the cap is reported.
+
+Lookups are each table's batch (``Table.sample_lookups``), the same for every plan,
+cut to each shard's rows as the training runtime cuts them (``local_lookups``).
+Communication cannot be timed one device at a time: it is the comm models'
+prediction for the measured compute, labelled as modeled.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import InvalidPlanError, NeuroShardError
+from ..kernels import DEFAULT_MAX_ROWS, FusedEmbedding, FusedInputs, local_lookups, resolve_kernel, weights_numel
+from ..plan import Plan, Shard
+from ..tables import TableSet
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROUNDS = 5
+DEFAULT_WARMUP_ROUNDS = 1
+#: timed runs per device and round; the round's figure is their median
+DEFAULT_REPEATS = 3
+#: most memory the shared weights buffer may take (default: this share of the machine's memory)
+MEMORY_SHARE = 0.5
+
+
+def available_memory_bytes() -> int:
+    """Memory available to this process now (``MemAvailable``; 8 GiB when unknown)."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+@dataclass
+class DeviceTimes:
+    """One device's shards, its kernel's inputs, and its time in each round."""
+
+    shards: list[Shard]
+    shapes: list[tuple[int, int]]  # (allocated rows, width) per shard
+    inputs: list[tuple[Any, Any]]  # per shard (indices, offsets)
+    rounds_ms: list[float] = field(default_factory=list)
+    fused: FusedEmbedding | None = None
+    prepared: FusedInputs | None = None
+
+
+@dataclass
+class PlanMeasurement:
+    """Measured compute per device of one plan, beside the cost models' estimate."""
+
+    name: str
+    plan: Plan
+    compute_ms: list[float]             # measured, median over rounds, per device
+    rounds_ms: list[list[float]]        # per device, per measured round
+    estimated_compute_ms: list[float]   # the compute model's estimate, per device
+    modeled_comm_ms: list[float]        # comm models (fwd incl. waiting + bwd + reduce) for the measured compute
+    estimated_total_ms: list[float]     # the simulator's total, per device
+
+    @property
+    def max_compute_ms(self) -> float:
+        return max(self.compute_ms)
+
+    @property
+    def balance(self) -> float:
+        """max / mean of the measured compute over devices (1.0 is perfectly balanced)."""
+        mean = float(np.mean(self.compute_ms))
+        return self.max_compute_ms / mean if mean > 0 else float("nan")
+
+    @property
+    def max_total_ms(self) -> float:
+        """The slowest device of measured compute plus modeled communication."""
+        return max(c + m for c, m in zip(self.compute_ms, self.modeled_comm_ms))
+
+    @property
+    def error_gmae(self) -> float:
+        """Geometric mean of |estimate - measured| / measured over the devices with shards."""
+        from ..costmodels.metrics import gmae
+        keep = [i for i, c in enumerate(self.compute_ms) if c > 0]
+        return gmae(np.array(self.estimated_compute_ms)[keep], np.array(self.compute_ms)[keep])
+
+    @property
+    def error_spearman(self) -> float:
+        """Spearman rank correlation of estimated and measured compute over the plan's devices."""
+        if len(self.compute_ms) < 3 or len(set(self.compute_ms)) < 2 or len(set(self.estimated_compute_ms)) < 2:
+            return float("nan")
+        from scipy.stats import spearmanr
+        return float(spearmanr(self.estimated_compute_ms, self.compute_ms).statistic)
+
+    def per_device_table(self):
+        """One row per device (pandas): shards, width, measured and estimated compute, modeled comm."""
+        import pandas as pd
+        rows = []
+        for d in range(self.plan.num_devices):
+            shards = self.plan.shards_on(d)
+            measured, est = self.compute_ms[d], self.estimated_compute_ms[d]
+            rows.append({"device": d, "shards": len(shards), "width": sum(s.num_cols for s in shards),
+                         "compute_ms": measured, "estimate_ms": est,
+                         "error_%": 100.0 * (est - measured) / measured if measured > 0 else float("nan"),
+                         "spread_%": 100.0 * (max(self.rounds_ms[d]) - min(self.rounds_ms[d])) / measured
+                         if measured > 0 else float("nan"),
+                         "comm_ms (modeled)": self.modeled_comm_ms[d]})
+        return pd.DataFrame(rows)
+
+    def summary(self) -> dict:
+        return {"plan": self.name, "devices": self.plan.num_devices, "shards": len(self.plan.shards),
+                "max_compute_ms": self.max_compute_ms, "balance": self.balance,
+                "estimated_max_compute_ms": max(self.estimated_compute_ms),
+                "max_total_ms (measured compute + modeled comm)": self.max_total_ms,
+                "estimate_gmae": self.error_gmae, "estimate_spearman": self.error_spearman}
+
+    def to_dict(self) -> dict:
+        return {**self.summary(), "compute_ms": self.compute_ms, "rounds_ms": self.rounds_ms,
+                "estimated_compute_ms": self.estimated_compute_ms, "modeled_comm_ms": self.modeled_comm_ms,
+                "estimated_total_ms": self.estimated_total_ms,
+                "algorithm": (self.plan.provenance or {}).get("algorithm")}
+
+
+@dataclass
+class MeasureResult:
+    """Every plan of one interleaved ``measure`` run, and how it was run."""
+
+    plans: list[PlanMeasurement]
+    config: dict
+
+    def __getitem__(self, name: str) -> PlanMeasurement:
+        for p in self.plans:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def ratios(self) -> list[float]:
+        """Each plan's measured max-device compute over the first plan's."""
+        first = self.plans[0].max_compute_ms
+        return [p.max_compute_ms / first for p in self.plans]
+
+    def format(self) -> str:
+        import pandas as pd
+        c = self.config
+        lines = [f"measured on {c['backend']} ({c['hardware']}), kernel {c['kernel']}, {c['clock']} clock, "
+                 f"batch {c['batch_size']}, median of {c['rounds']} rounds after {c['warmup_rounds']} warm-up "
+                 f"({c['repeats']} runs per device and round, each after a cache flush); rows capped at {c['row_cap']:,} "
+                 f"({c['capped_shards']} shards capped); weights buffer {c['buffer_bytes'] / 2**20:.0f} MiB; "
+                 f"{c['seconds']:.1f} s"]
+        for p in self.plans:
+            lines.append("")
+            lines.append(f"-- {p.name}: {p.plan.num_devices} devices, {len(p.plan.shards)} shards "
+                         f"(algorithm: {(p.plan.provenance or {}).get('algorithm', '?')})")
+            lines.append(p.per_device_table().round(3).to_string(index=False))
+            lines.append(f"max compute {p.max_compute_ms:.3f} ms measured, {max(p.estimated_compute_ms):.3f} ms "
+                         f"estimated; max/mean {p.balance:.3f}; estimate GMAE {100 * p.error_gmae:.1f}%, "
+                         f"Spearman {p.error_spearman:.2f}; with modeled comm {p.max_total_ms:.3f} ms")
+        rows = [{**p.summary(), "ratio_to_first": r} for p, r in zip(self.plans, self.ratios())]
+        lines.append("")
+        lines.append("plans, measured in this run (communication modeled, not measured):")
+        table = pd.DataFrame(rows)[["plan", "devices", "max_compute_ms", "ratio_to_first", "balance",
+                                    "estimated_max_compute_ms", "estimate_gmae", "estimate_spearman",
+                                    "max_total_ms (measured compute + modeled comm)"]]
+        lines.append(table.round(4).to_string(index=False))
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"config": self.config, "ratios_to_first": self.ratios(), "plans": [p.to_dict() for p in self.plans]}
+
+    def write_json(self, path: str | Path) -> Path:
+        from ..io import atomic_write_text
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+
+
+def _device_times(shards: Sequence[Shard], tables: TableSet, batch_size: int, row_cap: int) -> DeviceTimes:
+    """One device's shards with their allocated shapes and lookups."""
+    shapes, inputs = [], []
+    for s in shards:
+        table = tables[s.table]
+        rows, lengths = table.sample_lookups(batch_size)
+        allocated = min(s.num_rows, row_cap)
+        shapes.append((allocated, s.num_cols))
+        inputs.append(local_lookups(np.asarray(rows, dtype=np.int64), np.asarray(lengths, dtype=np.int64),
+                                    s.row_offset, s.num_rows, table.num_embeddings, allocated))
+    return DeviceTimes(list(shards), shapes, inputs)
+
+
+def _check_plans(plans: Mapping[str, Plan], tables: TableSet) -> None:
+    for name, plan in plans.items():
+        try:
+            plan.validate()
+            plan.check_matches(tables)
+        except InvalidPlanError as exc:
+            raise InvalidPlanError(f"plan '{name}': {exc}") from None
+
+
+def _pin_thread() -> set[int] | None:
+    """Pin this thread to one core (the last it may use); returns the previous set."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    previous = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {max(previous)})
+    return previous
+
+
+def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, rounds: int = DEFAULT_ROUNDS,
+                 warmup_rounds: int = DEFAULT_WARMUP_ROUNDS, repeats: int = DEFAULT_REPEATS,
+                 batch_size: int = 4096, row_cap: int = DEFAULT_MAX_ROWS, kernel: str = "auto",
+                 backend: str = "cpu", optimizer: str = "exact_sgd", max_memory_bytes: int | None = None,
+                 progress: bool = False) -> tuple[list[list[float]], dict]:
+    """Time each device's shards (a list of shard lists, one per device, of any plans)
+    as one fused kernel, the devices taking turns round-robin with the order rotated
+    every round. Returns per device its time (ms) in each measured round (empty for a
+    device without shards), and how the run was made."""
+    import time
+
+    import torch
+
+    from ..costmodels.measure.kernel import KernelBenchmark
+    from ..costmodels.measure.store import cpu_model
+
+    for name, value, low in (("rounds", rounds, 1), ("warmup_rounds", warmup_rounds, 0), ("repeats", repeats, 1),
+                             ("row_cap", row_cap, 1), ("batch_size", batch_size, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise NeuroShardError(f"{name} must be an integer >= {low}, got {value!r}")
+    kernel = resolve_kernel(kernel, backend)
+    # No warm-up run per turn: the warm-up rounds warm every kernel up, and after the cache
+    # flush each run starts as cold as the first would.
+    bench = KernelBenchmark(backend=backend, kernel=kernel, batch_size=batch_size, max_rows=row_cap,
+                            warmup=0, repeats=repeats, max_repeats=repeats, optimizer=optimizer)
+    turns = [_device_times(shards, tables, batch_size, row_cap) for shards in devices]
+    capped = len({(s.table, s.row_offset, s.num_rows) for dt in turns
+                  for (r, _), s in zip(dt.shapes, dt.shards) if r < s.num_rows})
+    need = max((weights_numel(dt.shapes, kernel) for dt in turns if dt.shards), default=0)
+    limit = max_memory_bytes if max_memory_bytes is not None else int(MEMORY_SHARE * available_memory_bytes())
+    if need * 4 > limit:
+        raise NeuroShardError(f"the largest device needs {need * 4 / 2**30:.1f} GiB of weights with rows capped at "
+                              f"{row_cap:,}, over the {limit / 2**30:.1f} GiB allowed; lower --row-cap")
+    device = torch.device("cuda" if backend == "cuda" else "cpu")
+    buffer = None
+    if backend == "cpu" and need:
+        buffer = torch.full((need,), 0.01, dtype=torch.float32)  # written once: every page is mapped
+
+    busy = [dt for dt in turns if dt.shards]
+    total_rounds = warmup_rounds + rounds
+    start = time.perf_counter()
+    pinned = _pin_thread() if backend == "cpu" else None
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=total_rounds * len(busy), desc="measure", unit="device", leave=False, disable=None)
+    try:
+        for round_ in range(total_rounds):
+            shift = (round_ * max(1, len(busy) // total_rounds)) % max(1, len(busy))
+            for dt in busy[shift:] + busy[:shift]:
+                if dt.fused is None:
+                    dt.fused = FusedEmbedding(dt.shapes, kernel, device, lr=0.01, init=0.01, optimizer=optimizer,
+                                              weights_buffer=buffer)
+                    dt.prepared = dt.fused.prepare(dt.inputs)
+                measured = bench.time_fused(dt.fused, dt.prepared)
+                if round_ >= warmup_rounds:
+                    dt.rounds_ms.append(measured.cost_ms)
+                if backend == "cuda":  # on CUDA, a device's weights live only for its turn
+                    dt.fused = dt.prepared = None
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        if pinned is not None:
+            os.sched_setaffinity(0, pinned)
+    config = {"backend": backend, "hardware": cpu_model() if backend == "cpu" else torch.cuda.get_device_name(),
+              "kernel": kernel, "clock": bench.clock, "optimizer": optimizer, "batch_size": batch_size,
+              "rounds": rounds, "warmup_rounds": warmup_rounds, "repeats": repeats, "row_cap": row_cap,
+              "capped_shards": capped, "buffer_bytes": need * 4,
+              "seconds": round(time.perf_counter() - start, 2)}
+    return [list(dt.rounds_ms) for dt in turns], config
+
+
+def measure_plans(plans: Mapping[str, Plan] | Sequence[Plan], tables: TableSet, *, batch_size: int | None = None,
+                  cost_models: Any = None, **options: Any) -> MeasureResult:
+    """Time every device of every plan in one interleaved run (``time_devices``; its
+    options pass through) and return each plan's measured compute per device beside
+    the cost models' estimate. ``batch_size`` defaults to the cost models' (the batch
+    their data was measured at); the estimates are made at the same batch. ``plans``
+    is a name -> plan mapping or a list (named plan0, plan1, ...)."""
+    from ..search.api import resolve_cost_models
+    from ..search.simulator import Simulator
+
+    if not isinstance(plans, Mapping):
+        plans = {f"plan{i}": p for i, p in enumerate(plans)}
+    if not plans:
+        raise NeuroShardError("no plan to measure")
+    _check_plans(plans, tables)
+    models = resolve_cost_models(cost_models)
+    batch_size = batch_size or models.batch_size
+    names = list(plans)
+    devices = [plans[n].shards_on(d) for n in names for d in range(plans[n].num_devices)]
+    rounds_ms, config = time_devices(devices, tables, batch_size=batch_size, **options)
+    config.update(cost_model=models.name, tables_name=tables.name)
+
+    at_batch = TableSet(tables.name, list(tables), batch_size, tables.extra)
+    results, first = [], 0
+    for name in names:
+        plan = plans[name]
+        mine = rounds_ms[first:first + plan.num_devices]
+        first += plan.num_devices
+        compute = [float(statistics.median(r)) if r else 0.0 for r in mine]
+        sim = Simulator(at_batch, plan.num_devices, models, plan.bytes_per_element)
+        est = sim.evaluate_plan(plan)
+        with_measured = sim.evaluate_plan(plan, compute)
+        comm = (with_measured.fwd_comm_ms + with_measured.bwd_comm_ms + with_measured.reduce_ms)[0]
+        results.append(PlanMeasurement(name, plan, compute, mine, est.compute_ms[0].tolist(), comm.tolist(),
+                                       est.total_ms[0].tolist()))
+    return MeasureResult(results, config)
+
+
+def plan_names(paths: Sequence[str]) -> list[str]:
+    """Short unique names for plan files: their stems, numbered when two collide."""
+    stems = [Path(p).stem for p in paths]
+    return [s if stems.count(s) == 1 else f"{s}#{i}" for i, s in enumerate(stems)]
+
+
+__all__ = ["measure_plans", "time_devices", "MeasureResult", "PlanMeasurement", "plan_names", "DEFAULT_ROUNDS",
+           "DEFAULT_WARMUP_ROUNDS", "DEFAULT_REPEATS"]

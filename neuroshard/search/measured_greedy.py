@@ -1,0 +1,102 @@
+"""measured-greedy: what a careful engineer without a cost model does, and the baseline to beat.
+
+1. Cut every table larger than half a device into equal row blocks
+   (``rowwise.split_rows``, the fewest blocks of at most half a device).
+2. Time each unit alone on this machine: its fused kernel, forward + backward + update,
+   with ``neuroshard measure``'s protocol (``runtime.measure_plan.time_devices``: one
+   pinned thread or one GPU, cache flush, median over interleaved rounds).
+3. Place units largest-measured-first on the least-loaded device (sum of measured
+   times) that still has memory for them; when nothing fits, halve the largest unit
+   (``rowwise.place_with_splits``) and time the new halves.
+
+It needs the hardware the plan is for: it measures, it does not predict. Timing runs
+at the cost models' batch size (costs are compared with each other only).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..kernels import DEFAULT_MAX_ROWS
+from ..plan import Shard
+from .rowwise import place_with_splits, split_for_memory, split_rows
+from .simulator import Piece, Placement, Simulator, whole_pieces
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MeasuredGreedyParams:
+    """``rounds``: measured rounds per unit (median, after one warm-up round), ``repeats``:
+    runs per unit and round; ``batch_size``: batch each unit is timed at (None: the cost
+    models'); ``row_cap``, ``kernel``: as ``neuroshard measure``."""
+
+    rounds: int = 2
+    repeats: int = 1
+    batch_size: int | None = None
+    row_cap: int = DEFAULT_MAX_ROWS
+    kernel: str = "auto"
+
+
+def _units(sim: Simulator, memory_bytes: int) -> list[Piece]:
+    """Every table, those over half a device cut into the fewest equal row blocks that fit
+    in half a device (column halves first only when a single row is still too large)."""
+    bpe, half = sim.bytes_per_element, memory_bytes / 2
+    out = []
+    for piece in whole_pieces(sim.tables):
+        size = piece.size_bytes(bpe)
+        if size <= half:
+            out.append(piece)
+        elif piece.num_cols * bpe <= half:
+            out.extend(split_rows(piece, math.ceil(size / half)))
+        else:
+            out.extend(split_for_memory([piece], int(half), bpe))
+    return out
+
+
+def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | None = None) -> Placement:
+    """The measured-greedy plan of ``sim``'s tables (see the module docstring)."""
+    from ..runtime.measure_plan import time_devices
+
+    params = params or MeasuredGreedyParams()
+    names = [t.name for t in sim.tables]
+    batch = params.batch_size or sim.cost_models.batch_size
+    measured: dict[Piece, float] = {}
+
+    def measure(pieces: list[Piece]) -> None:
+        todo = [p for p in dict.fromkeys(pieces) if p not in measured]
+        if not todo:
+            return
+        log.info("measured-greedy: timing %d units alone on this machine (batch %d)", len(todo), batch)
+        shards = [[Shard(names[p.table], p.row_offset, p.num_rows, p.col_offset, p.num_cols, 0)] for p in todo]
+        rounds, _ = time_devices(shards, sim.tables, rounds=params.rounds, repeats=params.repeats,
+                                 batch_size=batch, row_cap=params.row_cap, kernel=params.kernel)
+        measured.update((p, float(np.median(r))) for p, r in zip(todo, rounds))
+
+    bpe = sim.bytes_per_element
+
+    def place(pieces: list[Piece]) -> Placement | None:
+        measure(pieces)
+        costs = np.array([measured[p] for p in pieces])
+        sizes = np.array([p.size_bytes(bpe) for p in pieces], dtype=np.float64)
+        load, used = np.zeros(sim.num_devices), np.zeros(sim.num_devices)
+        devices = np.zeros(len(pieces), dtype=np.int64)
+        for i in np.argsort(-costs, kind="stable"):
+            fits = used + sizes[i] <= memory_bytes
+            if not fits.any():
+                return None
+            d = int(np.where(fits, load, np.inf).argmin())
+            devices[i] = d
+            load[d] += costs[i]
+            used[d] += sizes[i]
+        return Placement(pieces, devices, details={"measured_load_ms": load.round(4).tolist()})
+
+    placed = place_with_splits(_units(sim, memory_bytes), place, bpe)
+    placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
+    placed.details.update(parameters={"rounds": params.rounds, "repeats": params.repeats, "batch_size": batch,
+                                      "row_cap": params.row_cap, "kernel": params.kernel},
+                          simulated_cost_ms=placed.cost_ms, units_timed=len(measured))
+    return placed

@@ -1,0 +1,125 @@
+"""`neuroshard measure`: devices of any plan timed one at a time, agreeing with the runtime;
+the measured-greedy baseline; one-line errors on bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from neuroshard.cli import main
+from neuroshard.kernels import FusedEmbedding, weights_numel
+from neuroshard.plan import Plan, Shard
+from neuroshard.runtime.evaluate import evaluate
+from neuroshard.runtime.measure_plan import measure_plans
+from neuroshard.search.api import shard
+from neuroshard.tables import Table, TableSet
+
+# Device loads about 1 : 4 : 16 in lookups x width, so every clock ranks them alike.
+TABLES = [Table(f"t{i}", 20_000, 32, 2.0 * (i + 1), {"zipf_alpha": 0.8}) for i in range(7)]
+
+
+def three_device_plan() -> Plan:
+    shards = [Shard("t0", 0, 20_000, 0, 32, 0),
+              Shard("t1", 0, 20_000, 0, 32, 1), Shard("t2", 0, 20_000, 0, 32, 1),
+              Shard("t3", 0, 20_000, 0, 32, 2), Shard("t4", 0, 20_000, 0, 32, 2), Shard("t5", 0, 20_000, 0, 32, 2),
+              Shard("t6", 0, 20_000, 0, 32, 2)]
+    return Plan(TABLES, shards, 3, 1 << 30, tables_name="measure")
+
+
+def test_shared_weights_buffer_computes_like_own_weights():
+    shapes = [(100, 6), (50, 16)]
+    own = FusedEmbedding(shapes, init=0.01)
+    buffer = torch.full((weights_numel(shapes, own.kernel) + 7,), 0.01)
+    shared = FusedEmbedding(shapes, init=0.5, weights_buffer=buffer)  # init is not applied to a shared buffer
+    lookups = [(torch.tensor([1, 2, 99, 3]), torch.tensor([0, 2])), (torch.tensor([0, 49]), torch.tensor([0, 1]))]
+    for a, b in zip(own(lookups), shared(lookups)):
+        assert torch.allclose(a, b)
+    with pytest.raises(Exception, match="smaller than"):
+        FusedEmbedding(shapes, weights_buffer=torch.zeros(10))
+
+
+def test_measure_ranks_devices_as_the_runtime_does():
+    tables = TableSet("measure", TABLES, 2048)
+    plan = three_device_plan()
+    measured = measure_plans({"p": plan}, tables, rounds=3, repeats=2, batch_size=2048)["p"]
+    runtime = evaluate(plan, tables, iterations=6, warmup=2, batch_size=2048)
+    runtime_compute = [d["compute_ms"] for d in runtime.per_device]
+    assert np.argsort(measured.compute_ms).tolist() == [0, 1, 2]
+    assert np.argsort(runtime_compute).tolist() == [0, 1, 2]
+    assert measured.max_compute_ms > 4 * min(measured.compute_ms)
+    assert len(measured.rounds_ms[0]) == 3 and len(measured.estimated_compute_ms) == 3
+    assert all(c > 0 for c in measured.modeled_comm_ms)
+
+
+def test_any_device_count_shares_one_buffer_and_aa_control_agrees(tmp_path):
+    tables = TableSet("many", [Table(f"t{i}", 5_000 + 1_000 * i, 16, 1.0 + i % 3) for i in range(24)], 1024)
+    plan = shard(tables, devices=12, memory="64MiB", algorithm="size")
+    result = measure_plans({"a": plan, "again": plan}, tables, rounds=3, repeats=1, batch_size=1024)
+    largest = max(sum(s.num_rows * (-(-s.num_cols // 4) * 4) for s in plan.shards_on(d)) for d in range(12))
+    assert result.config["buffer_bytes"] == 4 * largest  # memory of the largest device, not of all twelve
+    assert len(result["a"].compute_ms) == 12 and all(c > 0 for c in result["a"].compute_ms)
+    assert 0.7 < result.ratios()[1] < 1.3
+
+
+def test_row_cap_folds_and_is_reported():
+    tables = TableSet("capped", [Table("wide", 300_000, 16, 2.0), Table("small", 100, 8, 1.0)], 512)
+    plan = shard(tables, devices=2, memory="64MiB", algorithm="size")
+    result = measure_plans([plan], tables, rounds=1, warmup_rounds=0, repeats=1, row_cap=10_000)
+    assert result.config["capped_shards"] == 1 and result.config["buffer_bytes"] <= 4 * 10_000 * 16
+    assert "rows capped at 10,000 (1 shards capped)" in result.format()
+
+
+def test_measured_greedy_is_valid_under_tight_memory():
+    tables = TableSet("tight", [Table(f"t{i}", 2_000 * (i + 1), 16 if i % 2 else 32, 1.0 + i) for i in range(10)],
+                      512)
+    memory = int(1.05 * tables.total_bytes() / 3)
+    plan = shard(tables, devices=3, memory=memory, algorithm="measured-greedy", rounds=1)
+    assert plan.problems() == []
+    assert plan.provenance["algorithm"] == "measured-greedy"
+    assert max(plan.memory_used_bytes()) <= memory
+
+
+def _write(tmp_path: Path, plan: Plan, tables: TableSet) -> tuple[Path, Path]:
+    tables.write(tmp_path / "tables.json")
+    (tmp_path / "plan.json").write_text(json.dumps(plan.to_dict()))
+    return tmp_path / "plan.json", tmp_path / "tables.json"
+
+
+def test_cli_measures_and_writes_json(tmp_path, capsys):
+    plan_path, tables_path = _write(tmp_path, three_device_plan(), TableSet("measure", TABLES, 256))
+    code = main(["measure", str(plan_path), "--with", str(plan_path), "--tables", str(tables_path), "--rounds", "1",
+                 "--warmup-rounds", "0", "--repeats", "1", "--batch-size", "256", "-o", str(tmp_path / "m.json")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "communication modeled, not measured" in out and "ratio_to_first" in out
+    data = json.loads((tmp_path / "m.json").read_text())
+    assert [p["plan"] for p in data["plans"]] == ["plan#0", "plan#1"]
+    assert len(data["plans"][0]["compute_ms"]) == 3 and data["config"]["batch_size"] == 256
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing_table", "plan 'plan': plan does not match tables"),
+    ("other_shape", "is 20000x32 in the plan"),
+    ("invalid", "invalid plan: table 't6' has no shard"),
+    ("output_dir", "measurement file is a folder"),
+])
+def test_bad_inputs_give_one_line(tmp_path, capsys, case, message):
+    plan = three_device_plan()
+    tables = TableSet("measure", TABLES, 256)
+    output = []
+    if case == "missing_table":
+        tables = TableSet("measure", TABLES[:-1], 256)
+    elif case == "other_shape":
+        tables = TableSet("measure", [*TABLES[:-1], Table("t6", 20_001, 32, 1.0)], 256)
+    elif case == "invalid":
+        plan.shards.pop()
+    elif case == "output_dir":
+        output = ["-o", str(tmp_path)]
+    plan_path, tables_path = _write(tmp_path, plan, tables)
+    code = main(["measure", str(plan_path), "--tables", str(tables_path), "--rounds", "1", *output])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1
