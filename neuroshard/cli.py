@@ -12,6 +12,7 @@ import logging
 import sys
 
 from .errors import NeuroShardError
+from .validate import device_count, positive_int, seed_int
 
 STAGE_CLIS = (
     "neuroshard.datasets.cli",
@@ -52,8 +53,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="neuroshard",
-                                     description="Shard DLRM embedding tables with pre-trained neural cost models.")
+    parser = OneLineParser(prog="neuroshard",
+                           description="Shard DLRM embedding tables with pre-trained neural cost models.")
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (no usage block), exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -74,13 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run a small end-to-end example",
                        description="Generate benchmark tables, search plans, validate and show them.")
     p.add_argument("--out", default="out/demo", help="folder for the demo's files (default: out/demo)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tables", type=int, default=None,
+    p.add_argument("--seed", type=seed_int, default=0)
+    p.add_argument("--tables", type=positive_int, default=None,
                    help="tables to generate (default: 6 per device, the set sizes the shipped models were trained on)")
-    p.add_argument("--devices", type=int, default=None,
+    p.add_argument("--devices", type=device_count, default=None,
                    help="devices (runtime processes) (default: 4, or the CPU cores when fewer, at least 2)")
-    p.add_argument("--iterations", type=int, default=12, help="measured iterations per plan and round (default: 12)")
-    p.add_argument("--rounds", type=int, default=3,
+    p.add_argument("--iterations", type=positive_int, default=12,
+                   help="measured iterations per plan and round (default: 12)")
+    p.add_argument("--rounds", type=positive_int, default=3,
                    help="measurement runs, each alternating the two plans' steps (default: 3)")
     p.set_defaults(func=_demo)
     return parser
@@ -88,7 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a one-line usage error (2): a code, for in-process callers too
+        return exc.code if isinstance(exc.code, int) else 2
     # Only neuroshard's own loggers get verbose: libraries (fbgemm) log heavily at INFO.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("neuroshard").setLevel(logging.INFO if args.verbose else logging.WARNING)

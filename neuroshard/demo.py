@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from .search.api import GREEDY_ALGORITHMS
+from .errors import NeuroShardError
 
 
 
@@ -33,7 +34,10 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.tables is None:
         # The shipped compute model saw at most 8 tables (1 GiB) per device: stay inside that.
         args.tables = 6 * args.devices
-    out = Path(args.out)
+    from .validate import check_output_folder
+    out = check_output_folder(args.out, "demo folder")
+    if args.devices < 2:
+        raise NeuroShardError(f"the demo compares plans across devices: --devices must be >= 2, got {args.devices}")
     out.mkdir(parents=True, exist_ok=True)
     models = load_cost_models()
     print(f"== 1. tables: {args.tables} tables from the calibrated dlrm-2021 preset (seed {args.seed})")

@@ -49,17 +49,42 @@ def append_jsonl(path: str | Path, record: Any) -> None:
 
 
 def read_jsonl(path: str | Path) -> list:
-    """Records of a JSON-lines file; a torn last line (crash mid-write) is ignored."""
+    """Records of a JSON-lines file; a torn or unreadable line (crash mid-write) is ignored."""
     path = Path(path)
     if not path.exists():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line:
+    for raw in path.read_bytes().splitlines():
+        raw = raw.strip()
+        if not raw:
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            records.append(json.loads(raw.decode("utf-8")))
+        except (ValueError, RecursionError):  # torn line, not UTF-8, or not JSON
             continue
     return records
+
+
+def repair_jsonl_tail(path: str | Path) -> int:
+    """Cut a torn last record (a crash mid-append) off a JSON-lines file so it is strict JSONL
+    again; returns the bytes removed. Call it holding the file's writer lock."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    with open(path, "r+b") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        start = max(0, size - (1 << 20))
+        handle.seek(start)
+        tail = handle.read()
+        if tail.endswith(b"\n"):
+            return 0
+        cut = tail.rfind(b"\n")
+        if cut < 0 and start > 0:
+            return 0  # a last line longer than 1 MiB: leave it (readers skip it)
+        keep = start + cut + 1
+        handle.truncate(keep)
+        handle.flush()
+        os.fsync(handle.fileno())
+        return size - keep

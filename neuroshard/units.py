@@ -1,9 +1,13 @@
 """Byte sizes with units: ``16GiB``, ``16GB``, ``512MiB``, plain bytes."""
 from __future__ import annotations
 
+import math
 import re
 
 from .errors import NeuroShardError
+
+#: largest size read (bytes): sizes stay exact in float64
+MAX_BYTES = 2**53
 
 _UNITS = {
     "": 1, "b": 1,
@@ -15,14 +19,19 @@ _UNITS = {
 
 def parse_bytes(text: str | int | float) -> int:
     """``"16GiB"`` -> 17179869184. Raises NeuroShardError on anything else."""
+    if isinstance(text, bool) or not isinstance(text, (int, float, str)):
+        raise NeuroShardError(f"cannot read a memory size from {text!r} (use e.g. 16GiB, 16GB or bytes)")
     if isinstance(text, (int, float)):
-        value = int(text)
+        number = text
     else:
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
         unit = match.group(2).lower() if match else None
         if not match or unit not in _UNITS:
             raise NeuroShardError(f"cannot read a memory size from {text!r} (use e.g. 16GiB, 16GB or bytes)")
-        value = int(float(match.group(1)) * _UNITS[unit])
+        number = float(match.group(1)) * _UNITS[unit]
+    if not math.isfinite(number) or number > MAX_BYTES:
+        raise NeuroShardError(f"memory size {text!r} is over the limit of 2**53 bytes (8 PiB)")
+    value = int(number)
     if value <= 0:
         raise NeuroShardError(f"memory size must be positive, got {text!r}")
     return value

@@ -60,12 +60,22 @@ def model_entry(model: ComputeCostModel | CommCostModel) -> dict:
 
 
 def model_from_entry(entry: dict, where: str) -> Any:
+    if not isinstance(entry, dict):
+        raise NeuroShardError(f"{where}: a model entry must be a dict with 'class' and 'state'")
     name = entry.get("class")
     if name not in MODEL_CLASSES:
         raise NeuroShardError(f"{where}: unknown cost model class {name!r}")
+    if not isinstance(entry.get("state"), dict):
+        raise NeuroShardError(f"{where}: {name}: field 'state' must be a dict")
     cls = getattr(importlib.import_module(MODEL_CLASSES[name]), name)
     model = cls.__new__(cls)
-    model.load_state_dict(entry["state"])
+    try:
+        model.load_state_dict(entry["state"])
+    except KeyError as exc:
+        raise NeuroShardError(f"{where}: {name}: field 'state.{exc.args[0]}' is missing") from None
+    except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise NeuroShardError(f"{where}: {name}: malformed model state ({type(exc).__name__}: {first[:200]})") from None
     return model
 
 
@@ -106,9 +116,25 @@ def read_checkpoint(path: str | Path) -> dict:
     if version != FEATURE_SCHEMA_VERSION:
         raise NeuroShardError(f"{path}: feature schema version {version} but this neuroshard uses version "
                               f"{FEATURE_SCHEMA_VERSION}; re-train it with `neuroshard pretrain`")
-    if tuple(payload.get("feature_names", ())) != FEATURE_NAMES:
+    if not isinstance(payload.get("feature_names", ()), (list, tuple)) or \
+            tuple(payload.get("feature_names", ())) != FEATURE_NAMES:
         raise NeuroShardError(f"{path}: feature names differ from this neuroshard's (same schema version "
                               f"{version}); re-train it with `neuroshard pretrain`")
+    batch_size = payload.get("batch_size")
+    if not (isinstance(batch_size, int) and not isinstance(batch_size, bool) and 1 <= batch_size <= 2**20):
+        raise NeuroShardError(f"{path}: field 'batch_size' must be an integer in [1, {2**20}], got {batch_size!r}")
+    if not isinstance(payload.get("name", ""), str):
+        raise NeuroShardError(f"{path}: field 'name' must be a string, got {payload.get('name')!r}")
+    for key in ("compute", "comm"):
+        entry = payload.get(key)
+        if not isinstance(entry, dict) or not isinstance(entry.get("class"), str) or \
+                not isinstance(entry.get("state"), dict):
+            raise NeuroShardError(f"{path}: field '{key}' must be a dict with 'class' and 'state'")
+    for key in ("hardware", "data_summary", "metrics"):
+        if not isinstance(payload.get(key, {}), dict):
+            raise NeuroShardError(f"{path}: field '{key}' must be a dict, got {type(payload.get(key)).__name__}")
+    if not all(isinstance(v, dict) for v in payload.get("metrics", {}).values()):
+        raise NeuroShardError(f"{path}: field 'metrics' must map names to dicts of numbers")
     return payload
 
 

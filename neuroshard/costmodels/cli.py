@@ -4,9 +4,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..validate import float_in, int_in, seed_int
+
 
 def _pretrain(args: argparse.Namespace) -> int:
+    from ..validate import check_output
     from .pretrain import format_table, pretrain
+    check_output(args.out, [], "checkpoint")
+    check_output(args.out.with_suffix(".parity.png"), [], "parity plot")
     result = pretrain(args.data, args.comm_data or (), args.out, tune=args.tune, epochs=args.epochs,
                       test_tables=args.test_tables, seed=args.seed, refit=not args.no_refit)
     summary = result.models.data_summary["compute"]
@@ -19,7 +24,8 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from .checkpoint import read_checkpoint
+    from .checkpoint import load_cost_models_file, read_checkpoint
+    load_cost_models_file(args.model)  # a checkpoint whose models do not load is refused, not shown
     payload = read_checkpoint(args.model)
     print(f"{args.model}: {payload['name']}, batch size {payload['batch_size']}, feature schema "
           f"v{payload['feature_schema_version']}")
@@ -43,10 +49,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--comm-data", nargs="*", type=Path, metavar="DIR",
                    help="folders with comm.jsonl, one per device count")
     p.add_argument("--out", required=True, type=Path, help="checkpoint to write (MODEL.pt)")
-    p.add_argument("--tune", type=int, default=0, metavar="N", help="optuna trials over width/depth/lr/weight decay")
-    p.add_argument("--epochs", type=int, default=400, help="maximum epochs (early stopping on validation)")
-    p.add_argument("--test-tables", type=float, default=0.25, help="share of source tables held out (default 0.25)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tune", type=int_in(0, 10000, "a trial count"), default=0, metavar="N",
+                   help="optuna trials over width/depth/lr/weight decay")
+    p.add_argument("--epochs", type=int_in(1, 100000, "an epoch count"), default=400,
+                   help="maximum epochs (early stopping on validation)")
+    p.add_argument("--test-tables", type=float_in(0.0, 1.0, low_open=True, what="a fraction"), default=0.25,
+                   help="share of source tables held out (default 0.25)")
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--no-refit", action="store_true",
                    help="save the models trained on the training tables only (default: retrain the same recipe "
                         "on all data after the held-out evaluation)")

@@ -30,6 +30,8 @@ from .tree import TreeCommModel, TreeComputeModel
 log = logging.getLogger(__name__)
 
 METRIC_COLUMNS = ("gmae", "mape", "kendall_tau", "pair_accuracy", "n")
+#: fewest measured shard sets a model is trained on (a random split holds out a fifth)
+MIN_SETS = 16
 
 
 # -------------------------------------------------------------------- data
@@ -65,6 +67,8 @@ def load_compute(folder: str | Path) -> ComputeData:
     if not records:
         raise NeuroShardError(f"{folder}: no measured shard sets (compute.jsonl missing or empty)")
     meta = _read_meta(folder)
+    for record in records:
+        _check_compute_record(record, f"{folder / 'compute.jsonl'}: sample {record['sample']}")
     batch_sizes = {int(r.get("batch_size", meta.get("batch_size", 0))) for r in records}
     if len(batch_sizes) != 1 or 0 in batch_sizes:
         raise NeuroShardError(f"{folder}: shard sets must share one known batch size, found {sorted(batch_sizes)}")
@@ -88,6 +92,43 @@ def load_compute(folder: str | Path) -> ComputeData:
         tables.append(frozenset(s.get("source_table", s["name"]) for s in record["shards"]))
     log.info("%s: %d shard sets over %d source tables", folder, len(sets), len(set().union(*tables)))
     return ComputeData(sets, np.asarray(costs), tables, batch_size, meta)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_compute_record(record: dict, where: str) -> None:
+    """FormatError naming the file, sample and field of a malformed compute record."""
+    from ..errors import FormatError
+    if "batch_size" in record and not (isinstance(record["batch_size"], int) and not isinstance(record["batch_size"], bool)
+                                       and 1 <= record["batch_size"] <= 2**20):
+        raise FormatError(f"{where}: field 'batch_size' must be an integer in [1, {2**20}], got {record['batch_size']!r}")
+    if not _is_number(record.get("cost_ms")):
+        raise FormatError(f"{where}: field 'cost_ms' must be a number, got {record.get('cost_ms')!r}")
+    shards = record.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(x, dict) for x in shards):
+        raise FormatError(f"{where}: field 'shards' must be a list of tables")
+    for x in shards:
+        if "source_table" in x and not isinstance(x["source_table"], str):
+            raise FormatError(f"{where}: field 'shards[].source_table' must be a table name, got {x['source_table']!r}")
+        if not isinstance(x.get("name"), str):
+            raise FormatError(f"{where}: field 'shards[].name' must be a table name, got {x.get('name')!r}")
+
+
+def _check_comm_record(record: dict, where: str) -> None:
+    from ..errors import FormatError
+    d = record.get("num_devices")
+    if not (isinstance(d, int) and not isinstance(d, bool) and 2 <= d <= 1024):
+        raise FormatError(f"{where}: field 'num_devices' must be an integer in [2, 1024], got {d!r}")
+    if not (isinstance(record.get("batch_size"), int) and not isinstance(record.get("batch_size"), bool)):
+        raise FormatError(f"{where}: field 'batch_size' must be an integer, got {record.get('batch_size')!r}")
+    for key in ("widths", "fwd_ms", "bwd_ms") + tuple(k for k in ("skews_ms", "reduce_ms") if k in record):
+        value = record.get(key)
+        if not (isinstance(value, list) and len(value) == d and all(_is_number(v) for v in value)):
+            raise FormatError(f"{where}: field '{key}' must be a list of {d} numbers")
+    if "reduce_width" in record and not _is_number(record["reduce_width"]):
+        raise FormatError(f"{where}: field 'reduce_width' must be a number, got {record['reduce_width']!r}")
 
 
 def load_compute_folders(folders: Sequence[str | Path]) -> ComputeData:
@@ -118,6 +159,7 @@ def load_comm(folders: Sequence[str | Path]) -> tuple[list[CommSamples], dict]:
             raise NeuroShardError(f"{folder}: no communication samples (comm.jsonl missing or empty)")
         meta = meta or _read_meta(folder)
         for r in records:
+            _check_comm_record(r, f"{folder / 'comm.jsonl'}: sample {r['sample']}")
             by_devices.setdefault(int(r["num_devices"]), []).append(r)
     batch_sizes = {int(r.get("batch_size", 0)) for rs in by_devices.values() for r in rs}
     if len(batch_sizes) != 1 or 0 in batch_sizes:
@@ -305,13 +347,27 @@ def pretrain(data: str | Path | Sequence[str | Path], comm_data: Sequence[str | 
     evaluation) and a parity plot beside it."""
     folders = [data] if isinstance(data, (str, Path)) else list(data)
     compute = load_compute_folders(folders)
+    from ..validate import check_number, check_seed
+    check_number(test_tables, "test_tables (share of tables held out)", 0.0, 1.0, low_open=True)
+    check_seed(seed)
     train_rows, test_rows, mixed_rows = split_by_table(compute.tables, test_tables, seed)
+    split = "by table"
     if len(test_rows) < 10 or len(train_rows) < 20:
-        raise NeuroShardError(f"too few shard sets for a split by table: {len(train_rows)} train, {len(test_rows)} "
-                              f"held out ({len(compute)} measured); measure more or change --test-tables")
+        if len(compute) < MIN_SETS:
+            raise NeuroShardError(f"too few shard sets to train a model: {len(compute)} measured, at least "
+                                  f"{MIN_SETS} needed; measure more")
+        # Too few for held-out tables: hold out random sets instead, and say the metrics flatter the model.
+        log.warning("too few shard sets for a split by table (%d train, %d held out of %d measured): held-out "
+                    "metrics use a random split by shard set instead, which includes tables seen in training; "
+                    "measure more for a split by table", len(train_rows), len(test_rows), len(compute))
+        order = np.random.default_rng(seed).permutation(len(compute))
+        cut = max(3, int(round(len(compute) * 0.2)))
+        test_rows, train_rows, mixed_rows = np.sort(order[:cut]), np.sort(order[cut:]), np.zeros(0, dtype=np.int64)
+        split = "random by shard set (too few sets for a split by table)"
     compute_models, fit_summary = fit_compute_models(compute, train_rows, epochs, tune, seed)
     compute_test = compute.subset(test_rows)
-    compute_summary = {**data_summary(compute, test_rows, mixed_rows), **fit_summary, "test_tables_fraction": test_tables}
+    compute_summary = {**data_summary(compute, test_rows, mixed_rows), **fit_summary, "test_tables_fraction": test_tables,
+                       "split": split}
     comm_models: dict = {}
     comm_test: list[CommSamples] = []
     comm_summary: dict = {}

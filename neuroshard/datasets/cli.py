@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..validate import MAX_EMBEDDING_DIM, MAX_TABLES, batch_size_int, float_in, int_in, seed_int
+
 
 def _describe(args: argparse.Namespace) -> int:
     from ..tables import TableSet
@@ -21,8 +23,9 @@ def _describe(args: argparse.Namespace) -> int:
 
 def _from_dlrm(args: argparse.Namespace) -> int:
     from pathlib import Path
+    from ..validate import check_output
     from .dlrm import tables_from_dlrm
-    out = Path(args.output)
+    out = check_output(args.output, [args.file], "tables file")
     tables = tables_from_dlrm(args.file, name=args.name, batch_size=args.batch_size, embedding_dim=args.dim,
                               relative_to=out.parent)
     tables.write(out)
@@ -33,6 +36,8 @@ def _from_dlrm(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     from .families import generate
     from .synthetic import PRESETS, calibration_report
+    from ..validate import check_output
+    check_output(args.output, [], "tables file")
     tables = generate(args.preset, num_tables=args.num_tables, seed=args.seed)
     tables.write(args.output)
     print(f"{args.output}: {len(tables)} synthetic tables ({args.preset}, seed {args.seed}), "
@@ -50,7 +55,10 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _split(args: argparse.Namespace) -> int:
     from ..tables import TableSet
+    from ..validate import check_output
     from .augment import split_by_table
+    check_output(args.train, [args.tables], "training tables file")
+    check_output(args.test, [args.tables, args.train], "held-out tables file")
     train, test = split_by_table(TableSet.read(args.tables), args.test_fraction, args.seed)
     train.write(args.train)
     test.write(args.test)
@@ -74,8 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("file", help="dlrm_datasets file (.pt or .pt.gz)")
     p.add_argument("-o", "--output", required=True, help="tables file to write (JSON)")
     p.add_argument("--name", help="name of the table set (default: the file's name)")
-    p.add_argument("--batch-size", type=int, help="batch size of the tables file (default: the recorded one)")
-    p.add_argument("--dim", type=int, default=128, help="embedding width of every table (default: 128)")
+    p.add_argument("--batch-size", type=batch_size_int, help="batch size of the tables file (default: the recorded one)")
+    p.add_argument("--dim", type=int_in(1, MAX_EMBEDDING_DIM, "a width"), default=128,
+                   help="embedding width of every table (default: 128)")
     p.set_defaults(func=_from_dlrm)
 
     from .families import FAMILIES
@@ -85,10 +94,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "comes to them); criteo-kaggle, criteo-terabyte, broad and hot-few are "
                                     "benchmark families of different shapes (neuroshard/datasets/families.py).")
     p.add_argument("--preset", choices=sorted(FAMILIES), default="dlrm-2021")
-    p.add_argument("--num-tables", type=int, help="number of tables (default: the preset's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-tables", type=int_in(1, MAX_TABLES, "a table count"),
+                   help="number of tables (default: the preset's)")
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("-o", "--output", required=True, help="tables file to write (JSON)")
-    p.add_argument("--calibration-tables", type=int, default=16, metavar="N",
+    p.add_argument("--calibration-tables", type=int_in(0, MAX_TABLES, "a table count"), default=16, metavar="N",
                    help="tables sampled for the calibration report of a calibrated preset "
                         "(default: 16; 0 skips it)")
     p.set_defaults(func=_generate)
@@ -98,9 +108,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "they never saw in pre-training.")
     p.add_argument("tables", help="tables file (JSON)")
     from .augment import BENCHMARK_SEED, BENCHMARK_TEST_FRACTION
-    p.add_argument("--test-fraction", type=float, default=BENCHMARK_TEST_FRACTION,
+    p.add_argument("--test-fraction", type=float_in(0.0, 1.0, low_open=True, what="a fraction"),
+                   default=BENCHMARK_TEST_FRACTION,
                    help=f"share of tables held out (default: {BENCHMARK_TEST_FRACTION})")
-    p.add_argument("--seed", type=int, default=BENCHMARK_SEED)
+    p.add_argument("--seed", type=seed_int, default=BENCHMARK_SEED)
     p.add_argument("--train", required=True, help="tables file for the training tables")
     p.add_argument("--test", required=True, help="tables file for the held-out tables")
     p.set_defaults(func=_split)

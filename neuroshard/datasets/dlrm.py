@@ -155,7 +155,10 @@ def recorded_batch(table: Table, batch_size: int, rng: np.random.Generator) -> t
     path = Path(table.access["indices"])
     if not path.is_absolute():
         path = (table.base_dir or Path.cwd()) / path
-    recorded = read_recorded(path)
+    try:
+        recorded = read_recorded(path)
+    except FormatError as exc:  # name the tables file and table that point at it
+        raise FormatError(f"{table.source or 'table ' + repr(table.name)}: field 'access.indices': {exc}") from None
     t = table.access.get("table_index", 0)
     if not (isinstance(t, int) and 0 <= t < recorded.num_tables):
         raise FormatError(f"table '{table.name}': field 'access.table_index' must be an integer in "

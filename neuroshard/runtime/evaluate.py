@@ -123,10 +123,13 @@ def evaluate_together(plans: Sequence[Plan], tables: TableSet, devices: int | No
     plans = list(plans)
     if not plans:
         raise NeuroShardError("no plan to measure")
-    devices = devices or max(p.num_devices for p in plans)
+    from ..validate import MAX_STEPS, check_int
+    check_int(iterations, "iterations", 1, MAX_STEPS)
+    check_int(warmup, "warmup", 0, MAX_STEPS)
+    devices = devices if devices is not None else max(p.num_devices for p in plans)
     for plan in plans:
         check_run(plan, tables, devices)
-    batch_size = batch_size or tables.batch_size
+    batch_size = batch_size if batch_size is not None else tables.batch_size
     config = RunConfig(plans[0], list(tables), devices, steps=len(plans) * (iterations + warmup),
                        batch_size=batch_size, alternates=plans[1:], **options)
     result = run(config)

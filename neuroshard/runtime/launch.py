@@ -15,6 +15,7 @@ import os
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -30,6 +31,8 @@ _GRACE_S = 2.0
 _POLL_S = 0.1
 #: seconds a fresh process may take to import its libraries before its first heartbeat
 _STARTUP_S = 60.0
+#: prctl option: signal to send this process when its parent dies (linux/prctl.h)
+_PR_SET_PDEATHSIG = 1
 
 # Progress milestones before the first step (steps count 4 per step from 0).
 NOT_STARTED, STARTED, JOINED, BUILT = -4, -3, -2, -1
@@ -75,9 +78,34 @@ def _is_comm_error(exc: BaseException) -> bool:
         k in text for k in ("Connection closed by peer", "Connection reset", "gloo", "NCCL", "Timed out", "timeout"))
 
 
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Make this process end when its parent does (a launcher killed with ``kill -9`` must
+    not leave workers running, or blocked writing a result to a dead pipe): on Linux the
+    kernel sends SIGKILL on the parent's death (``prctl(PR_SET_PDEATHSIG)``); elsewhere a
+    daemon thread polls the parent. Exits at once if the parent is already gone."""
+    parent_pid = os.getppid() if parent_pid is None else parent_pid
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+    if not armed:
+        def watch() -> None:
+            while os.getppid() == parent_pid:
+                time.sleep(1.0)
+            os._exit(1)
+        threading.Thread(target=watch, name="neuroshard-parent-watch", daemon=True).start()
+
+
 def _entry(fn: Callable, args: tuple, rank: int, world_size: int, port: int, results: Any,
-           heartbeat_slots: Any, log_level: int) -> None:
+           heartbeat_slots: Any, log_level: int, parent_pid: int | None = None) -> None:
     """The spawned process: set up logging and the env:// rendezvous, run ``fn``, report back."""
+    die_with_parent(parent_pid)
     logging.basicConfig(level=log_level, format=f"%(levelname)s rank {rank} %(name)s: %(message)s")
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
@@ -105,7 +133,7 @@ def launch(fn: Callable, args: tuple, world_size: int, timeout_s: float) -> dict
     slots = ctx.Array("q", [NOT_STARTED] * world_size, lock=False)
     port = free_port()
     procs = [ctx.Process(target=_entry, args=(fn, args, r, world_size, port, results, slots,
-                                                       logging.getLogger().getEffectiveLevel()),
+                                              logging.getLogger().getEffectiveLevel(), os.getpid()),
                          name=f"neuroshard-rank{r}", daemon=True) for r in range(world_size)]
     previous = None
     if threading.current_thread() is threading.main_thread():  # SIGTERM must not orphan the workers

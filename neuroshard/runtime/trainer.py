@@ -104,9 +104,25 @@ def check_run(plan: Plan, tables: TableSet, devices: int) -> None:
         raise NeuroShardError(f"--devices must be at least 1, got {devices}")
 
 
+def check_config(config: RunConfig) -> None:
+    """Refuse, before any process starts, options out of range (one line naming the option)."""
+    from ..validate import MAX_STEPS, check_batch_size, check_devices, check_int, check_number, check_seed
+    check_devices(config.world_size, "devices")
+    check_int(config.steps, "steps", 1, MAX_STEPS)
+    check_batch_size(config.batch_size, "batch size")
+    if config.batch_size < config.world_size:
+        raise NeuroShardError(f"batch size {config.batch_size} is smaller than the {config.world_size} devices "
+                              f"it is split across")
+    check_number(config.lr, "lr (learning rate)", 0.0, None, low_open=True)
+    check_seed(config.seed)
+    check_int(config.row_cap, "row cap", 1)
+    check_number(config.timeout_s, "timeout (seconds)", 1.0, 86400.0)
+
+
 def run(config: RunConfig) -> RunResult | None:
     """Run the training: in-process when started by torchrun (rank 0 gets the result,
     others None), otherwise in ``world_size`` processes spawned here."""
+    check_config(config)
     for plan in config.plans:
         check_run(plan, TableSet("tables", list(config.tables)), config.world_size)
     resolve_kernel(config.kernel, _device_kind(config.backend))  # refuse a bad kernel before starting

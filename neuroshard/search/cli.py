@@ -4,7 +4,10 @@ from __future__ import annotations
 import argparse
 import json
 
-ALGORITHM_CHOICES = ("neuroshard", "random", "size", "dim", "lookup", "size-lookup", "bayes", "torchrec")
+from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, memory_size, seed_int
+
+ALGORITHM_CHOICES = ("neuroshard", "random", "size", "dim", "lookup", "size-lookup", "measured-greedy", "bayes",
+                     "torchrec")
 
 
 def _param(text: str) -> tuple[str, object]:
@@ -12,15 +15,21 @@ def _param(text: str) -> tuple[str, object]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
+    if not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    if value.strip() in ("True", "False", "TRUE", "FALSE"):  # Python spelling of JSON's true/false
+        return key.strip(), value.strip().lower() == "true"
     try:
         return key.strip(), json.loads(value)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return key.strip(), value
 
 
 def _search(args: argparse.Namespace) -> int:
     from ..tables import TableSet
+    from ..validate import check_output
     from .api import shard
+    check_output(args.output, [args.tables, args.cost_model], "plan file")
     tables = TableSet.read(args.tables)
     plan = shard(tables, devices=args.devices, memory=args.memory, algorithm=args.algorithm,
                  cost_models=args.cost_model, bytes_per_element=args.bytes_per_element, seed=args.seed,
@@ -40,7 +49,9 @@ def _search(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from ..io import atomic_write_text
     from ..plan import Plan
+    from ..validate import check_output
     from .export import torchrec_sharding
+    check_output(args.output, [args.plan], "export file")
     plan = Plan.read(args.plan)
     exported = torchrec_sharding(plan, compute_device=args.compute_device, compute_kernel=args.compute_kernel)
     atomic_write_text(args.output, json.dumps(exported, indent=1) + "\n")
@@ -58,14 +69,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Search a sharding plan against the cost models and write a "
                                    "neuroshard.plan/v1 file with its estimate and provenance.")
     p.add_argument("tables", help="tables file (JSON, neuroshard.tables/v1)")
-    p.add_argument("-d", "--devices", type=int, required=True, help="number of devices")
-    p.add_argument("-m", "--memory", required=True, help="memory per device for embeddings, e.g. 16GiB, 16GB, bytes")
+    p.add_argument("-d", "--devices", type=device_count, required=True,
+                   help=f"number of devices (at most {MAX_DEVICES})")
+    p.add_argument("-m", "--memory", type=memory_size, required=True,
+                   help="memory per device for embeddings, e.g. 16GiB, 16GB, bytes")
     p.add_argument("-a", "--algorithm", choices=ALGORITHM_CHOICES, default="neuroshard",
                    help="search algorithm (default: neuroshard)")
     p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
                    help="cost-model checkpoint (default: the shipped one)")
-    p.add_argument("--bytes-per-element", type=int, default=4, help="bytes per weight counted in memory (default: 4)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bytes-per-element", type=bytes_per_element_int, default=4,
+                   help="bytes per weight counted in memory (default: 4)")
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--param", type=_param, action="append", metavar="KEY=VALUE",
                    help="algorithm parameter, e.g. beam_width=4 (repeatable)")
     p.add_argument("-o", "--output", required=True, metavar="PLAN.json", help="plan file to write")

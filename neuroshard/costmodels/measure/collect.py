@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ...errors import NeuroShardError
+from ...units import format_bytes
 from ...io import append_jsonl
 from ...tables import Table, TableSet
 from . import store
@@ -80,7 +81,21 @@ def sample_shard_set(tables: Sequence[Table], rng: np.random.Generator, max_tabl
             used += shard.size_bytes(4)
         if shards:
             return shards
-    raise NeuroShardError(f"no shard set of these tables fits a device of {memory_bytes / 2**20:.0f} MiB")
+    raise NeuroShardError(f"no shard set of these tables fits a device of {format_bytes(memory_bytes)}")
+
+
+def check_memory_fits(tables: Sequence[Table], memory_bytes: int, dims: Sequence[int], row_split_prob: float,
+                      source: str = "tables") -> None:
+    """Refuse, before anything is measured or written, a memory cap that no shard of any
+    table fits (the smallest: its narrowest width, its smallest row slice)."""
+    def smallest(t: Table) -> int:
+        rows = t.num_embeddings // 8 if row_split_prob > 0 and t.num_embeddings >= 16 else t.num_embeddings
+        width = min([w for w in dims if w <= t.embedding_dim] or [t.embedding_dim])
+        return rows * width * 4
+    table = min(tables, key=smallest)
+    if smallest(table) > memory_bytes:
+        raise NeuroShardError(f"--memory {format_bytes(memory_bytes)} holds no shard of {source}: the smallest, of "
+                              f"table '{table.name}', needs {format_bytes(smallest(table))}")
 
 
 def _file_sha256(path: Path) -> str:
@@ -98,10 +113,18 @@ def collect_compute(tables_path: str | Path, samples: int, out: str | Path, *, m
                     max_minutes: float | None = None, **bench_kwargs) -> int:
     """Measure shard sets ``0..samples-1`` into ``out/compute.jsonl`` (stopping cleanly after
     ``max_minutes`` if given; a rerun continues); returns how many were measured now."""
-    if samples < 1 or max_tables < 1:
-        raise NeuroShardError("samples and max_tables must be >= 1")
+    from ...validate import MAX_STEPS, check_batch_size, check_int, check_memory, check_number, check_seed
+    check_int(samples, "samples", 1, MAX_STEPS)
+    check_int(max_tables, "max tables per device", 1, 1024)
+    memory_bytes = check_memory(memory_bytes)
+    check_batch_size(batch_size)
+    check_seed(seed)
+    check_number(row_split_prob, "row split probability", 0.0, 1.0)
+    if not dims or not all(isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= 2**14 for w in dims):
+        raise NeuroShardError(f"widths must be integers in [1, {2**14}], got {list(dims)!r}")
     tables_path = Path(tables_path)
     tables = TableSet.read(tables_path)
+    check_memory_fits(tables.tables, memory_bytes, dims, row_split_prob, str(tables_path))
     bench = KernelBenchmark(batch_size=batch_size, memory_bytes=memory_bytes, **bench_kwargs)
     config = {**bench.config(), "memory_bytes": memory_bytes, "max_tables_per_device": max_tables,
               "dims": list(dims), "seed": seed, "row_split_prob": row_split_prob,
@@ -128,9 +151,18 @@ def _collect(out: Path, kind: str, filename: str, hardware: dict, config: dict, 
     progress-bar figures) and append its record, stopping cleanly after ``max_minutes``.
     ``running`` (e.g. the benchmark's processes) is entered only when there is work.
     Returns how many samples were measured now."""
+    from ...io import repair_jsonl_tail
+    from ...validate import check_output_folder
+    check_output_folder(out, "cost-data folder")
     with store.locked(out, filename):
-        store.ensure_meta(out, kind, hardware, store.software_info(), config)
+        meta, old = store.check_meta(out, kind, hardware, store.software_info(), config)
+        torn = repair_jsonl_tail(out / filename)
+        if torn:
+            log.warning("%s: cut a torn last record (%d bytes) left by an interrupted run", out / filename, torn)
         done = store.done_samples(out, filename)
+        if old is None and done:  # records from a run killed before it wrote meta.json
+            store.write_meta(out, meta)
+            old = meta
         todo = [i for i in range(samples) if i not in done]
         log.info("%s: %d of %d samples already in %s, %d to measure", kind, samples - len(todo), samples, out,
                  len(todo))
@@ -147,6 +179,9 @@ def _collect(out: Path, kind: str, filename: str, hardware: dict, config: dict, 
                         break
                     record, postfix = measure(i)
                     append_jsonl(out / filename, record)
+                    if old is None:  # described once a first record is on disk: a refused run leaves none
+                        store.write_meta(out, meta)
+                        old = meta
                     measured += 1
                     if bar is not None:
                         bar.update(1)
@@ -181,10 +216,18 @@ def collect_comm(num_devices: int, samples: int, out: str | Path, *, batch_size:
                  progress: bool = True, max_minutes: float | None = None) -> int:
     """Measure width/skew samples ``0..samples-1`` into ``out/comm.jsonl`` (stopping cleanly after
     ``max_minutes`` if given); returns how many were measured now."""
-    if samples < 1:
-        raise NeuroShardError("samples must be >= 1")
-    if max_width < 4:
-        raise NeuroShardError(f"max_width must be >= 4, got {max_width}")
+    from ...validate import MAX_DEVICES, MAX_STEPS, check_batch_size, check_int, check_number, check_seed
+    check_int(num_devices, "devices", 2, MAX_DEVICES)
+    check_int(samples, "samples", 1, MAX_STEPS)
+    if not (isinstance(max_width, int) and 4 <= max_width <= 2**20):
+        raise NeuroShardError(f"max_width must be an integer in [4, {2**20}], got {max_width!r}")
+    check_batch_size(batch_size)
+    check_number(max_skew_ms, "max skew (ms)", 0.0, 60000.0)
+    check_int(max_reduce_width, "max reduce width", 0, 2**20)
+    check_seed(seed)
+    check_int(warmup, "warmup", 0, 10000)
+    check_int(repeats, "repeats", 1, 10000)
+    check_number(timeout_s, "timeout (seconds)", 1.0, 86400.0)
     bench = CommBenchmark(num_devices, backend=backend, batch_size=batch_size, warmup=warmup, repeats=repeats,
                           timeout_s=timeout_s)
     config = {**bench.config(), "max_width": max_width, "max_skew_ms": max_skew_ms,

@@ -126,6 +126,8 @@ def _run_sample(rank: int, world: int, task: dict, device) -> dict:
 
 def _worker(rank: int, world: int, backend: str, init_method: str, timeout_s: float, conn) -> None:
     """A device: joins the group, then runs the tasks the parent sends until told to stop."""
+    from ...runtime.launch import die_with_parent
+    die_with_parent()  # a collection killed with kill -9 leaves no worker behind
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)

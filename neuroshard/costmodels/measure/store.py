@@ -33,8 +33,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ...errors import NeuroShardError
+from ...errors import FormatError, NeuroShardError
 from ...io import atomic_write_text, read_jsonl
+from ...validate import read_json
 from ...tables import Table
 
 COSTDATA_FORMAT = "neuroshard.costdata/v1"
@@ -83,21 +84,35 @@ def read_meta(folder: str | Path) -> dict | None:
     path = Path(folder) / META_FILE
     if not path.exists():
         return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise NeuroShardError(f"{path}: cannot read dataset description ({exc})") from None
+    meta = read_json(path, "dataset description")
+    if not isinstance(meta, dict):
+        raise FormatError(f"{path}: a dataset description must be a JSON object")
+    return meta
 
 
 def ensure_meta(folder: str | Path, kind: str, hardware: dict, software: dict, config: dict) -> dict:
     """Write ``meta.json`` for a new dataset, or check that an existing one matches."""
+    meta, old = check_meta(folder, kind, hardware, software, config)
+    if old is None:
+        write_meta(folder, meta)
+    return meta
+
+
+def write_meta(folder: str | Path, meta: dict) -> None:
+    atomic_write_text(Path(folder) / META_FILE, json.dumps(meta, indent=1) + "\n")
+
+
+def check_meta(folder: str | Path, kind: str, hardware: dict, software: dict, config: dict
+               ) -> tuple[dict, dict | None]:
+    """(this run's description, the folder's ``meta.json`` or None): refuse a folder measured
+    with other hardware, software or configuration. Writes nothing (``write_meta`` does, once
+    a first record is on disk, so a refused run leaves no description behind)."""
     folder = Path(folder)
     meta = {"format": COSTDATA_FORMAT, "kind": kind, "hardware": hardware, "software": software, "config": config}
     old = read_meta(folder)
     if old is None:
         meta["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1) + "\n")
-        return meta
+        return meta, None
     if old.get("format") != COSTDATA_FORMAT:
         raise NeuroShardError(f"{folder / META_FILE}: format {old.get('format')!r} is not {COSTDATA_FORMAT!r}")
     diffs = []
@@ -111,7 +126,7 @@ def ensure_meta(folder: str | Path, kind: str, hardware: dict, software: dict, c
         more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
         raise NeuroShardError(f"{folder} holds data measured differently ({'; '.join(diffs[:3])}{more}); "
                               f"use another folder")
-    return old
+    return old, old
 
 
 @contextmanager
@@ -119,6 +134,8 @@ def locked(folder: str | Path, name: str) -> Iterator[None]:
     """Only one writer per dataset file ``folder/name`` (an advisory lock on the file itself,
     so no stray lock file; released by the OS even after kill -9)."""
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NeuroShardError(f"{folder}: is a file, not a cost-data folder")
     folder.mkdir(parents=True, exist_ok=True)
     handle = open(folder / name, "a")
     try:
@@ -137,8 +154,8 @@ def _records(folder: str | Path, name: str) -> list[dict]:
     if not folder.is_dir():
         raise NeuroShardError(f"{folder}: no such cost-data folder")
     seen, out = set(), []
-    for record in read_jsonl(folder / name):
-        if not isinstance(record, dict) or "sample" not in record or record["sample"] in seen:
+    for record in _sampled(folder / name):
+        if record["sample"] in seen:
             continue
         seen.add(record["sample"])
         out.append(record)
@@ -146,9 +163,22 @@ def _records(folder: str | Path, name: str) -> list[dict]:
     return out
 
 
+def _sampled(path: Path) -> list[dict]:
+    """The records of ``path`` that carry a sample number (an integer >= 0); FormatError
+    naming the file for a record whose sample number is not one."""
+    out = []
+    for record in read_jsonl(path):
+        if not isinstance(record, dict) or "sample" not in record:
+            continue
+        sample = record["sample"]
+        if not (isinstance(sample, int) and not isinstance(sample, bool) and sample >= 0):
+            raise FormatError(f"{path}: a record's field 'sample' must be an integer >= 0, got {sample!r}")
+        out.append(record)
+    return out
+
+
 def done_samples(folder: str | Path, name: str) -> set[int]:
-    path = Path(folder) / name
-    return {r["sample"] for r in read_jsonl(path) if isinstance(r, dict) and "sample" in r}
+    return {r["sample"] for r in _sampled(Path(folder) / name)}
 
 
 def load_compute_data(folder: str | Path) -> list[dict]:
