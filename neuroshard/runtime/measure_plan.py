@@ -10,7 +10,8 @@ warm-up, median of repeats, the thread's CPU clock on CPU).
 
 Comparing plans on a shared, noisy machine: the devices of all plans take turns
 round-robin, the order rotated every round, and each device's figure is the median
-over rounds after warm-up rounds, so a slow spell hits every plan alike.
+over rounds (after one untimed warm-up run of each kernel, and optional warm-up
+rounds), so a slow spell hits every plan alike.
 
 Memory: on CPU the devices share one weights buffer the size of the largest device
 (``FusedEmbedding(weights_buffer=)``), so a 128-device plan needs the memory of one
@@ -42,7 +43,8 @@ from ..tables import TableSet
 log = logging.getLogger(__name__)
 
 DEFAULT_ROUNDS = 5
-DEFAULT_WARMUP_ROUNDS = 1
+#: whole rounds run first and not counted (each kernel also runs once, untimed, when it is built)
+DEFAULT_WARMUP_ROUNDS = 0
 #: timed runs per device and round; the round's figure is their median
 DEFAULT_REPEATS = 3
 #: most memory the shared weights buffer may take (default: this share of the machine's memory)
@@ -217,6 +219,12 @@ def _check_plans(plans: Mapping[str, Plan], tables: TableSet) -> None:
             raise InvalidPlanError(f"plan '{name}': {exc}") from None
 
 
+def _run_once(fused: FusedEmbedding, inputs: FusedInputs) -> None:
+    """One untimed forward, backward and update."""
+    fused.pooled(inputs).sum().backward()
+    fused.step()
+
+
 def _pin_thread() -> set[int] | None:
     """Pin this thread to one core (the last it may use); returns the previous set."""
     if not hasattr(os, "sched_setaffinity"):
@@ -247,8 +255,8 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, rounds
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise NeuroShardError(f"{name} must be an integer >= {low}, got {value!r}")
     kernel = resolve_kernel(kernel, backend)
-    # No warm-up run per turn: the warm-up rounds warm every kernel up, and after the cache
-    # flush each run starts as cold as the first would.
+    # No warm-up run per turn: every kernel runs once when it is built, and after the
+    # cache flush each timed run starts as cold as the first would.
     bench = KernelBenchmark(backend=backend, kernel=kernel, batch_size=batch_size, max_rows=row_cap,
                             warmup=0, repeats=repeats, max_repeats=repeats, optimizer=optimizer)
     turns = [_device_times(shards, tables, batch_size, row_cap) for shards in devices]
@@ -280,6 +288,7 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, rounds
                     dt.fused = FusedEmbedding(dt.shapes, kernel, device, lr=0.01, init=0.01, optimizer=optimizer,
                                               weights_buffer=buffer)
                     dt.prepared = dt.fused.prepare(dt.inputs)
+                    _run_once(dt.fused, dt.prepared)  # warm-up: first-call allocations are not timed
                 measured = bench.time_fused(dt.fused, dt.prepared)
                 if round_ >= warmup_rounds:
                     dt.rounds_ms.append(measured.cost_ms)

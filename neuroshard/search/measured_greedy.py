@@ -30,11 +30,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class MeasuredGreedyParams:
-    """``rounds``: measured rounds per unit (median, after one warm-up round), ``repeats``:
-    runs per unit and round; ``batch_size``: batch each unit is timed at (None: the cost
-    models'); ``row_cap``, ``kernel``: as ``neuroshard measure``."""
+    """``rounds``: measured rounds per unit (median, after one untimed warm-up run),
+    ``repeats``: runs per unit and round; ``batch_size``: batch each unit is timed at
+    (None: the cost models'); ``row_cap``, ``kernel``: as ``neuroshard measure``."""
 
-    rounds: int = 2
+    rounds: int = 1
     repeats: int = 1
     batch_size: int | None = None
     row_cap: int = DEFAULT_MAX_ROWS

@@ -1,0 +1,223 @@
+"""Plan benchmark: every algorithm's plans, measured device by device, across table families.
+
+    python experiments/plan_benchmark.py                 # all families, 4/8/16 devices, 4 tasks each
+    python experiments/plan_benchmark.py --quick         # 1 task per family on 4 devices, fewer tables
+    python experiments/plan_benchmark.py --families criteo-terabyte broad --devices 8 --tasks 2
+
+Per family and device count, ``--tasks`` tasks (``neuroshard.datasets.families.family_tasks``:
+``--tables-per-device`` tables per device, memory 1.2-1.5x the tables' total over the
+devices, tables larger than a device split by the planner). Every algorithm plans each
+task: NeuroShard, the five greedy, measured-greedy, TorchRec's planner (when importable)
+and bayes. Then ALL plans of the task are measured in ONE interleaved run of
+``neuroshard measure`` (``runtime.measure_plan.measure_plans``: each device's shards as
+one fused kernel, devices of all plans taking turns, median over rounds), together with
+an A/A control: the measured-greedy plan (the baseline to beat) a second time.
+
+Printed per family, per algorithm: measured max-device compute as a ratio to the best
+baseline of the task (five greedy, measured-greedy, TorchRec; geometric mean and worst),
+max/mean balance, the cost model's per-device error against the measurement (GMAE,
+Spearman of devices within a plan), search time, and all-to-all bytes per device (the
+largest device's forward pooled output at the tables' batch size, fp32). The A/A control
+line shows the noise of the run. Results go to ``--out`` (default
+``experiments/results/plan_benchmark``): ``tasks.csv`` (one row per task and plan,
+appended as each task finishes, so an interrupted run resumes where it stopped),
+``summary.csv``, ``summary.md`` and ``ratios.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from neuroshard.costmodels import load_cost_models
+from neuroshard.datasets.families import FAMILIES, family_tasks
+from neuroshard.errors import NeuroShardError
+from neuroshard.runtime.measure_plan import measure_plans
+from neuroshard.search.api import GREEDY_ALGORITHMS, shard
+from neuroshard.search.torchrec_planner import torchrec_available
+
+log = logging.getLogger("plan_benchmark")
+
+CONTROL = "control"  # the A/A control: the measured-greedy plan measured a second time
+#: columns of tasks.csv (every task's rows are written in this order)
+COLUMNS = ["family", "devices", "task", "tables", "memory_bytes", "algorithm", "failed", "max_compute_ms",
+           "ratio_to_best_baseline", "balance", "estimated_max_compute_ms", "estimate_gmae", "estimate_spearman",
+           "max_total_ms", "search_time_s", "a2a_bytes_per_device", "a2a_ratio_to_best_baseline", "shards",
+           "aa_ratio", "measure_seconds", "hardware"]
+
+
+def algorithms(include_torchrec: bool) -> list[str]:
+    return ["neuroshard", *GREEDY_ALGORITHMS, "measured-greedy", *(["torchrec"] if include_torchrec else []), "bayes"]
+
+
+def baselines(include_torchrec: bool) -> list[str]:
+    return [*GREEDY_ALGORITHMS, "measured-greedy", *(["torchrec"] if include_torchrec else [])]
+
+
+def a2a_bytes_per_device(plan, batch_size: int) -> float:
+    """Bytes the largest device sends in the forward all-to-all (fp32 pooled outputs)."""
+    widths = [sum(s.num_cols for s in plan.shards_on(d)) for d in range(plan.num_devices)]
+    share = (plan.num_devices - 1) / plan.num_devices
+    return max(widths) * batch_size * 4 * share
+
+
+def run_task(family: str, devices: int, index: int, tables, memory: int, args, models) -> list[dict]:
+    """Plan the task with every algorithm, measure all plans in one interleaved run."""
+    plans, rows = {}, []
+    for algo in algorithms(args.torchrec):
+        params = {"n_trials": args.bayes_trials} if algo == "bayes" else {}
+        if algo == "measured-greedy":
+            params = {"batch_size": args.batch_size}
+        start = time.perf_counter()
+        try:
+            plans[algo] = shard(tables, devices=devices, memory=memory, algorithm=algo, cost_models=models,
+                                seed=index, **params)
+        except NeuroShardError as exc:
+            log.warning("%s task %d on %d devices: %s found no plan: %s", family, index, devices, algo, exc)
+            rows.append({"algorithm": algo, "failed": str(exc).splitlines()[0]})
+            continue
+        plans[algo].provenance["search_time_s"] = time.perf_counter() - start  # measured-greedy's timing included
+    if "measured-greedy" in plans:
+        plans[CONTROL] = plans["measured-greedy"]
+    result = measure_plans(plans, tables, cost_models=models, rounds=args.rounds, repeats=args.repeats,
+                           batch_size=args.batch_size, progress=True)
+    for p in result.plans:
+        rows.append({"algorithm": p.name, "max_compute_ms": p.max_compute_ms, "balance": p.balance,
+                     "estimated_max_compute_ms": max(p.estimated_compute_ms), "estimate_gmae": p.error_gmae,
+                     "estimate_spearman": p.error_spearman, "max_total_ms": p.max_total_ms,
+                     "search_time_s": p.plan.provenance.get("search_time_s", float("nan")),
+                     "a2a_bytes_per_device": a2a_bytes_per_device(p.plan, tables.batch_size),
+                     "shards": len(p.plan.shards), "failed": ""})
+    measured = {r["algorithm"]: r["max_compute_ms"] for r in rows if not r.get("failed")}
+    best = min((measured[b] for b in baselines(args.torchrec) if b in measured), default=float("nan"))
+    best_bytes = min((r["a2a_bytes_per_device"] for r in rows if r["algorithm"] in baselines(args.torchrec)
+                      and not r.get("failed") and measured[r["algorithm"]] == best), default=float("nan"))
+    for r in rows:
+        r.update(family=family, devices=devices, task=index, tables=len(tables), memory_bytes=memory,
+                 measure_seconds=result.config["seconds"], hardware=result.config["hardware"])
+        if not r.get("failed"):
+            r["ratio_to_best_baseline"] = r["max_compute_ms"] / best
+            r["a2a_ratio_to_best_baseline"] = r["a2a_bytes_per_device"] / best_bytes
+    if CONTROL in measured:
+        rows.append({**{k: rows[0][k] for k in ("family", "devices", "task", "tables", "memory_bytes",
+                                                 "measure_seconds", "hardware")},
+                     "algorithm": "A/A", "aa_ratio": measured[CONTROL] / measured["measured-greedy"], "failed": ""})
+    return rows
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Per family (and all families together) and algorithm: geometric-mean and worst ratio
+    to the best baseline, balance, cost-model error, search time, all-to-all bytes."""
+    plans = df[(df["algorithm"] != "A/A") & (df["algorithm"] != CONTROL)]
+    out = []
+    for family, part in [*plans.groupby("family"), ("all", plans)]:
+        for algo, every in part.groupby("algorithm", sort=False):
+            g = every[every["failed"] == ""]
+            if g.empty:
+                continue
+            failed = int((every["failed"] != "").sum())
+            out.append({"family": family, "algorithm": algo, "tasks": len(g),
+                        "ratio_geomean": float(np.exp(np.log(g["ratio_to_best_baseline"]).mean())),
+                        "ratio_worst": float(g["ratio_to_best_baseline"].max()),
+                        "balance": float(g["balance"].mean()), "estimate_gmae": float(g["estimate_gmae"].mean()),
+                        "estimate_spearman": float(g["estimate_spearman"].mean()),
+                        "search_time_s": float(g["search_time_s"].mean()),
+                        "a2a_MB_per_device": float(g["a2a_bytes_per_device"].mean() / 1e6),
+                        "a2a_ratio": float(np.exp(np.log(g["a2a_ratio_to_best_baseline"]).mean())),
+                        "no_plan": failed})
+    summary = pd.DataFrame(out)
+    aa = df[df["algorithm"] == "A/A"]
+    if len(aa):
+        controls = [{"family": family, "algorithm": "A/A control", "tasks": len(g),
+                     "ratio_geomean": float(np.exp(np.log(g["aa_ratio"]).mean())),
+                     "ratio_worst": float(g["aa_ratio"].max()),
+                     "aa_mean_abs_%": float(100 * (g["aa_ratio"] - 1).abs().mean())}
+                    for family, g in [*aa.groupby("family"), ("all", aa)]]
+        summary = pd.concat([summary, pd.DataFrame(controls)], ignore_index=True)
+    return summary
+
+
+def plot(summary: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    data = summary[(summary["family"] != "all") & (summary["algorithm"] != "A/A control")]
+    table = data.pivot(index="family", columns="algorithm", values="ratio_geomean")
+    ax = table.plot.bar(figsize=(11, 4.5), width=0.85)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_ylabel("measured max-device compute / best baseline\n(geometric mean over tasks)")
+    ax.set_title("Plans measured device by device, per table family")
+    ax.legend(fontsize=7, ncol=3)
+    plt.tight_layout()
+    plt.savefig(path, dpi=120)
+    plt.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--families", nargs="+", default=sorted(FAMILIES), choices=sorted(FAMILIES))
+    parser.add_argument("--devices", nargs="+", type=int, default=[4, 8, 16])
+    parser.add_argument("--tasks", type=int, default=4, help="tasks per family and device count (default: 4)")
+    parser.add_argument("--tables-per-device", nargs=2, type=int, default=[10, 40], metavar=("MIN", "MAX"))
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds of the interleaved run (default: 3)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per device and round (default: 1)")
+    parser.add_argument("--batch-size", type=int, default=None, help="batch each device looks up (default: the "
+                        "cost models', 4096 for the shipped CPU checkpoint)")
+    parser.add_argument("--bayes-trials", type=int, default=48)
+    parser.add_argument("--cost-model", default=None, help="checkpoint (default: the shipped one)")
+    parser.add_argument("--no-torchrec", dest="torchrec", action="store_false")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true",
+                        help="1 task per family on 4 devices with 10-15 tables per device")
+    parser.add_argument("--out", default="experiments/results/plan_benchmark")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("plan_benchmark").setLevel(logging.INFO)
+    if args.quick:
+        args.devices, args.tasks, args.tables_per_device = [4], 1, [10, 15]
+    args.torchrec = args.torchrec and torchrec_available()
+    models = load_cost_models(args.cost_model)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    csv = out / "tasks.csv"
+    done = pd.read_csv(csv) if csv.exists() else pd.DataFrame(columns=["family", "devices", "task"])
+    finished = set(zip(done["family"], done["devices"], done["task"]))
+    start = time.perf_counter()
+    for family in args.families:
+        for devices in args.devices:
+            tasks = family_tasks(family, devices, args.tasks, tuple(args.tables_per_device), seed=args.seed)
+            for index, (tables, memory) in enumerate(tasks):
+                if (family, devices, index) in finished:
+                    continue
+                t0 = time.perf_counter()
+                rows = run_task(family, devices, index, tables, memory, args, models)
+                frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
+                frame.to_csv(csv, mode="a", header=not csv.exists(), index=False)
+                ns = frame.set_index("algorithm")
+                log.info("%s, %d devices, task %d (%d tables): neuroshard %.3f, A/A %.3f of the best baseline; "
+                         "%.0f s", family, devices, index, len(tables),
+                         ns["ratio_to_best_baseline"].get("neuroshard", math.nan),
+                         ns["aa_ratio"].get("A/A", math.nan) if "aa_ratio" in ns else math.nan,
+                         time.perf_counter() - t0)
+    df = pd.read_csv(csv)
+    df["failed"] = df["failed"].fillna("")
+    summary = summarize(df)
+    summary.to_csv(out / "summary.csv", index=False)
+    plot(summary, out / "ratios.png")
+    text = summary.round(3).to_string(index=False)
+    hardware = df["hardware"].dropna().iloc[0] if "hardware" in df and df["hardware"].notna().any() else "?"
+    (out / "summary.md").write_text(
+        f"# Plan benchmark\n\n`python experiments/plan_benchmark.py {' '.join(__import__('sys').argv[1:])}` "
+        f"on {hardware}, cost model '{models.name}'\n\n```\n{text}\n```\n")
+    print(text)
+    print(f"wrote {out}/ ({time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
