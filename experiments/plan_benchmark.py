@@ -189,8 +189,8 @@ def main() -> None:
     done = pd.read_csv(csv) if csv.exists() else pd.DataFrame(columns=["family", "devices", "task"])
     finished = set(zip(done["family"], done["devices"], done["task"]))
     start = time.perf_counter()
-    for family in args.families:
-        for devices in args.devices:
+    for devices in args.devices:  # every family at the smallest device count first
+        for family in args.families:
             tasks = family_tasks(family, devices, args.tasks, tuple(args.tables_per_device), seed=args.seed)
             for index, (tables, memory) in enumerate(tasks):
                 if (family, devices, index) in finished:
