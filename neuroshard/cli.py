@@ -39,6 +39,9 @@ def _plan_validate(args: argparse.Namespace) -> int:
 
 def _plan_show(args: argparse.Namespace) -> int:
     from .plan import Plan
+    from .plan_cli import show_torchrec_export
+    if show_torchrec_export(args.plan):
+        return 0
     plan = Plan.read(args.plan)
     print(plan.format_summary())
     problems = plan.problems()
@@ -68,7 +71,8 @@ class OneLineParser(argparse.ArgumentParser):
     for module in STAGE_CLIS:
         importlib.import_module(module).register(sub)
 
-    plan = sub.add_parser("plan", help="inspect plan files", description="Inspect neuroshard.plan/v1 files.")
+    plan = sub.add_parser("plan", help="inspect, import and score plan files",
+                          description="Inspect, import (from TorchRec) and score neuroshard.plan/v1 files.")
     plan_sub = plan.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
     p = plan_sub.add_parser("validate", help="check tiling and memory of a plan", description=
                             "Check that the shards tile every table exactly once and fit every device.")
@@ -76,8 +80,10 @@ class OneLineParser(argparse.ArgumentParser):
     p.set_defaults(func=_plan_validate)
     p = plan_sub.add_parser("show", help="print the per-device table of a plan",
                             description="Print memory, shards, width and lookups per device.")
-    p.add_argument("plan", help="plan file (JSON)")
+    p.add_argument("plan", help="plan file (JSON; a TorchRec export is shown per rank)")
     p.set_defaults(func=_plan_show)
+    from .plan_cli import register as register_plan_io  # plan import, plan score
+    register_plan_io(plan_sub)
 
     p = sub.add_parser("demo", help="run a small end-to-end example",
                        description="Generate benchmark tables, search plans, validate and show them.")

@@ -20,29 +20,72 @@ needs_torchrec = pytest.mark.skipif(not torchrec_available(), reason="torchrec i
 
 
 def _mixed_plan() -> Plan:
-    """One table of each kind on 4 devices: table-, column-, row-wise (all ranks and a
-    subset) and split along both."""
-    tables = [Table("tw", 100, 16, 1.0), Table("cw", 100, 32, 1.0), Table("rw", 100, 8, 1.0),
-              Table("twrw", 90, 8, 1.0), Table("grid", 100, 16, 1.0)]
+    """One table of each kind on 4 devices (2 hosts of 2): table-, column-, row-wise (all
+    ranks, and one host's ranks) and a grid, rows in TorchRec's ceil blocks."""
+    tables = [Table("tw", 100, 16, 1.0), Table("cw", 100, 32, 1.0), Table("rw", 99, 8, 1.0),
+              Table("twrw", 91, 8, 1.0), Table("grid", 101, 16, 1.0)]
     shards = [Shard("tw", 0, 100, 0, 16, 3),
               Shard("cw", 0, 100, 0, 16, 1), Shard("cw", 0, 100, 16, 16, 2),
-              *[Shard("rw", 25 * d, 25, 0, 8, d) for d in range(4)],
-              Shard("twrw", 0, 45, 0, 8, 2), Shard("twrw", 45, 45, 0, 8, 0),
-              Shard("grid", 0, 50, 0, 8, 0), Shard("grid", 50, 50, 0, 8, 1), Shard("grid", 0, 100, 8, 8, 2)]
+              *[Shard("rw", 25 * d, 25 if d < 3 else 24, 0, 8, d) for d in range(4)],
+              Shard("twrw", 0, 46, 0, 8, 2), Shard("twrw", 46, 45, 0, 8, 3),
+              Shard("grid", 0, 51, 0, 8, 0), Shard("grid", 51, 50, 0, 8, 1),
+              Shard("grid", 0, 51, 8, 8, 2), Shard("grid", 51, 50, 8, 8, 3)]
     return Plan(tables, shards, 4, 10**6).validate()
 
 
 def test_export_names_torchrec_sharding_types():
-    exported = torchrec_sharding(_mixed_plan(), compute_device="cuda")
+    exported = torchrec_sharding(_mixed_plan(), compute_device="cuda", local_world_size=2)
     assert exported["format"] == TORCHREC_FORMAT and exported["world_size"] == 4
+    assert exported["local_world_size"] == 2
     kinds = {name: record["sharding_type"] for name, record in exported["tables"].items()}
     assert kinds == {"tw": "table_wise", "cw": "column_wise", "rw": "row_wise", "twrw": "table_row_wise",
                      "grid": "grid_shard"}
     cw = exported["tables"]["cw"]
     assert cw["ranks"] == [1, 2]
-    assert cw["sharding_spec"][1] == {"shard_offsets": [0, 16], "shard_sizes": [100, 16], "placement": "rank:2/cuda:2"}
-    cpu = torchrec_sharding(_mixed_plan(), compute_device="cpu")
+    assert cw["sharding_spec"][1] == {"shard_offsets": [0, 16], "shard_sizes": [100, 16], "placement": "rank:2/cuda:0"}
+    assert exported["tables"]["grid"]["ranks"] == [0, 1, 2, 3]
+    cpu = torchrec_sharding(_mixed_plan(), compute_device="cpu", local_world_size=2)
     assert cpu["tables"]["tw"]["sharding_spec"][0]["placement"] == "rank:3/cpu"
+    with pytest.raises(NeuroShardError, match="local world size"):
+        torchrec_sharding(_mixed_plan(), compute_device="cpu", local_world_size=3)
+
+
+def _one_table(shards: list[Shard], rows: int = 1_000_001, dim: int = 16, devices: int = 2) -> Plan:
+    return Plan([Table("big", rows, dim, 1.0)], shards, devices, 10**9).validate()
+
+
+@pytest.mark.parametrize("shards, devices, reason", [
+    # floor halves: TorchRec routes ids in ceil blocks, so these would return wrong rows
+    ([Shard("big", 0, 500_000, 0, 16, 0), Shard("big", 500_000, 500_001, 0, 16, 1)], 2, "not TorchRec's blocks"),
+    # ceil blocks on ranks out of order
+    ([Shard("big", 0, 500_001, 0, 16, 1), Shard("big", 500_001, 500_000, 0, 16, 0)], 2, "cannot run in TorchRec"),
+    # two row shards on 4 ranks of one host
+    ([Shard("big", 0, 500_001, 0, 16, 2), Shard("big", 500_001, 500_000, 0, 16, 3)], 4, "row shards"),
+    # nested halving: blocks 250001, 250000, 250000, 250000 are not ceil(1000001/4) blocks
+    ([Shard("big", 250_001 * i - (i > 1) * (i - 1), n, 0, 16, i)
+      for i, n in enumerate([250_001, 250_000, 250_000, 250_000])], 4, "not TorchRec's blocks"),
+    # uneven grid: strips with different row cuts
+    ([Shard("big", 0, 500_001, 0, 8, 0), Shard("big", 500_001, 500_000, 0, 8, 1),
+      Shard("big", 0, 1_000_001, 8, 8, 1)], 2, "grid"),
+])
+def test_export_refuses_layouts_torchrec_would_run_wrong(shards, devices, reason):
+    with pytest.raises(NeuroShardError, match=reason) as caught:
+        torchrec_sharding(_one_table(shards, devices=devices), compute_device="cpu")
+    assert "table 'big'" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_export_defaults_follow_this_machine_and_torchrec():
+    import torch
+    tables = [Table(f"t{i}", 10, 8, 1.0) for i in range(16)]
+    plan = Plan(tables, [Shard(f"t{i}", 0, 10, 0, 8, i) for i in range(16)], 16, 10**6)
+    exported = torchrec_sharding(Plan(tables[:4], plan.shards[:4], 4, 10**6))
+    assert exported["compute_device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert exported["local_world_size"] == 4  # TorchRec's rule: 8 per host, or all when not a multiple of 8
+    exported = torchrec_sharding(plan, compute_device="cuda")
+    assert exported["local_world_size"] == 8
+    assert exported["tables"]["t12"]["sharding_spec"][0]["placement"] == "rank:12/cuda:4"
+    placements = torchrec_sharding(plan, compute_device="cuda", local_world_size=4)["tables"]["t13"]["sharding_spec"]
+    assert placements[0]["placement"] == "rank:13/cuda:1"
 
 
 @needs_torchrec
@@ -50,7 +93,7 @@ def test_export_builds_valid_torchrec_parameter_shardings():
     from torchrec.distributed.types import ParameterSharding
     plan = _mixed_plan()
     sizes = {t.name: (t.num_embeddings, t.embedding_dim) for t in plan.tables}
-    shardings = to_parameter_shardings(json.loads(json.dumps(torchrec_sharding(plan))), sizes)
+    shardings = to_parameter_shardings(json.loads(json.dumps(torchrec_sharding(plan, local_world_size=2))), sizes)
     assert set(shardings) == set(sizes)
     for name, sharding in shardings.items():
         assert isinstance(sharding, ParameterSharding)
@@ -58,7 +101,7 @@ def test_export_builds_valid_torchrec_parameter_shardings():
             sizes[name][0] * sizes[name][1]
     assert [m.placement.rank() for m in shardings["rw"].sharding_spec.shards] == [0, 1, 2, 3]
     # TorchRec's own checks refuse an overlap and a gap.
-    broken = torchrec_sharding(plan)
+    broken = torchrec_sharding(plan, local_world_size=2)
     spec = broken["tables"]["cw"]["sharding_spec"]
     spec[1]["shard_offsets"] = [0, 8]
     with pytest.raises(ValueError):

@@ -14,7 +14,7 @@ from ..plan import Plan
 from ..tables import Table, TableSet
 from ..validate import (MAX_LOOKUPS_PER_BATCH, MAX_TABLES, check_batch_size, check_bytes_per_element, check_devices,
                         check_memory, check_seed)
-from .rowwise import check_feasible
+from .rowwise import check_feasible, runnable_row_splits
 from .simulator import Placement, Simulator
 
 log = logging.getLogger(__name__)
@@ -138,8 +138,15 @@ def as_table_set(tables: TableSet | list[Table]) -> TableSet:
 
 
 def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm: str, search_time_s: float) -> Plan:
-    """A validated plan carrying the simulator's estimate and the search's provenance."""
+    """A validated plan carrying the simulator's estimate (with the batch size it is for)
+    and the search's provenance. Row-split tables are first laid out as TorchRec runs
+    them (``rowwise.runnable_row_splits``: blocks in rank order, else re-cut or joined)."""
+    pieces, devices = runnable_row_splits(
+        placement.pieces, placement.devices, sim.num_devices, sim.bytes_per_element, memory_bytes,
+        lambda pieces, devices: float(sim.evaluate(pieces, devices[None, :]).max_ms[0]))
+    placement = Placement(pieces, devices, placement.cost_ms, placement.details)
     estimate = sim.evaluate(placement.pieces, placement.devices[None, :]).to_dict()
+    estimate["batch_size"] = sim.tables.batch_size
     bound = sim.balanced_bound_ms()
     estimate["balanced_bound_ms"] = round(bound, 6)
     estimate["ratio_to_balanced_bound"] = round(estimate["max_device_cost_ms"] / bound, 4) if bound > 0 else None

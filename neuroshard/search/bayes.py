@@ -46,6 +46,14 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
     params = params or BayesParams()
     bpe = sim.bytes_per_element
     start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe)
+    start_strips: dict[Piece, int] = {}  # full-height column strip -> its row blocks after memory splits
+    for piece in start:
+        table = sim.tables[piece.table]
+        strip = Piece(piece.table, 0, table.num_embeddings, piece.col_offset, piece.num_cols)
+        start_strips[strip] = start_strips.get(strip, 0) + 1
+    table_blocks = {}  # row blocks per table: the same for all its strips (a regular grid, see rowwise)
+    for strip, blocks in start_strips.items():
+        table_blocks[strip.table] = max(blocks, table_blocks.get(strip.table, 1))
     table_costs = sim.single_costs_ms(whole_pieces(sim.tables))
     searched = [int(t) for t in np.argsort(-table_costs, kind="stable")[:params.max_tables]]
     mean_width = sim.total_dim / sim.num_devices
@@ -55,11 +63,12 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
         row_parts = {t: trial.suggest_int(f"row_parts_{t}", 1, params.max_row_parts) for t in searched}
         cap = mean_width * trial.suggest_float("cap_factor", 1.0, params.max_cap_factor)
         pieces: list[Piece] = []
-        for piece in start:
-            parts = [piece]
-            for _ in range(halvings.get(piece.table, 0)):
+        for strip in start_strips:  # whole strips: row splits stay TorchRec's ceil blocks
+            parts = [strip]
+            for _ in range(halvings.get(strip.table, 0)):
                 parts = [h for p in parts for h in (p.halve_cols() if p.can_halve_cols() else (p,))]
-            pieces += [r for p in parts for r in split_rows(p, row_parts.get(piece.table, 1))]
+            rows = max(table_blocks[strip.table], min(row_parts.get(strip.table, 1), sim.num_devices))
+            pieces += [r for p in parts for r in split_rows(p, rows)]
         return sorted(pieces), math.ceil(cap)
 
     def greedy(pieces: list[Piece], cap: float) -> np.ndarray:

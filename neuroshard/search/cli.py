@@ -53,12 +53,14 @@ def _export(args: argparse.Namespace) -> int:
     from .export import torchrec_sharding
     check_output(args.output, [args.plan], "export file")
     plan = Plan.read(args.plan)
-    exported = torchrec_sharding(plan, compute_device=args.compute_device, compute_kernel=args.compute_kernel)
+    exported = torchrec_sharding(plan, compute_device=args.compute_device, compute_kernel=args.compute_kernel,
+                                 local_world_size=args.local_world_size)
     atomic_write_text(args.output, json.dumps(exported, indent=1) + "\n")
     kinds: dict[str, int] = {}
     for record in exported["tables"].values():
         kinds[record["sharding_type"]] = kinds.get(record["sharding_type"], 0) + 1
-    print(f"wrote {args.output}: {len(exported['tables'])} tables for TorchRec over {plan.num_devices} ranks ("
+    print(f"wrote {args.output}: {len(exported['tables'])} tables for TorchRec over {plan.num_devices} ranks, "
+          f"{exported['local_world_size']} per host, on {exported['compute_device']} ("
           + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")")
     return 0
 
@@ -87,10 +89,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("export", help="export a plan for another framework",
                        description="Write what TorchRec needs to apply a plan: per table a ParameterSharding "
-                                   "record (sharding type, compute kernel, ranks, shard offsets/sizes/placement).")
+                                   "record (sharding type, compute kernel, ranks, shard offsets/sizes/placement). "
+                                   "A table laid out in a way TorchRec cannot run exactly is refused, naming it.")
     p.add_argument("plan", help="plan file (JSON, neuroshard.plan/v1)")
     p.add_argument("--format", choices=("torchrec",), default="torchrec", help="target (default: torchrec)")
-    p.add_argument("--compute-device", choices=("cuda", "cpu"), default="cuda", help="placement device (default: cuda)")
+    p.add_argument("--compute-device", choices=("cuda", "cpu"), default=None,
+                   help="placement device: rank:R/cuda:(R mod local world size) or rank:R/cpu "
+                        "(default: cuda when this machine's torch has CUDA, else cpu)")
+    p.add_argument("--local-world-size", type=int, default=None, metavar="N",
+                   help="ranks per host, for cuda device numbers and table-row-wise/grid shards (default: "
+                        "TorchRec's: 8, or the world size when it is not a multiple of 8)")
     p.add_argument("--compute-kernel", default="fused", help="TorchRec compute kernel (default: fused)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.json")
     p.set_defaults(func=_export)

@@ -2,17 +2,31 @@
 
 The JSON written by ``neuroshard export --format torchrec``::
 
-    {"format": "neuroshard.torchrec-sharding/v1", "world_size": 4, "compute_device": "cuda",
+    {"format": "neuroshard.torchrec-sharding/v1", "world_size": 4, "local_world_size": 4,
+     "compute_device": "cuda", "tables_name": "...",
      "tables": {"t0": {"sharding_type": "column_wise", "compute_kernel": "fused", "ranks": [2, 0],
                        "sharding_spec": [{"shard_offsets": [0, 0],  "shard_sizes": [40000000, 64],
                                           "placement": "rank:2/cuda:2"}, ...]}, ...}}
 
-``sharding_type`` follows TorchRec's names: ``table_wise`` (one shard),
-``column_wise`` (column ranges, all rows), ``row_wise`` (row ranges, one per rank on
-every rank in rank order, TorchRec's RW), ``table_row_wise`` (row ranges on a subset of
-ranks), ``grid_shard`` (split along both). ``to_parameter_shardings`` builds the real
-TorchRec objects (``ParameterSharding`` with an ``EnumerableShardingSpec`` of
-``ShardMetadata``) and checks that the shards tile each table.
+Every record is one TorchRec runs *exactly* (checked on 2 gloo processes with the
+fused kernel in ``tests/test_torchrec_interop.py``); a table laid out any other way
+is refused with a one-line ``NeuroShardError`` naming it, never exported wrong:
+
+* ``table_wise``: one shard.
+* ``column_wise``: column ranges of all rows, any widths, any ranks (two on one rank too).
+* ``row_wise``: ``W`` row shards (``W`` = world size) on ranks ``0..W-1`` in row order,
+  in TorchRec's blocks: ``ceil(rows / W)`` rows each, the last smaller. TorchRec
+  routes id ``i`` to rank ``i // ceil(rows / W)`` whatever the shard sizes say, so any
+  other split returns wrong embeddings without an error.
+* ``table_row_wise``: the same over the ``L`` ranks of one host (``L`` = local world
+  size, ranks ``h*L .. h*L+L-1``), blocks of ``ceil(rows / L)``.
+* ``grid_shard``: column strips, each cut into ``L`` such row blocks on one host's
+  ranks in order (TorchRec routes a grid's ids like table-row-wise).
+
+Placements are ``rank:R/cuda:(R mod L)`` (one GPU per local rank) or ``rank:R/cpu``.
+``to_parameter_shardings`` builds the real TorchRec objects (``ParameterSharding`` with
+an ``EnumerableShardingSpec`` of ``ShardMetadata``) and checks that the shards tile
+each table.
 """
 from __future__ import annotations
 
@@ -20,44 +34,124 @@ from typing import Any
 
 from ..errors import NeuroShardError
 from ..plan import Plan, Shard
+from .rowwise import ceil_blocks
 
 TORCHREC_FORMAT = "neuroshard.torchrec-sharding/v1"
 COMPUTE_DEVICES = ("cuda", "cpu")
+#: TorchRec's own default local world size (``torchrec.distributed.comm.get_local_size``)
+TORCHREC_LOCAL_SIZE = 8
+
+
+def default_compute_device() -> str:
+    """``cuda`` where this machine's torch has CUDA, else ``cpu``."""
+    try:
+        import torch
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception:
+        return "cpu"
+
+
+def default_local_world_size(world_size: int) -> int:
+    """TorchRec's rule when ``LOCAL_WORLD_SIZE`` is not set: 8 ranks per host, or all of
+    them when the world size is not a multiple of 8."""
+    return TORCHREC_LOCAL_SIZE if world_size % TORCHREC_LOCAL_SIZE == 0 else world_size
 
 
 def _placement(rank: int, compute_device: str, local_world_size: int) -> str:
     return f"rank:{rank}/cpu" if compute_device == "cpu" else f"rank:{rank}/cuda:{rank % local_world_size}"
 
 
-def _torchrec_type(plan: Plan, shards: list[Shard]) -> str:
-    kind = plan.sharding_type(shards[0].table)
-    if kind == "mixed":
-        return "grid_shard"
-    if kind == "row_wise":
-        in_rank_order = [s.device for s in sorted(shards, key=lambda s: s.row_offset)] == list(range(plan.num_devices))
-        return "row_wise" if in_rank_order else "table_row_wise"
-    return kind
+def _row_blocks_problem(name: str, rows: int, blocks: list[Shard], parts: int, what: str) -> str | None:
+    """Why ``blocks`` (row order) are not TorchRec's ``parts`` ceil blocks of ``rows``, or None."""
+    expected = ceil_blocks(rows, parts)
+    got = [(s.row_offset, s.num_rows) for s in blocks]
+    if got == expected:
+        return None
+    sizes = ", ".join(str(n) for _, n in got[:4]) + (", ..." if len(got) > 4 else "")
+    want = ", ".join(str(n) for _, n in expected[:4]) + (", ..." if len(expected) > 4 else "")
+    return (f"table '{name}': {what} row shards of {sizes} rows are not TorchRec's blocks of ceil({rows}/{parts}) "
+            f"rows ({want}); TorchRec would route ids to the wrong shards")
 
 
-def torchrec_sharding(plan: Plan, compute_device: str = "cuda", compute_kernel: str = "fused",
+def _check_ranks(name: str, blocks: list[Shard], world: int, local: int) -> str:
+    """``row_wise`` or ``table_row_wise`` for row blocks on ranks TorchRec accepts, else raise."""
+    devices = [s.device for s in blocks]
+    if devices == list(range(world)):
+        return "row_wise"
+    if len(devices) == local and devices[0] % local == 0 and devices == list(range(devices[0], devices[0] + local)):
+        return "table_row_wise"
+    raise NeuroShardError(
+        f"table '{name}': row shards on devices {devices[:8]}{' ...' if len(devices) > 8 else ''} cannot run in "
+        f"TorchRec, which puts row block i on rank i of all {world} ranks (row_wise) or of one host's "
+        f"{local} ranks (table_row_wise; see --local-world-size)")
+
+
+def torchrec_layout(plan: Plan, table: str, local_world_size: int) -> tuple[str, list[Shard]]:
+    """TorchRec's sharding type for one table and its shards in TorchRec's order; a
+    one-line NeuroShardError naming the table when TorchRec cannot run it exactly."""
+    world, local = plan.num_devices, local_world_size
+    t = plan.table(table)
+    shards = sorted(plan.shards_of(table), key=lambda s: (s.col_offset, s.row_offset))
+    if len(shards) == 1:
+        return "table_wise", shards
+    if all(s.num_rows == t.num_embeddings for s in shards):
+        return "column_wise", shards
+    strips: dict[tuple[int, int], list[Shard]] = {}
+    for s in shards:
+        strips.setdefault((s.col_offset, s.num_cols), []).append(s)
+    bounds = sorted(strips)
+    if any(a[0] + a[1] > b[0] for a, b in zip(bounds, bounds[1:])):
+        raise NeuroShardError(f"table '{table}': its shards do not form column strips cut into row blocks "
+                              f"(an irregular grid), which TorchRec cannot run")
+    if len(strips) == 1:
+        if len(shards) not in (world, local):
+            raise NeuroShardError(f"table '{table}' is split into {len(shards)} row shards; TorchRec runs row shards "
+                                  f"on all {world} ranks (row_wise) or on one host's {local} ranks (table_row_wise)")
+        problem = _row_blocks_problem(table, t.num_embeddings, shards, len(shards), f"its {len(shards)}")
+        if problem:
+            raise NeuroShardError(problem)
+        return _check_ranks(table, shards, world, local), shards
+    for (col, cols), blocks in sorted(strips.items()):
+        what = f"columns [{col}, {col + cols})"
+        if len(blocks) != local:
+            raise NeuroShardError(f"table '{table}': {what} are split into {len(blocks)} row shards; a grid in "
+                                  f"TorchRec cuts every column strip into one host's {local} ranks")
+        problem = _row_blocks_problem(table, t.num_embeddings, blocks, local, f"{what}:")
+        if problem:
+            raise NeuroShardError(problem)
+        devices = [s.device for s in blocks]
+        if devices[0] % local or devices != list(range(devices[0], devices[0] + local)):
+            raise NeuroShardError(f"table '{table}': {what} have row shards on devices {devices}; a grid in "
+                                  f"TorchRec puts row block i on rank i of one host's {local} ranks")
+    return "grid_shard", shards
+
+
+def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_kernel: str = "fused",
                       local_world_size: int | None = None) -> dict:
-    """The plan as per-table ParameterSharding records (plain JSON)."""
+    """The plan as per-table ParameterSharding records (plain JSON), each one TorchRec
+    runs exactly; NeuroShardError naming the first table it cannot.
+    ``compute_device`` defaults to ``default_compute_device()``, ``local_world_size``
+    (ranks per host) to ``default_local_world_size``."""
+    compute_device = compute_device or default_compute_device()
     if compute_device not in COMPUTE_DEVICES:
         raise NeuroShardError(f"compute device must be one of {COMPUTE_DEVICES}, got {compute_device!r}")
     plan.validate()
-    local = local_world_size or plan.num_devices
+    world = plan.num_devices
+    local = default_local_world_size(world) if local_world_size is None else local_world_size
+    if not (isinstance(local, int) and 1 <= local and world % local == 0):
+        raise NeuroShardError(f"local world size must divide the world size {world}, got {local_world_size!r}")
     records = {}
     for table in plan.tables:
-        shards = sorted(plan.shards_of(table.name), key=lambda s: (s.col_offset, s.row_offset))
+        kind, shards = torchrec_layout(plan, table.name, local)
         records[table.name] = {
-            "sharding_type": _torchrec_type(plan, shards),
+            "sharding_type": kind,
             "compute_kernel": compute_kernel,
             "ranks": [s.device for s in shards],
             "sharding_spec": [{"shard_offsets": [s.row_offset, s.col_offset], "shard_sizes": [s.num_rows, s.num_cols],
                                "placement": _placement(s.device, compute_device, local)} for s in shards],
         }
-    return {"format": TORCHREC_FORMAT, "tables_name": plan.tables_name, "world_size": plan.num_devices,
-            "compute_device": compute_device, "tables": records}
+    return {"format": TORCHREC_FORMAT, "tables_name": plan.tables_name, "world_size": world,
+            "local_world_size": local, "compute_device": compute_device, "tables": records}
 
 
 def to_parameter_shardings(exported: dict, table_sizes: dict[str, tuple[int, int]] | None = None) -> dict[str, Any]:

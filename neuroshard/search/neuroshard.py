@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import NeuroShardError
 from .baselines import GREEDY_KEYS, greedy_by_key
-from .rowwise import place_with_splits, split_for_memory
+from .rowwise import halve_strip_cols, place_with_splits, split_for_memory, split_table_rows
 from .simulator import Piece, Placement, Simulator, whole_pieces
 
 log = logging.getLogger(__name__)
@@ -129,16 +129,18 @@ def refine(sim: Simulator, placement: Placement, memory_bytes: int, steps: int) 
 
 
 def split_children(sim: Simulator, pieces: list[Piece], params: NeuroShardParams) -> list[list[Piece]]:
-    """States one split away: column halves of the top-n pieces by size and by cost,
-    row halves of the top-n by cost."""
+    """States one split away: the column strips of the top-n pieces by size and by cost
+    halved along columns, the tables of the top-n by cost re-cut into twice the row
+    blocks, at most one per device (whole strips and tables: see ``rowwise``)."""
     sizes = np.array([p.size_bytes(sim.bytes_per_element) for p in pieces], dtype=np.float64)
     costs = sim.single_costs_ms(pieces)
     by_size = [int(i) for i in np.argsort(-sizes, kind="stable")[:params.top_n]]
     by_cost = [int(i) for i in np.argsort(-costs, kind="stable")[:params.top_n]]
-    splits = [(i, pieces[i].halve_cols()) for i in dict.fromkeys(by_size + by_cost) if pieces[i].can_halve_cols()]
+    children = [halve_strip_cols(pieces, i) for i in dict.fromkeys(by_size + by_cost)]
     if params.row_splits:
-        splits += [(i, pieces[i].halve_rows()) for i in by_cost if pieces[i].can_halve_rows()]
-    return [sorted([*pieces[:i], *halves, *pieces[i + 1:]]) for i, halves in splits]
+        children += [split_table_rows(pieces, i, max_parts=sim.num_devices) for i in by_cost]
+    unique = {tuple(c): c for c in children if c is not None}
+    return list(unique.values())
 
 
 def width_caps(sim: Simulator, params: NeuroShardParams) -> np.ndarray:

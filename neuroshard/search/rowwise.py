@@ -2,15 +2,34 @@
 
 A table larger than one device is split before any placement: first into column
 halves (widths stay multiples of 4), then, when even its narrowest column shard
-does not fit, into the fewest equal row ranges that do. Row splits of *hot* tables
-that lower the simulated cost are proposed by the search itself
-(``Piece.halve_rows``); the simulator charges the reduction they add.
+does not fit, into the fewest row ranges that do. Row splits of *hot* tables
+that lower the simulated cost are proposed by the search itself; the simulator
+charges the reduction they add.
+
+**Row splits are TorchRec's blocks (the decision for interop).** TorchRec routes an
+id of a row-wise table split in ``k`` shards to shard ``id // ceil(rows / k)``, so its
+shards must be ``ceil(rows / k)`` rows each, the last one smaller (``ceil_blocks``).
+Halving blocks one inside another does not give that (1,000,001 rows halved twice is
+250,001 + 250,000 + 250,000 + 250,000, not 250,001 x 3 + 249,998), and no exporter can
+remap it exactly. So the planner never halves a single row block: a table is a
+regular grid, column *strips* (full-height column ranges) each cut into the same ``k``
+ceil blocks of the table's rows. A row split re-cuts every strip of the table into
+``2k`` ceil blocks (``split_table_rows``; the search goes no further than one block
+per device), a column split halves every block of one strip (``halve_strip_cols``),
+and ``split_rows`` cuts a strip into ceil blocks. Every row split we write then has
+TorchRec's block sizes; whether its devices suit TorchRec (row block ``i`` on rank
+``i`` of all ranks or of one host) the exporter (``export.torchrec_sharding``)
+checks, refusing what TorchRec would run wrong. Before a plan is written,
+``align_row_blocks`` puts each strip's blocks on its devices in ascending order
+(TorchRec's rank order) and joins a strip whose blocks all landed on one device.
 """
 from __future__ import annotations
 
 import logging
 import math
 from typing import Callable, Sequence, TypeVar
+
+import numpy as np
 
 from ..errors import InfeasibleError
 from ..tables import TableSet
@@ -53,11 +72,166 @@ def narrowest_cols(dim: int) -> int:
     return dim
 
 
+def ceil_blocks(num_rows: int, parts: int) -> list[tuple[int, int]]:
+    """``(row_offset, num_rows)`` of TorchRec's row-wise blocks: ``ceil(num_rows / parts)``
+    rows each, the last block smaller; fewer than ``parts`` blocks when the remainder
+    runs out (e.g. 5 rows in 4 parts: 2, 2, 1), never an empty one."""
+    block = -(-num_rows // max(1, parts))
+    return [(lo, min(block, num_rows - lo)) for lo in range(0, num_rows, block)]
+
+
 def split_rows(piece: Piece, parts: int) -> list[Piece]:
-    """``parts`` row ranges of (nearly) equal size."""
-    parts = max(1, min(parts, piece.num_rows))
-    cuts = [piece.row_offset + (piece.num_rows * i) // parts for i in range(parts + 1)]
-    return [Piece(piece.table, lo, hi - lo, piece.col_offset, piece.num_cols) for lo, hi in zip(cuts, cuts[1:])]
+    """``piece`` in ``parts`` row ranges, TorchRec's ceil blocks of its rows (``ceil_blocks``)."""
+    return [Piece(piece.table, piece.row_offset + lo, n, piece.col_offset, piece.num_cols)
+            for lo, n in ceil_blocks(piece.num_rows, parts)]
+
+
+def strip_of(pieces: Sequence[Piece], i: int) -> list[int]:
+    """Indices of the pieces in the same column strip as ``pieces[i]`` (same table and
+    columns), in row order."""
+    p = pieces[i]
+    same = [j for j, q in enumerate(pieces)
+            if (q.table, q.col_offset, q.num_cols) == (p.table, p.col_offset, p.num_cols)]
+    return sorted(same, key=lambda j: pieces[j].row_offset)
+
+
+def split_table_rows(pieces: Sequence[Piece], i: int, parts: int | None = None,
+                     max_parts: int | None = None) -> list[Piece] | None:
+    """The pieces with every column strip of ``pieces[i]``'s table re-cut into ``parts``
+    ceil blocks of the table's rows (default: twice its blocks now), so the table stays a
+    regular grid; None when that changes nothing or needs more than ``max_parts`` blocks."""
+    table = pieces[i].table
+    mine = [j for j, q in enumerate(pieces) if q.table == table]
+    strips: dict[tuple[int, int], list[Piece]] = {}
+    for j in mine:
+        q = pieces[j]
+        strips.setdefault((q.col_offset, q.num_cols), []).append(q)
+    blocks = max(len(b) for b in strips.values())
+    parts = 2 * blocks if parts is None else parts
+    if max_parts is not None and parts > max_parts:
+        return None
+    recut = []
+    for (col, cols), members in strips.items():
+        first = min(q.row_offset for q in members)
+        rows = sum(q.num_rows for q in members)
+        recut += split_rows(Piece(table, first, rows, col, cols), parts)
+    if len(recut) == len(mine):
+        return None
+    keep = set(mine)
+    return sorted([*(q for j, q in enumerate(pieces) if j not in keep), *recut])
+
+
+def halve_strip_cols(pieces: Sequence[Piece], i: int) -> list[Piece] | None:
+    """The pieces with every block of ``pieces[i]``'s strip halved along columns; None
+    when the strip's width cannot be halved (multiples of 4)."""
+    if not pieces[i].can_halve_cols():
+        return None
+    strip = set(strip_of(pieces, i))
+    halves = [h for j in strip for h in pieces[j].halve_cols()]
+    return sorted([*(q for j, q in enumerate(pieces) if j not in strip), *halves])
+
+
+def align_row_blocks(pieces: Sequence[Piece], devices: np.ndarray, bytes_per_element: int,
+                     memory_bytes: int) -> tuple[list[Piece], np.ndarray]:
+    """Pieces and devices with each row-split strip's blocks moved onto the same devices in
+    ascending order (block 0 on the lowest device: TorchRec's rank order) where they are
+    on distinct devices and memory allows, and a strip whose blocks are all on one device
+    joined into one piece (same memory, no reduction). The devices of every strip are
+    unchanged."""
+    devices = np.asarray(devices, dtype=np.int64).copy()
+    strips: dict[tuple[int, int, int], list[int]] = {}
+    for j, p in enumerate(pieces):
+        strips.setdefault((p.table, p.col_offset, p.num_cols), []).append(j)
+    sizes = np.array([p.size_bytes(bytes_per_element) for p in pieces], dtype=np.float64)
+    joined: list[tuple[Piece, int]] = []
+    drop: set[int] = set()
+    for members in strips.values():
+        members.sort(key=lambda j: pieces[j].row_offset)
+        current = devices[members]
+        if len(members) < 2:
+            continue
+        if len(set(current.tolist())) == 1:
+            first, last = pieces[members[0]], pieces[members[-1]]
+            joined.append((Piece(first.table, first.row_offset, last.row_offset + last.num_rows - first.row_offset,
+                                 first.col_offset, first.num_cols), int(current[0])))
+            drop.update(members)
+        elif len(set(current.tolist())) == len(members):
+            moved = devices.copy()
+            moved[members] = np.sort(current)
+            if np.bincount(moved, weights=sizes, minlength=int(moved.max()) + 1).max() <= memory_bytes:
+                devices = moved
+    kept = [(p, int(d)) for j, (p, d) in enumerate(zip(pieces, devices.tolist())) if j not in drop]
+    placed = sorted(kept + joined)
+    return [p for p, _ in placed], np.array([d for _, d in placed], dtype=np.int64)
+
+
+def local_ranks(num_devices: int) -> int:
+    """Ranks per host TorchRec assumes by default: 8, or all when not a multiple of 8."""
+    return 8 if num_devices % 8 == 0 else num_devices
+
+
+def _runnable(strips: dict[tuple[int, int], list[tuple[Piece, int]]], num_devices: int) -> bool:
+    """Whether one table's strips (blocks in row order with their devices) are a layout
+    TorchRec runs: unsplit strips, or every strip in ``L`` blocks on one host's ranks in
+    order, or one strip in ``W`` blocks on ranks 0..W-1 (``L`` = ``local_ranks``)."""
+    counts = {len(b) for b in strips.values()}
+    if counts == {1}:
+        return True
+    local = local_ranks(num_devices)
+    for blocks in strips.values():
+        devices = [d for _, d in blocks]
+        if len(strips) == 1 and devices == list(range(num_devices)):
+            continue
+        if len(blocks) != local or devices[0] % local or devices != list(range(devices[0], devices[0] + local)):
+            return False
+    return True
+
+
+def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_devices: int, bytes_per_element: int,
+                        memory_bytes: int, cost: Callable[[list[Piece], np.ndarray], float]
+                        ) -> tuple[list[Piece], np.ndarray]:
+    """Pieces and devices where every row-split table is laid out as TorchRec runs it.
+    After ``align_row_blocks``, a table that is still not (blocks of one strip on
+    repeated devices, strips cut differently) gets the cheaper (by ``cost``) of: its
+    strips re-cut into one host's ``L`` blocks on that host's ranks in order, or its
+    strips joined, each on the device holding most of it; memory permitting, else it
+    stays as it is (and the exporter refuses it)."""
+    pieces, devices = align_row_blocks(pieces, devices, bytes_per_element, memory_bytes)
+    local = local_ranks(num_devices)
+    for table in sorted({p.table for p in pieces}):
+        mine = [j for j, p in enumerate(pieces) if p.table == table]
+        strips: dict[tuple[int, int], list[tuple[Piece, int]]] = {}
+        for j in sorted(mine, key=lambda j: pieces[j].row_offset):
+            strips.setdefault((pieces[j].col_offset, pieces[j].num_cols), []).append((pieces[j], int(devices[j])))
+        if _runnable(strips, num_devices):
+            continue
+        rest = [(p, int(d)) for j, (p, d) in enumerate(zip(pieces, devices.tolist())) if j not in set(mine)]
+        options = []
+        host = next(iter(strips.values()))[0][1] // local
+        recut, joined = [], []
+        for (col, cols), blocks in strips.items():
+            rows = sum(p.num_rows for p, _ in blocks)
+            first = min(p.row_offset for p, _ in blocks)
+            whole = Piece(table, first, rows, col, cols)
+            recut += [(b, host * local + i) for i, b in enumerate(split_rows(whole, local))]
+            if rows < local:
+                recut = [(whole, -1)]  # fewer rows than ranks: no row-wise layout
+            share: dict[int, int] = {}
+            for p, d in blocks:
+                share[d] = share.get(d, 0) + p.num_rows
+            joined.append((whole, max(share, key=lambda d: (share[d], -d))))
+        for option in (recut, joined):
+            if any(d < 0 for _, d in option):
+                continue
+            placed = sorted(rest + option)
+            cand_pieces = [p for p, _ in placed]
+            cand_devices = np.array([d for _, d in placed], dtype=np.int64)
+            sizes = np.array([p.size_bytes(bytes_per_element) for p in cand_pieces], dtype=np.float64)
+            if np.bincount(cand_devices, weights=sizes, minlength=num_devices).max() <= memory_bytes:
+                options.append((cost(cand_pieces, cand_devices), cand_pieces, cand_devices))
+        if options:
+            _, pieces, devices = min(options, key=lambda o: o[0])
+    return list(pieces), np.asarray(devices, dtype=np.int64)
 
 
 def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_element: int,
@@ -74,7 +248,8 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_eleme
         elif piece.can_halve_cols():
             todo.extend(piece.halve_cols())
         elif row_splits:
-            out.extend(split_rows(piece, math.ceil(size / memory_bytes)))
+            max_rows = max(1, memory_bytes // (piece.num_cols * bytes_per_element))
+            out.extend(split_rows(piece, math.ceil(piece.num_rows / max_rows)))
         else:
             raise InfeasibleError(f"a shard of table #{piece.table} ({piece.num_rows} rows x {piece.num_cols} "
                                   f"columns) is {format_bytes(size - memory_bytes)} over device memory and "
@@ -83,17 +258,14 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_eleme
 
 
 def halve_largest(pieces: Sequence[Piece], bytes_per_element: int, row_splits: bool = True) -> list[Piece] | None:
-    """The pieces with the largest splittable one halved (columns first, then rows);
-    None when nothing can be split further."""
+    """The pieces with the largest splittable one's strip halved along columns, else its
+    table re-cut into twice the row blocks; None when nothing can be split further."""
     for i in sorted(range(len(pieces)), key=lambda i: -pieces[i].size_bytes(bytes_per_element)):
-        piece = pieces[i]
-        if piece.can_halve_cols():
-            halves = piece.halve_cols()
-        elif row_splits and piece.can_halve_rows():
-            halves = piece.halve_rows()
-        else:
-            continue
-        return sorted([*pieces[:i], *halves, *pieces[i + 1:]])
+        split = halve_strip_cols(pieces, i)
+        if split is None and row_splits:
+            split = split_table_rows(pieces, i)
+        if split is not None:
+            return split
     return None
 
 

@@ -59,7 +59,10 @@ class Piece(NamedTuple):
                 Piece(self.table, self.row_offset, self.num_rows, self.col_offset + half, half))
 
     def halve_rows(self) -> tuple["Piece", "Piece"]:
-        half = self.num_rows // 2
+        """Two row ranges in TorchRec's block layout: ``ceil(rows / 2)`` first, the rest
+        after. The search re-cuts whole tables instead (``rowwise.split_table_rows``),
+        so nested halvings never leave blocks TorchRec would route differently."""
+        half = (self.num_rows + 1) // 2
         return (Piece(self.table, self.row_offset, half, self.col_offset, self.num_cols),
                 Piece(self.table, self.row_offset + half, self.num_rows - half, self.col_offset, self.num_cols))
 

@@ -2,7 +2,8 @@
 
 ``EmbeddingShardingPlanner`` over a ``Topology`` of ``D`` devices with the given
 memory, table-wise, column-wise and row-wise allowed; its ``ShardingPlan`` is
-turned into our pieces and scored by our simulator like every other algorithm.
+turned into our pieces (``torchrec_import``, the converter ``plan import`` uses too)
+and scored by our simulator like every other algorithm.
 TorchRec counts more than the weights (optimizer state, buffers), so its plans are
 conservative under our memory accounting.
 """
@@ -18,6 +19,7 @@ import numpy as np
 from ..errors import InfeasibleError, NeuroShardError
 from ..units import format_bytes
 from .simulator import Piece, Placement, Simulator
+from .torchrec_import import shards_from_torchrec
 
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
 
@@ -33,8 +35,8 @@ def torchrec_available() -> bool:
 def require_torchrec() -> None:
     """Raise a one-line NeuroShardError when TorchRec cannot be imported."""
     if not torchrec_available():
-        raise NeuroShardError("the 'torchrec' algorithm needs TorchRec (pip install torchrec); "
-                              "it is not importable here: use another --algorithm")
+        raise NeuroShardError("this needs TorchRec (pip install --no-deps torchrec, see the README's TorchRec "
+                              "path); it is not importable here")
 
 
 @contextlib.contextmanager
@@ -83,17 +85,9 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
                                   f"{first[:200]}") from None
 
     index = {t.name: i for i, t in enumerate(sim.tables)}
-    pieces: list[Piece] = []
-    devices: list[int] = []
-    for module_plan in plan.plan.values():
-        for name, sharding in module_plan.items():
-            if sharding.sharding_spec is None:
-                raise NeuroShardError(f"TorchRec placed table '{name}' as {sharding.sharding_type}, "
-                                      f"which has no shards to convert")
-            for meta in sharding.sharding_spec.shards:
-                (row, col), (rows, cols) = meta.shard_offsets, meta.shard_sizes
-                pieces.append(Piece(index[name], int(row), int(rows), int(col), int(cols)))
-                devices.append(int(meta.placement.rank()))
+    shards, _ = shards_from_torchrec(plan, "TorchRec's plan")
+    pieces = [Piece(index[s.table], s.row_offset, s.num_rows, s.col_offset, s.num_cols) for s in shards]
+    devices = [s.device for s in shards]
     devices_arr = np.array(devices, dtype=np.int64)
     cost = float(sim.evaluate(pieces, devices_arr[None, :]).max_ms[0])
     return Placement(pieces, devices_arr, cost,

@@ -1,0 +1,109 @@
+"""``neuroshard plan import`` and ``neuroshard plan score``, and ``plan show`` of a
+TorchRec export (registered with the other ``plan`` actions by ``neuroshard.cli``)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def show_torchrec_export(path: str) -> bool:
+    """Print a per-rank table of a ``neuroshard.torchrec-sharding/v1`` file and return
+    True; False when ``path`` is something else."""
+    from .search.export import TORCHREC_FORMAT
+    from .search.score import read_document
+    from .search.torchrec_import import shards_from_torchrec
+    data = read_document(path)
+    if not (isinstance(data, dict) and data.get("format") == TORCHREC_FORMAT):
+        return False
+    import pandas as pd
+    shards, world = shards_from_torchrec(data, path)
+    kinds: dict[str, int] = {}
+    for record in data["tables"].values():
+        kinds[str(record.get("sharding_type"))] = kinds.get(str(record.get("sharding_type")), 0) + 1
+    print(f"{path}: a TorchRec sharding export ({TORCHREC_FORMAT}) of '{data.get('tables_name', '?')}', not a plan "
+          f"file: {len(data['tables'])} tables over {world} ranks ({data.get('local_world_size', '?')} per host, "
+          f"compute device {data.get('compute_device', '?')}; "
+          + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")")
+    rows = [{"rank": r, "shards": sum(s.device == r for s in shards),
+             "tables": len({s.table for s in shards if s.device == r}),
+             "width": sum(s.num_cols for s in shards if s.device == r),
+             "elements": sum(s.num_rows * s.num_cols for s in shards if s.device == r)} for r in range(world)]
+    print(pd.DataFrame(rows).to_string(index=False))
+    print(f"for memory and estimated cost: neuroshard plan import {path} --format torchrec --tables TABLES.json "
+          f"-o plan.json, then neuroshard plan score plan.json --tables TABLES.json")
+    return True
+
+
+def _import(args: argparse.Namespace) -> int:
+    from .search.score import read_document
+    from .search.torchrec_import import plan_from_torchrec
+    from .tables import TableSet
+    from .units import format_bytes, parse_bytes
+    tables = TableSet.read(args.tables)
+    memory = parse_bytes(args.memory) if args.memory else None
+    plan = plan_from_torchrec(read_document(args.source), tables, num_devices=args.devices, memory_bytes=memory,
+                              bytes_per_element=args.bytes_per_element, where=str(args.source),
+                              provenance={"source": str(args.source), "format": args.format})
+    plan.write(args.output)
+    kinds: dict[str, int] = {}
+    for t in plan.tables:
+        kinds[plan.sharding_type(t.name)] = kinds.get(plan.sharding_type(t.name), 0) + 1
+    print(f"wrote {args.output}: valid plan, {len(plan.tables)} tables, {len(plan.shards)} shards on "
+          f"{plan.num_devices} devices of {format_bytes(plan.device_memory_bytes)} ("
+          + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")")
+    return 0
+
+
+def _score(args: argparse.Namespace) -> int:
+    from .search.score import plan_batch_size, read_any_plan, score_plan
+    from .tables import TableSet
+    tables = TableSet.read(args.tables)
+    plan = read_any_plan(args.plan, tables)
+    scored = score_plan(plan, tables, cost_models=args.cost_model)
+    print(scored.format_summary())
+    est = scored.estimate
+    if est.get("ratio_to_balanced_bound") is not None:
+        print(f"balanced bound (sum of single-table costs / {scored.num_devices} devices): "
+              f"{est['balanced_bound_ms']:.3f} ms; this plan is {est['ratio_to_balanced_bound']:.3f}x that")
+    own = (plan.estimate or {}).get("max_device_cost_ms")
+    if own is not None:
+        at = plan_batch_size(plan)
+        print(f"the plan's own estimate: {own:.3f} ms"
+              + (f" at batch size {at}" if at else " (batch size not recorded)")
+              + f"; scored here at batch size {est['batch_size']} with cost model '{est.get('cost_model')}'")
+    if problems := scored.problems():
+        print(f"warning: plan is invalid: {problems[0]}", file=sys.stderr)
+    if args.output:
+        scored.write(args.output)
+        print(f"wrote {args.output}")
+    return 0
+
+
+def register(plan_sub: argparse._SubParsersAction) -> None:
+    """Add ``import`` and ``score`` to the ``plan`` subcommands."""
+    p = plan_sub.add_parser("import", help="read a TorchRec sharding plan into a plan file",
+                            description="Convert a TorchRec plan (per-table ParameterSharding records as JSON: "
+                                        "{table: record} or {module: {table: record}}, or the file `neuroshard "
+                                        "export` writes) into a validated neuroshard.plan/v1 file.")
+    p.add_argument("source", help="TorchRec plan (JSON)")
+    p.add_argument("--format", choices=("torchrec",), default="torchrec", help="source format (default: torchrec)")
+    p.add_argument("--tables", required=True, help="tables file the plan is for (JSON, neuroshard.tables/v1)")
+    p.add_argument("--devices", type=int, default=None,
+                   help="devices (default: the plan's world size, or its highest rank + 1)")
+    p.add_argument("--memory", default=None,
+                   help="memory per device, e.g. 16GiB (default: what the fullest device's shards need)")
+    p.add_argument("--bytes-per-element", type=int, default=4, help="bytes per weight counted in memory (default: 4)")
+    p.add_argument("-o", "--output", required=True, metavar="PLAN.json", help="plan file to write")
+    p.set_defaults(func=_import)
+
+    p = plan_sub.add_parser("score", help="estimate a plan's per-device cost with the cost models",
+                            description="Print the cost models' per-device estimate of any plan (a plan file, "
+                                        "or a TorchRec plan as `plan import` reads it) at the tables file's "
+                                        "batch size, as `search` prints its own.")
+    p.add_argument("plan", help="plan file (neuroshard.plan/v1 or a TorchRec plan, JSON)")
+    p.add_argument("--tables", required=True, help="tables file the plan is for (JSON, neuroshard.tables/v1)")
+    p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
+                   help="cost-model checkpoint (default: the shipped one)")
+    p.add_argument("-o", "--output", default=None, metavar="PLAN.json",
+                   help="also write the plan with this estimate")
+    p.set_defaults(func=_score)

@@ -1,0 +1,156 @@
+"""TorchRec sharding plans -> our shards and ``neuroshard.plan/v1`` plans: the one
+converter shared by ``-a torchrec`` (TorchRec's planner as a baseline) and
+``neuroshard plan import --format torchrec``.
+
+Accepted, as Python objects or JSON:
+
+* TorchRec's own objects: a ``ShardingPlan``, an ``EmbeddingModuleShardingPlan``, or a
+  dict of table name -> ``ParameterSharding``;
+* the JSON our exporter writes (``neuroshard.torchrec-sharding/v1``);
+* the JSON form of TorchRec's plan: ``{module path: {table: record}}`` (optionally
+  under ``"plan"``) or ``{table: record}``, where a record is a ``ParameterSharding``
+  as plain JSON: ``{"sharding_type", "compute_kernel", "ranks", "sharding_spec": [
+  {"shard_offsets": [row, col], "shard_sizes": [rows, cols], "placement":
+  "rank:R/cuda:L"}, ...]}`` (``placement`` may be left out when ``ranks`` names the
+  rank of every shard).
+
+A shard's device is its placement's rank. Tables replicated on every rank
+(``data_parallel``, no shards) are refused: a plan places each table once.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from ..errors import FormatError
+from ..plan import Plan, Shard
+from ..tables import Table, TableSet
+from .export import TORCHREC_FORMAT
+
+_RANK = re.compile(r"^rank:(\d+)(/.*)?$")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def record_of(sharding: Any) -> dict:
+    """A ``ParameterSharding`` (or its JSON record) as a plain JSON record."""
+    if isinstance(sharding, Mapping):
+        return dict(sharding)
+    spec = getattr(sharding, "sharding_spec", None)
+    shards = None if spec is None else [
+        {"shard_offsets": [int(x) for x in m.shard_offsets], "shard_sizes": [int(x) for x in m.shard_sizes],
+         "placement": str(m.placement)} for m in getattr(spec, "shards", [])]
+    kind = getattr(sharding, "sharding_type", None)
+    return {"sharding_type": getattr(kind, "value", kind), "compute_kernel": getattr(sharding, "compute_kernel", None),
+            "ranks": list(getattr(sharding, "ranks", None) or []), "sharding_spec": shards}
+
+
+def table_records(source: Any, where: str = "<torchrec plan>") -> tuple[dict[str, dict], int | None]:
+    """Per-table JSON records of any accepted form, and the world size when it says one."""
+    world = None
+    if hasattr(source, "plan") and not isinstance(source, Mapping):  # ShardingPlan
+        source = source.plan
+    if not isinstance(source, Mapping):
+        raise FormatError(f"{where}: a TorchRec plan must be an object of per-table ParameterSharding records")
+    if source.get("format") == TORCHREC_FORMAT:
+        world = source.get("world_size")
+        if not (_is_int(world) and world >= 1):
+            raise FormatError(f"{where}: field 'world_size' must be an integer >= 1, got {world!r}")
+        source = source.get("tables")
+        if not isinstance(source, Mapping):
+            raise FormatError(f"{where}: field 'tables' must be an object")
+    elif isinstance(source.get("format"), str):
+        raise FormatError(f"{where}: format {source['format']!r} is not a TorchRec plan "
+                          f"(expected {TORCHREC_FORMAT!r} or ParameterSharding records)")
+    elif isinstance(source.get("plan"), Mapping):
+        source = source["plan"]
+
+    def is_record(value: Any) -> bool:
+        return isinstance(value, Mapping) and "sharding_type" in value or hasattr(value, "sharding_spec")
+
+    if source and all(is_record(v) for v in source.values()):
+        tables = dict(source)
+    elif source and all(isinstance(v, Mapping) or hasattr(v, "keys") for v in source.values()):
+        tables = {}
+        for module, module_plan in source.items():  # {module path: {table: record}}
+            for name, record in dict(module_plan).items():
+                if not is_record(record):
+                    raise FormatError(f"{where}: module '{module}', table '{name}': not a ParameterSharding record "
+                                      f"(it needs 'sharding_type' and 'sharding_spec')")
+                if name in tables:
+                    raise FormatError(f"{where}: table '{name}' appears in two modules")
+                tables[name] = record
+    else:
+        raise FormatError(f"{where}: no ParameterSharding records found (expected {{table: record}} or "
+                          f"{{module: {{table: record}}}})")
+    return {str(name): record_of(rec) for name, rec in tables.items()}, world
+
+
+def shards_of_record(name: str, record: Mapping, where: str = "<torchrec plan>") -> list[Shard]:
+    """One table's shards from its JSON record (FormatError naming the table when malformed)."""
+    here = f"{where}: table '{name}'"
+    spec = record.get("sharding_spec")
+    if spec is None:
+        raise FormatError(f"{here} is {record.get('sharding_type')!r} with no shards (replicated on every rank); "
+                          f"a plan places each table once")
+    if not isinstance(spec, list) or not spec:
+        raise FormatError(f"{here}: 'sharding_spec' must be a non-empty list of shards")
+    ranks = record.get("ranks") or []
+    out = []
+    for i, meta in enumerate(spec):
+        if not isinstance(meta, Mapping):
+            raise FormatError(f"{here}, shard #{i}: must be an object")
+        offsets, sizes = meta.get("shard_offsets"), meta.get("shard_sizes")
+        for key, value, low in (("shard_offsets", offsets, 0), ("shard_sizes", sizes, 1)):
+            if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(x) and x >= low for x in value)):
+                raise FormatError(f"{here}, shard #{i}: '{key}' must be [rows, cols] of integers >= {low}, "
+                                  f"got {value!r}")
+        placement = meta.get("placement")
+        if placement is not None:
+            match = _RANK.match(str(placement))
+            if not match:
+                raise FormatError(f"{here}, shard #{i}: placement {placement!r} is not 'rank:R/device'")
+            rank = int(match.group(1))
+        elif i < len(ranks) and _is_int(ranks[i]) and ranks[i] >= 0:
+            rank = ranks[i]
+        else:
+            raise FormatError(f"{here}, shard #{i}: no placement and no rank")
+        out.append(Shard(name, offsets[0], sizes[0], offsets[1], sizes[1], rank))
+    return out
+
+
+def shards_from_torchrec(source: Any, where: str = "<torchrec plan>") -> tuple[list[Shard], int | None]:
+    """Our shards of every table in a TorchRec plan (any accepted form), and its world
+    size when it records one."""
+    records, world = table_records(source, where)
+    return [s for name, record in records.items() for s in shards_of_record(name, record, where)], world
+
+
+def plan_from_torchrec(source: Any, tables: TableSet | list[Table], num_devices: int | None = None,
+                       memory_bytes: int | None = None, bytes_per_element: int = 4,
+                       where: str = "<torchrec plan>", provenance: dict | None = None) -> Plan:
+    """A validated ``Plan`` of ``tables`` from a TorchRec plan. ``num_devices`` defaults to
+    the plan's world size (or its highest rank + 1), ``memory_bytes`` to the fullest
+    device's shards (so the plan fits). Every table must be in both."""
+    from ..errors import InvalidPlanError
+    if not isinstance(tables, TableSet):
+        tables = TableSet("tables", list(tables))
+    shards, world = shards_from_torchrec(source, where)
+    mine = {s.table for s in shards}
+    theirs = {t.name for t in tables}
+    if mine != theirs:
+        raise InvalidPlanError(f"{where} does not match tables '{tables.name}': tables without shards "
+                               f"{sorted(theirs - mine)[:3]}, shards of unknown tables {sorted(mine - theirs)[:3]}")
+    top = max(s.device for s in shards) + 1
+    devices = num_devices or world or top
+    if top > devices:
+        raise InvalidPlanError(f"{where}: a shard is on rank {top - 1}, outside {devices} devices")
+    used = [0] * devices
+    for s in shards:
+        used[s.device] += s.size_bytes(bytes_per_element)
+    memory = memory_bytes or max(max(used), 1)
+    plan = Plan(list(tables), shards, devices, memory, bytes_per_element, tables.name,
+                provenance={"algorithm": "torchrec-import", **(provenance or {})})
+    return plan.validate()
