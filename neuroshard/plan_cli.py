@@ -38,10 +38,12 @@ def _import(args: argparse.Namespace) -> int:
     from .search.score import read_document
     from .search.torchrec_import import plan_from_torchrec
     from .tables import TableSet
-    from .units import format_bytes, parse_bytes
+    from .units import format_bytes
+    from .validate import check_output
+    check_output(args.output, [args.source, args.tables], "plan file")
     tables = TableSet.read(args.tables)
-    memory = parse_bytes(args.memory) if args.memory else None
-    plan = plan_from_torchrec(read_document(args.source), tables, num_devices=args.devices, memory_bytes=memory,
+    plan = plan_from_torchrec(read_document(args.source, "TorchRec plan"), tables, num_devices=args.devices,
+                              memory_bytes=args.memory,
                               bytes_per_element=args.bytes_per_element, where=str(args.source),
                               provenance={"source": str(args.source), "format": args.format})
     plan.write(args.output)
@@ -57,6 +59,9 @@ def _import(args: argparse.Namespace) -> int:
 def _score(args: argparse.Namespace) -> int:
     from .search.score import plan_batch_size, read_any_plan, score_plan
     from .tables import TableSet
+    from .validate import check_output
+    if args.output:
+        check_output(args.output, [args.plan, args.tables, args.cost_model], "plan file")
     tables = TableSet.read(args.tables)
     plan = read_any_plan(args.plan, tables)
     scored = score_plan(plan, tables, cost_models=args.cost_model)
@@ -81,6 +86,7 @@ def _score(args: argparse.Namespace) -> int:
 
 def register(plan_sub: argparse._SubParsersAction) -> None:
     """Add ``import`` and ``score`` to the ``plan`` subcommands."""
+    from .validate import bytes_per_element_int, device_count, memory_size
     p = plan_sub.add_parser("import", help="read a TorchRec sharding plan into a plan file",
                             description="Convert a TorchRec plan (per-table ParameterSharding records as JSON: "
                                         "{table: record} or {module: {table: record}}, or the file `neuroshard "
@@ -88,11 +94,11 @@ def register(plan_sub: argparse._SubParsersAction) -> None:
     p.add_argument("source", help="TorchRec plan (JSON)")
     p.add_argument("--format", choices=("torchrec",), default="torchrec", help="source format (default: torchrec)")
     p.add_argument("--tables", required=True, help="tables file the plan is for (JSON, neuroshard.tables/v1)")
-    p.add_argument("--devices", type=int, default=None,
+    p.add_argument("--devices", type=device_count, default=None,
                    help="devices (default: the plan's world size, or its highest rank + 1)")
-    p.add_argument("--memory", default=None,
+    p.add_argument("--memory", type=memory_size, default=None,
                    help="memory per device, e.g. 16GiB (default: what the fullest device's shards need)")
-    p.add_argument("--bytes-per-element", type=int, default=4, help="bytes per weight counted in memory (default: 4)")
+    p.add_argument("--bytes-per-element", type=bytes_per_element_int, default=4, help="bytes per weight counted in memory (default: 4)")
     p.add_argument("-o", "--output", required=True, metavar="PLAN.json", help="plan file to write")
     p.set_defaults(func=_import)
 

@@ -96,7 +96,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compute-device", choices=("cuda", "cpu"), default=None,
                    help="placement device: rank:R/cuda:(R mod local world size) or rank:R/cpu "
                         "(default: cuda when this machine's torch has CUDA, else cpu)")
-    p.add_argument("--local-world-size", type=int, default=None, metavar="N",
+    p.add_argument("--local-world-size", type=device_count, default=None, metavar="N",
                    help="ranks per host, for cuda device numbers and table-row-wise/grid shards (default: "
                         "TorchRec's: 8, or the world size when it is not a multiple of 8)")
     p.add_argument("--compute-kernel", default="fused", help="TorchRec compute kernel (default: fused)")

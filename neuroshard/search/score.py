@@ -2,7 +2,6 @@
 from any file the toolkit knows (``neuroshard.plan/v1`` or a TorchRec plan)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +51,10 @@ def score_plan(plan: Plan, tables: TableSet | None = None, cost_models: Any = No
                 plan.tables_name, estimate, plan.provenance, dict(plan.extra))
 
 
-def read_document(path: str | Path) -> Any:
-    """A JSON file's content; FormatError (one line) when unreadable."""
-    from ..validate import read_json  # the one JSON reader: UTF-16, nesting, huge numbers -> one line
-    return read_json(path, "file")
+def read_document(path: str | Path, what: str = "plan file") -> Any:
+    """A JSON file's content; FormatError (one line, naming the file) when unreadable."""
+    from ..validate import read_json
+    return read_json(path, what)
 
 
 def read_any_plan(path: str | Path, tables: TableSet | None = None, memory_bytes: int | None = None) -> Plan:
