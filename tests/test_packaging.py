@@ -1,0 +1,57 @@
+"""pyproject.toml declares what the package imports, its extras do not install two
+fbgemm builds, and the wheel ships the licence files."""
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+#: import name -> distribution name, where they differ
+DISTRIBUTION = {"sklearn": "scikit-learn", "fbgemm_gpu": "fbgemm-gpu-cpu", "yaml": "pyyaml"}
+#: imported only where present (guarded), installed apart: see pyproject's comments
+OPTIONAL = {"torchrec", "fbgemm_gpu"}
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].strip().lower() for r in requirements}
+
+
+def _imports() -> set[str]:
+    found = set()
+    for path in (ROOT / "neuroshard").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"neuroshard", "__future__"}
+
+
+def test_every_import_is_declared():
+    project = PYPROJECT["project"]
+    declared = _names(project["dependencies"])
+    extras = set().union(*(_names(v) for v in project["optional-dependencies"].values()))
+    for name in _imports():
+        dist = DISTRIBUTION.get(name, name).lower()
+        assert dist in declared or (name in OPTIONAL and (dist in extras or name == "torchrec")), name
+
+
+def test_extras_do_not_pull_two_fbgemm_builds_and_torch_is_bounded():
+    project = PYPROJECT["project"]
+    extras = project["optional-dependencies"]
+    everything = set().union(*(_names(v) for v in extras.values()))
+    assert "fbgemm-gpu" not in everything and "torchrec" not in everything  # torchrec requires fbgemm-gpu
+    torch = [r for r in project["dependencies"] if _names([r]) == {"torch"}]
+    assert torch and "<" in torch[0]
+
+
+def test_licence_files_are_shipped():
+    project = PYPROJECT["project"]
+    for path in project["license-files"]:
+        assert (ROOT / path).is_file(), path
+    assert "neuroshard/data/dlrm_datasets_LICENSE" in project["license-files"]
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
