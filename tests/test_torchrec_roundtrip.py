@@ -14,7 +14,7 @@ from neuroshard.plan import Plan
 from neuroshard.search import shard
 from neuroshard.search.export import torchrec_sharding
 from neuroshard.search.score import score_plan
-from neuroshard.search.torchrec_import import plan_from_torchrec, record_of
+from neuroshard.search.torchrec_import import plan_from_torchrec, record_of, sharding_plan_json
 from neuroshard.tables import Table, TableSet
 
 TABLES = TableSet("roundtrip", [Table("a", 100, 16, 2.0), Table("b", 57, 32, 1.0), Table("c", 1001, 16, 3.0),
@@ -48,6 +48,8 @@ def _shards(records: dict) -> dict:
 def test_a_torchrec_plan_round_trips_with_identical_shards(tmp_path):
     module_plan = _torchrec_plan()
     original = {name: record_of(sharding) for name, sharding in module_plan.items()}
+    from torchrec.distributed.types import ShardingPlan
+    assert sharding_plan_json(ShardingPlan({"sparse.ebc": module_plan})) == {"sparse.ebc": original}
     # The Python way in: TorchRec's objects.
     plan = plan_from_torchrec(module_plan, TABLES, num_devices=4)
     assert {plan.sharding_type(t.name) for t in plan.tables} == {"table_wise", "column_wise", "row_wise", "mixed"}

@@ -47,6 +47,16 @@ def record_of(sharding: Any) -> dict:
             "ranks": list(getattr(sharding, "ranks", None) or []), "sharding_spec": shards}
 
 
+def sharding_plan_json(plan: Any) -> dict:
+    """TorchRec's ``ShardingPlan`` (or one module's plan) as the plain JSON ``plan import``
+    reads: ``{module path: {table: record}}`` (``{table: record}`` for one module)."""
+    plan = getattr(plan, "plan", plan)
+    if all(hasattr(v, "sharding_spec") for v in dict(plan).values()):
+        return {name: record_of(sharding) for name, sharding in dict(plan).items()}
+    return {path: {name: record_of(sharding) for name, sharding in dict(module_plan).items()}
+            for path, module_plan in dict(plan).items()}
+
+
 def table_records(source: Any, where: str = "<torchrec plan>") -> tuple[dict[str, dict], int | None]:
     """Per-table JSON records of any accepted form, and the world size when it says one."""
     world = None
