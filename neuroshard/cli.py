@@ -55,9 +55,6 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="neuroshard",
-                           description="Shard DLRM embedding tables with pre-trained neural cost models.")
 class OneLineParser(argparse.ArgumentParser):
     """An argument parser whose usage errors are one line (no usage block), exit 2."""
 
@@ -65,6 +62,9 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="neuroshard",
+                           description="Shard DLRM embedding tables with pre-trained neural cost models.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
