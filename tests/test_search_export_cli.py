@@ -138,3 +138,26 @@ def test_cli_search_writes_a_valid_plan_and_exports_it(tmp_path):
                    "-a", "size", "-o", tmp_path / "never.json")
     assert done.returncode == 2 and done.stderr.startswith("neuroshard: error:") and "too much" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "never.json").exists()
+
+
+def test_searched_plans_export_for_torchrec():
+    """Plans our searches write (row splits forced by memory included) are layouts
+    TorchRec runs: the exporter refuses none of them."""
+    import numpy as np
+    from neuroshard.search import shard
+    models = analytic_cost_models()
+    rng = np.random.default_rng(7)
+    kinds: set[str] = set()
+    for task in range(8):
+        devices = [2, 4][task % 2]
+        tables = TableSet(f"task{task}", [Table(f"t{i}", int(rng.integers(50, 20000)),
+                                                int(rng.choice([4, 12, 16, 20, 32])), float(rng.uniform(0.5, 30)),
+                                                {"zipf_alpha": float(rng.uniform(0.5, 1.3))})
+                                          for i in range(int(rng.integers(3, 10)))], 512)
+        memory = int(tables.total_bytes(4) / devices * rng.uniform(1.05, 2.0))
+        for algorithm in ("neuroshard", "bayes", "size"):
+            plan = shard(tables, devices=devices, memory=memory, algorithm=algorithm, cost_models=models, seed=task,
+                         **({"n_trials": 16} if algorithm == "bayes" else {}))
+            exported = torchrec_sharding(plan, compute_device="cpu")
+            kinds |= {r["sharding_type"] for r in exported["tables"].values()}
+    assert {"table_wise", "column_wise", "row_wise"} <= kinds

@@ -70,8 +70,8 @@ def greedy_by_key(sim: Simulator, memory_bytes: int, key: str, seed: int = 0) ->
             used[d] += sizes[s]
         return Placement(pieces, devices)
 
-    start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe)
-    placed = place_with_splits(start, place, bpe)
+    start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe, num_devices=sim.num_devices)
+    placed = place_with_splits(start, place, bpe, num_devices=sim.num_devices)
     placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
     placed.details = {"parameters": {"key": key, "seed": seed}, "simulated_cost_ms": placed.cost_ms}
     return placed

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import NeuroShardError
 from .neuroshard import greedy_place
-from .rowwise import place_with_splits, split_for_memory, split_rows
+from .rowwise import local_ranks, place_with_splits, split_for_memory, split_rows
 from .simulator import Piece, Placement, Simulator, whole_pieces
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
 
     params = params or BayesParams()
     bpe = sim.bytes_per_element
-    start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe)
+    start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe, num_devices=sim.num_devices)
     start_strips: dict[Piece, int] = {}  # full-height column strip -> its row blocks after memory splits
     for piece in start:
         table = sim.tables[piece.table]
@@ -54,6 +54,7 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
     table_blocks = {}  # row blocks per table: the same for all its strips (a regular grid, see rowwise)
     for strip, blocks in start_strips.items():
         table_blocks[strip.table] = max(blocks, table_blocks.get(strip.table, 1))
+    valid_rows = sorted({local_ranks(sim.num_devices), sim.num_devices})
     table_costs = sim.single_costs_ms(whole_pieces(sim.tables))
     searched = [int(t) for t in np.argsort(-table_costs, kind="stable")[:params.max_tables]]
     mean_width = sim.total_dim / sim.num_devices
@@ -67,7 +68,9 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
             parts = [strip]
             for _ in range(halvings.get(strip.table, 0)):
                 parts = [h for p in parts for h in (p.halve_cols() if p.can_halve_cols() else (p,))]
-            rows = max(table_blocks[strip.table], min(row_parts.get(strip.table, 1), sim.num_devices))
+            rows = max(table_blocks[strip.table], row_parts.get(strip.table, 1))
+            if rows > 1:  # up to the next row split TorchRec runs: one host's ranks, all ranks
+                rows = min((p for p in valid_rows if p >= rows), default=rows)
             pieces += [r for p in parts for r in split_rows(p, rows)]
         return sorted(pieces), math.ceil(cap)
 
@@ -99,7 +102,8 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
 
     if best is None:  # no trial packed: fall back to the unsplit state with extra memory splits
         log.info("no Bayesian trial fit in memory; placing with extra memory splits")
-        best = place_with_splits(start, lambda pieces: _feasible(sim, pieces, greedy(pieces, math.inf)), bpe)
+        best = place_with_splits(start, lambda pieces: _feasible(sim, pieces, greedy(pieces, math.inf)), bpe,
+                                 num_devices=sim.num_devices)
     best.details = {"parameters": {**asdict(params), "seed": seed}, "simulated_cost_ms": best.cost_ms,
                     "best_trial": study.best_trial.params if study.best_value < 1e30 else None}
     return best

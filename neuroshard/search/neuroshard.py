@@ -3,10 +3,12 @@
 Two levels, both judged by the simulator (the pre-trained cost models):
 
 * **Beam search over splits.** A state is a set of pieces (the tables, some of them
-  split). A step halves one piece: along columns (widths stay multiples of 4) for
-  the top-n pieces by size and the top-n by predicted cost, and along rows for the
-  top-n by cost (hot tables, as in ZionEX; the simulator charges the reduction a
-  row split adds). The k cheapest children form the next beam; L steps at most.
+  split). A step halves one piece's column strip along columns (widths stay
+  multiples of 4) for the top-n pieces by size and the top-n by predicted cost, or
+  cuts the table of one of the top-n by cost into more row blocks (hot tables, as in
+  ZionEX; the simulator charges the reduction a row split adds): as many as one
+  host's ranks, then all ranks, TorchRec's row-wise layouts (``rowwise``). The k
+  cheapest children form the next beam; L steps at most.
 * **Greedy grid search for placement.** For one state: sort the pieces by predicted
   single-piece cost, put each on the least-loaded device (sum of predicted costs)
   that has memory for it and stays under a per-device width cap; sweep the cap over
@@ -32,7 +34,7 @@ import numpy as np
 
 from ..errors import NeuroShardError
 from .baselines import GREEDY_KEYS, greedy_by_key
-from .rowwise import halve_strip_cols, place_with_splits, split_for_memory, split_table_rows
+from .rowwise import halve_strip_cols, local_ranks, place_with_splits, split_for_memory, split_table_rows
 from .simulator import Piece, Placement, Simulator, whole_pieces
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,7 @@ class NeuroShardParams:
     top_n: int = 3               # candidate pieces per state: top-n by size, top-n by cost
     grid_size: int = 8           # width caps tried by the greedy placement
     max_cap_factor: float = 1.5  # caps from 1x to this x the mean width per device (plus no cap)
-    row_splits: bool = True      # also try halving hot pieces along rows
+    row_splits: bool = True      # also try splitting hot tables along rows
     patience: int = 3            # stop after this many steps without a better plan
     refine_steps: int = 16       # most single-piece moves off the slowest device at the end
     baseline_seeds: bool = True  # also start refinement from the best classic greedy plan when cheaper
@@ -67,9 +69,9 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
     """The cheapest placement found for ``sim``'s tables on its devices."""
     params = params or NeuroShardParams()
     bpe = sim.bytes_per_element
-    start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe, params.row_splits)
+    start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe, params.row_splits, sim.num_devices)
     best = place_with_splits(start, lambda pieces: place_many(sim, [pieces], memory_bytes, params)[0],
-                             bpe, params.row_splits)
+                             bpe, params.row_splits, num_devices=sim.num_devices)
     beam, seen, stale = [best], {tuple(best.pieces)}, 0
     for step in range(params.depth):
         children = []
@@ -130,15 +132,17 @@ def refine(sim: Simulator, placement: Placement, memory_bytes: int, steps: int) 
 
 def split_children(sim: Simulator, pieces: list[Piece], params: NeuroShardParams) -> list[list[Piece]]:
     """States one split away: the column strips of the top-n pieces by size and by cost
-    halved along columns, the tables of the top-n by cost re-cut into twice the row
-    blocks, at most one per device (whole strips and tables: see ``rowwise``)."""
+    halved along columns, the tables of the top-n by cost re-cut into more row blocks:
+    one host's ranks, then all ranks, as TorchRec runs them (whole strips and tables:
+    see ``rowwise``)."""
     sizes = np.array([p.size_bytes(sim.bytes_per_element) for p in pieces], dtype=np.float64)
     costs = sim.single_costs_ms(pieces)
     by_size = [int(i) for i in np.argsort(-sizes, kind="stable")[:params.top_n]]
     by_cost = [int(i) for i in np.argsort(-costs, kind="stable")[:params.top_n]]
     children = [halve_strip_cols(pieces, i) for i in dict.fromkeys(by_size + by_cost)]
     if params.row_splits:
-        children += [split_table_rows(pieces, i, max_parts=sim.num_devices) for i in by_cost]
+        valid = sorted({local_ranks(sim.num_devices), sim.num_devices})  # the row splits TorchRec runs
+        children += [split_table_rows(pieces, i, valid_parts=valid) for i in by_cost]
     unique = {tuple(c): c for c in children if c is not None}
     return list(unique.values())
 

@@ -14,8 +14,8 @@ Halving blocks one inside another does not give that (1,000,001 rows halved twic
 remap it exactly. So the planner never halves a single row block: a table is a
 regular grid, column *strips* (full-height column ranges) each cut into the same ``k``
 ceil blocks of the table's rows. A row split re-cuts every strip of the table into
-``2k`` ceil blocks (``split_table_rows``; the search goes no further than one block
-per device), a column split halves every block of one strip (``halve_strip_cols``),
+``2k`` ceil blocks, or straight into the block counts TorchRec runs (one host's
+ranks, all ranks: ``split_table_rows``, as the NeuroShard search does), a column split halves every block of one strip (``halve_strip_cols``),
 and ``split_rows`` cuts a strip into ceil blocks. Every row split we write then has
 TorchRec's block sizes; whether its devices suit TorchRec (row block ``i`` on rank
 ``i`` of all ranks or of one host) the exporter (``export.torchrec_sharding``)
@@ -96,10 +96,11 @@ def strip_of(pieces: Sequence[Piece], i: int) -> list[int]:
 
 
 def split_table_rows(pieces: Sequence[Piece], i: int, parts: int | None = None,
-                     max_parts: int | None = None) -> list[Piece] | None:
+                     max_parts: int | None = None, valid_parts: Sequence[int] | None = None) -> list[Piece] | None:
     """The pieces with every column strip of ``pieces[i]``'s table re-cut into ``parts``
-    ceil blocks of the table's rows (default: twice its blocks now), so the table stays a
-    regular grid; None when that changes nothing or needs more than ``max_parts`` blocks."""
+    ceil blocks of the table's rows (default: the smallest of ``valid_parts`` above its
+    blocks now, or twice its blocks), so the table stays a regular grid; None when that
+    changes nothing or needs more than ``max_parts`` blocks."""
     table = pieces[i].table
     mine = [j for j, q in enumerate(pieces) if q.table == table]
     strips: dict[tuple[int, int], list[Piece]] = {}
@@ -107,6 +108,10 @@ def split_table_rows(pieces: Sequence[Piece], i: int, parts: int | None = None,
         q = pieces[j]
         strips.setdefault((q.col_offset, q.num_cols), []).append(q)
     blocks = max(len(b) for b in strips.values())
+    if parts is None and valid_parts is not None:
+        parts = min((p for p in valid_parts if p > blocks), default=None)
+        if parts is None:
+            return None
     parts = 2 * blocks if parts is None else parts
     if max_parts is not None and parts > max_parts:
         return None
@@ -192,10 +197,11 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
                         ) -> tuple[list[Piece], np.ndarray]:
     """Pieces and devices where every row-split table is laid out as TorchRec runs it.
     After ``align_row_blocks``, a table that is still not (blocks of one strip on
-    repeated devices, strips cut differently) gets the cheaper (by ``cost``) of: its
-    strips re-cut into one host's ``L`` blocks on that host's ranks in order, or its
-    strips joined, each on the device holding most of it; memory permitting, else it
-    stays as it is (and the exporter refuses it)."""
+    repeated devices or on ranks TorchRec does not use, strips cut differently) gets the
+    cheapest (by ``cost``) that fits memory of: its strips re-cut into one host's ``L``
+    blocks on that host's ranks in order (every host), into ``W`` blocks on all ranks,
+    or joined (each strip on the device holding most of it). When none fits it stays
+    as it is, and the exporter refuses it."""
     pieces, devices = align_row_blocks(pieces, devices, bytes_per_element, memory_bytes)
     local = local_ranks(num_devices)
     for table in sorted({p.table for p in pieces}):
@@ -205,24 +211,33 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
             strips.setdefault((pieces[j].col_offset, pieces[j].num_cols), []).append((pieces[j], int(devices[j])))
         if _runnable(strips, num_devices):
             continue
-        rest = [(p, int(d)) for j, (p, d) in enumerate(zip(pieces, devices.tolist())) if j not in set(mine)]
-        options = []
-        host = next(iter(strips.values()))[0][1] // local
-        recut, joined = [], []
+        others = set(range(len(pieces))) - set(mine)
+        rest = [(pieces[j], int(devices[j])) for j in sorted(others)]
+        layouts = [[h * local + i for i in range(local)] for h in range(num_devices // local)]
+        if local != num_devices:
+            layouts.append(list(range(num_devices)))
+        joined = []
+        candidates = []
+        for ranks in layouts:
+            recut: list[tuple[Piece, int]] | None = []
+            for (col, cols), blocks in strips.items():
+                whole = Piece(table, min(p.row_offset for p, _ in blocks), sum(p.num_rows for p, _ in blocks), col, cols)
+                cut = split_rows(whole, len(ranks))
+                if len(cut) != len(ranks):  # fewer rows than ranks: no row-wise layout
+                    recut = None
+                    break
+                recut += list(zip(cut, ranks))
+            if recut is not None:
+                candidates.append(recut)
         for (col, cols), blocks in strips.items():
-            rows = sum(p.num_rows for p, _ in blocks)
-            first = min(p.row_offset for p, _ in blocks)
-            whole = Piece(table, first, rows, col, cols)
-            recut += [(b, host * local + i) for i, b in enumerate(split_rows(whole, local))]
-            if rows < local:
-                recut = [(whole, -1)]  # fewer rows than ranks: no row-wise layout
             share: dict[int, int] = {}
             for p, d in blocks:
                 share[d] = share.get(d, 0) + p.num_rows
+            whole = Piece(table, min(p.row_offset for p, _ in blocks), sum(p.num_rows for p, _ in blocks), col, cols)
             joined.append((whole, max(share, key=lambda d: (share[d], -d))))
-        for option in (recut, joined):
-            if any(d < 0 for _, d in option):
-                continue
+        candidates.append(joined)
+        options = []
+        for option in candidates:
             placed = sorted(rest + option)
             cand_pieces = [p for p, _ in placed]
             cand_devices = np.array([d for _, d in placed], dtype=np.int64)
@@ -235,9 +250,10 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
 
 
 def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_element: int,
-                     row_splits: bool = True) -> list[Piece]:
+                     row_splits: bool = True, num_devices: int | None = None) -> list[Piece]:
     """Split every piece larger than a device: column halves while possible, then the
-    fewest equal row ranges that fit."""
+    fewest row blocks that fit; with ``num_devices``, as many as TorchRec runs (one
+    host's ranks, or all ranks) when that many are enough."""
     out: list[Piece] = []
     todo = list(pieces)
     while todo:
@@ -249,7 +265,10 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_eleme
             todo.extend(piece.halve_cols())
         elif row_splits:
             max_rows = max(1, memory_bytes // (piece.num_cols * bytes_per_element))
-            out.extend(split_rows(piece, math.ceil(piece.num_rows / max_rows)))
+            parts = math.ceil(piece.num_rows / max_rows)
+            if num_devices is not None:
+                parts = min((p for p in (local_ranks(num_devices), num_devices) if p >= parts), default=parts)
+            out.extend(split_rows(piece, parts))
         else:
             raise InfeasibleError(f"a shard of table #{piece.table} ({piece.num_rows} rows x {piece.num_cols} "
                                   f"columns) is {format_bytes(size - memory_bytes)} over device memory and "
@@ -257,11 +276,14 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_eleme
     return sorted(out)
 
 
-def halve_largest(pieces: Sequence[Piece], bytes_per_element: int, row_splits: bool = True) -> list[Piece] | None:
+def halve_largest(pieces: Sequence[Piece], bytes_per_element: int, row_splits: bool = True,
+                  num_devices: int | None = None) -> list[Piece] | None:
     """The pieces with the largest splittable one's strip halved along columns, else its
     table re-cut into twice the row blocks; None when nothing can be split further."""
     for i in sorted(range(len(pieces)), key=lambda i: -pieces[i].size_bytes(bytes_per_element)):
         split = halve_strip_cols(pieces, i)
+        if split is None and row_splits and num_devices is not None:  # TorchRec's block counts first
+            split = split_table_rows(pieces, i, valid_parts=sorted({local_ranks(num_devices), num_devices}))
         if split is None and row_splits:
             split = split_table_rows(pieces, i)
         if split is not None:
@@ -270,7 +292,8 @@ def halve_largest(pieces: Sequence[Piece], bytes_per_element: int, row_splits: b
 
 
 def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], PlacedT | None],
-                      bytes_per_element: int, row_splits: bool = True, max_rounds: int = 256) -> PlacedT:
+                      bytes_per_element: int, row_splits: bool = True, max_rounds: int = 256,
+                      num_devices: int | None = None) -> PlacedT:
     """``place(pieces)``; while it cannot pack the pieces into memory, halve the largest
     piece and try again. InfeasibleError when splitting does not help."""
     current = list(pieces)
@@ -280,7 +303,7 @@ def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], Pl
             if round_:
                 log.info("packed after %d extra memory splits (%d shards)", round_, len(current))
             return placed
-        smaller = halve_largest(current, bytes_per_element, row_splits)
+        smaller = halve_largest(current, bytes_per_element, row_splits, num_devices)
         if smaller is None:
             break
         current = smaller
