@@ -12,6 +12,8 @@ and bayes. Then ALL plans of the task are measured in ONE interleaved run of
 ``neuroshard measure`` (``runtime.measure_plan.measure_plans``: each device's shards as
 one fused kernel, devices of all plans taking turns, median over rounds), together with
 an A/A control: the measured-greedy plan (the baseline to beat) a second time.
+With ``--calibrate`` each task first calibrates the cost models on its own tables
+(``neuroshard.costmodels.calibrate``) and adds NeuroShard's plan against them.
 
 Printed per family, per algorithm: measured max-device compute as a ratio to the best
 baseline of the task (five greedy, measured-greedy, TorchRec; geometric mean and worst),
@@ -40,15 +42,18 @@ from neuroshard.errors import NeuroShardError
 from neuroshard.runtime.measure_plan import measure_plans
 from neuroshard.search.api import GREEDY_ALGORITHMS, shard
 from neuroshard.search.torchrec_planner import torchrec_available
+from neuroshard.tables import TableSet
 
 log = logging.getLogger("plan_benchmark")
 
 CONTROL = "control"  # the A/A control: the measured-greedy plan measured a second time
+CALIBRATED = "neuroshard-calibrated"  # with --calibrate: NeuroShard against models calibrated on the task
 #: columns of tasks.csv (every task's rows are written in this order)
 COLUMNS = ["family", "devices", "task", "tables", "memory_bytes", "algorithm", "failed", "max_compute_ms",
            "ratio_to_best_baseline", "balance", "estimated_max_compute_ms", "estimate_gmae", "estimate_spearman",
            "max_total_ms", "search_time_s", "a2a_bytes_per_device", "a2a_ratio_to_best_baseline", "shards",
-           "aa_ratio", "measure_seconds", "hardware"]
+           "aa_ratio", "measure_seconds", "hardware", "calibration_s", "estimate_gmae_calibrated",
+           "estimate_spearman_calibrated"]
 
 
 def algorithms(include_torchrec: bool) -> list[str]:
@@ -66,9 +71,31 @@ def a2a_bytes_per_device(plan, batch_size: int) -> float:
     return max(widths) * batch_size * 4 * share
 
 
+def estimate_errors(plan, tables, compute_ms: list[float], models) -> tuple[float, float]:
+    """(GMAE, Spearman over devices) of ``models``' compute estimate against measured compute."""
+    from scipy.stats import spearmanr
+
+    from neuroshard.costmodels.metrics import gmae
+    from neuroshard.search.simulator import Simulator
+    at_batch = TableSet(tables.name, list(tables), models.batch_size, tables.extra)
+    est = Simulator(at_batch, plan.num_devices, models, plan.bytes_per_element).evaluate_plan(plan).compute_ms[0]
+    keep = [i for i, c in enumerate(compute_ms) if c > 0]
+    rho = spearmanr(est[keep], np.array(compute_ms)[keep]).statistic if len(keep) > 2 else float("nan")
+    return gmae(est[keep], np.array(compute_ms)[keep]), float(rho)
+
+
 def run_task(family: str, devices: int, index: int, tables, memory: int, args, models) -> list[dict]:
     """Plan the task with every algorithm, measure all plans in one interleaved run."""
     plans, rows = {}, []
+    calibrated = None
+    if args.calibrate:
+        from neuroshard.costmodels.calibrate import calibrate
+        start = time.perf_counter()
+        calibrated, report = calibrate(tables, models, devices=devices, sets=args.calibration_sets, seed=index)
+        log.info("%s task %d: %s", family, index, report.format())
+        start = time.perf_counter() - start
+        plans[CALIBRATED] = shard(tables, devices=devices, memory=memory, cost_models=calibrated, seed=index)
+        plans[CALIBRATED].provenance["calibration_s"] = start
     for algo in algorithms(args.torchrec):
         params = {"n_trials": args.bayes_trials} if algo == "bayes" else {}
         if algo == "measured-greedy":
@@ -92,7 +119,11 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                      "estimate_spearman": p.error_spearman, "max_total_ms": p.max_total_ms,
                      "search_time_s": p.plan.provenance.get("search_time_s", float("nan")),
                      "a2a_bytes_per_device": a2a_bytes_per_device(p.plan, tables.batch_size),
-                     "shards": len(p.plan.shards), "failed": ""})
+                     "shards": len(p.plan.shards), "failed": "",
+                     "calibration_s": p.plan.provenance.get("calibration_s", float("nan"))})
+        if calibrated is not None:
+            rows[-1]["estimate_gmae_calibrated"], rows[-1]["estimate_spearman_calibrated"] = estimate_errors(
+                p.plan, tables, p.compute_ms, calibrated)
     measured = {r["algorithm"]: r["max_compute_ms"] for r in rows if not r.get("failed")}
     best = min((measured[b] for b in baselines(args.torchrec) if b in measured), default=float("nan"))
     best_bytes = min((r["a2a_bytes_per_device"] for r in rows if r["algorithm"] in baselines(args.torchrec)
@@ -130,6 +161,9 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                         "a2a_MB_per_device": float(g["a2a_bytes_per_device"].mean() / 1e6),
                         "a2a_ratio": float(np.exp(np.log(g["a2a_ratio_to_best_baseline"]).mean())),
                         "no_plan": failed})
+            if g["estimate_gmae_calibrated"].notna().any():
+                out[-1].update(estimate_gmae_calibrated=float(g["estimate_gmae_calibrated"].mean()),
+                               estimate_spearman_calibrated=float(g["estimate_spearman_calibrated"].mean()))
     summary = pd.DataFrame(out)
     aa = df[df["algorithm"] == "A/A"]
     if len(aa):
@@ -172,6 +206,11 @@ def main() -> None:
     parser.add_argument("--bayes-trials", type=int, default=48)
     parser.add_argument("--cost-model", default=None, help="checkpoint (default: the shipped one)")
     parser.add_argument("--no-torchrec", dest="torchrec", action="store_false")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="also calibrate the cost models on each task (neuroshard calibrate) and plan it with "
+                             "NeuroShard against them ('neuroshard-calibrated'); errors of both models reported")
+    parser.add_argument("--calibration-sets", type=int, default=120,
+                        help="random sets measured per calibration (default: 120)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true",
                         help="1 task per family on 4 devices with 10-15 tables per device")

@@ -37,6 +37,21 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from ..search.api import resolve_cost_models
+    from ..tables import TableSet
+    from ..validate import check_output
+    from .calibrate import calibrate
+    check_output(args.output, [args.tables, args.cost_model], "checkpoint")
+    tables = TableSet.read(args.tables)
+    calibrated, report = calibrate(tables, resolve_cost_models(args.cost_model), devices=args.devices,
+                                   sets=args.sets, seed=args.seed)
+    calibrated.save(args.output)
+    print(report.format())
+    print(f"wrote {args.output} ({calibrated.name})")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this stage's subcommands."""
     from pathlib import Path
@@ -60,6 +75,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="save the models trained on the training tables only (default: retrain the same recipe "
                         "on all data after the held-out evaluation)")
     p.set_defaults(func=_pretrain)
+
+    from .calibrate import DEFAULT_SETS
+    p = sub.add_parser("calibrate", help="fine-tune the cost models on this machine and these tables",
+                       description="Time the task's tables on this machine (each table alone, then random "
+                                   "device-sized sets of them) and fine-tune the pre-trained compute model on the "
+                                   "measurements; prints the held-out error before and after.")
+    p.add_argument("tables", help="tables file (neuroshard.tables/v1) of the task")
+    p.add_argument("--cost-model", default=None, metavar="MODEL.pt", help="pre-trained checkpoint (default: shipped)")
+    p.add_argument("-d", "--devices", type=int_in(1, 1024, "a device count"), default=8,
+                   help="devices the plans will use: random sets hold about tables/devices shards (default: 8)")
+    p.add_argument("--sets", type=int_in(8, 100000, "a set count"), default=DEFAULT_SETS,
+                   help=f"random sets measured (default: {DEFAULT_SETS})")
+    p.add_argument("--seed", type=seed_int, default=0)
+    p.add_argument("-o", "--output", required=True, help="calibrated checkpoint to write (MODEL.pt)")
+    p.set_defaults(func=_calibrate)
 
     cm = sub.add_parser("costmodel", help="inspect cost-model checkpoints", description="Inspect checkpoints.")
     cm_sub = cm.add_subparsers(dest="costmodel_command", required=True, metavar="ACTION")

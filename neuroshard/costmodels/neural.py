@@ -206,6 +206,45 @@ class NeuralComputeModel(ComputeCostModel):
                                                   hp["seed"], "compute model")
         return self
 
+    def fine_tune(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray, val_sets: Sequence[np.ndarray],
+                  val_costs_ms: np.ndarray, epochs: int = 200, lr: float = 5e-4, patience: int = 40
+                  ) -> "NeuralComputeModel":
+        """Continue training the fitted network on new measurements (on-site calibration:
+        other hardware, other tables). Normalisation and the analytic prior stay; the
+        input, prior and residual ranges widen to cover the new sets, so shards and set
+        sizes the pre-training never saw are no longer clipped away."""
+        if self.net is None:
+            raise NeuroShardError("the neural compute model is not trained; call fit or load a checkpoint")
+        hp = self.hparams
+        costs_ms = np.asarray(costs_ms, dtype=np.float64)
+        padded, mask = pad_sets([*sets, *val_sets])
+        real = (padded[mask > 0] - self.x_mean) / self.x_std
+        self.x_lo, self.x_hi = np.minimum(self.x_lo, real.min(0)), np.maximum(self.x_hi, real.max(0))
+        if self.prior is not None:
+            log_prior = np.log(np.maximum(self.prior.predict([*sets, *val_sets]), 1e-6))
+            normed = (log_prior - self.prior_mean) / self.prior_std
+            self.prior_range = (min(self.prior_range[0], float(normed.min())),
+                                max(self.prior_range[1], float(normed.max())))
+        x, m, s, base = self._inputs(sets)
+        residual = np.log(costs_ms) - base
+        self.residual_range = (min(self.residual_range[0], float(residual.min())),
+                               max(self.residual_range[1], float(residual.max())))
+        target = torch.from_numpy(((residual - self.y_mean) / self.y_std).astype(np.float32))
+        vx, vm, vs, vbase = self._inputs(val_sets)
+        vy = torch.from_numpy((np.log(np.asarray(val_costs_ms, dtype=np.float64)) - vbase).astype(np.float32))
+
+        def loss_of(net: nn.Module, rows: np.ndarray) -> torch.Tensor:
+            r = torch.from_numpy(rows)
+            return nn.functional.smooth_l1_loss(net(x[r], m[r], s[r]), target[r], beta=0.05)
+
+        def val_loss(net: nn.Module) -> float:
+            return float((net(vx, vm, vs) * self.y_std + self.y_mean - vy).abs().mean())
+
+        self.net, self.val_loss = train_regressor(self.net, loss_of, len(sets), val_loss, epochs,
+                                                  min(hp["batch_size"], max(8, len(sets) // 4)), lr,
+                                                  hp["weight_decay"], patience, hp["seed"], "calibration")
+        return self
+
     @torch.no_grad()
     def predict(self, sets: Sequence[np.ndarray], chunk: int = 8192) -> np.ndarray:
         if self.net is None:

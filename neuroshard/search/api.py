@@ -13,7 +13,7 @@ from ..errors import InfeasibleError, NeuroShardError
 from ..plan import Plan
 from ..tables import Table, TableSet
 from ..validate import (MAX_LOOKUPS_PER_BATCH, MAX_TABLES, check_batch_size, check_bytes_per_element, check_devices,
-                        check_memory, check_seed)
+                        check_int, check_memory, check_seed)
 from .rowwise import check_feasible, runnable_row_splits
 from .simulator import Placement, Simulator
 
@@ -159,20 +159,24 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
     if getattr(models, "path", None):
         provenance["cost_model_path"] = str(models.path)
     provenance["neuroshard_version"] = __version__
+    if "fallback" in placement.details:  # the search could not pack: a baseline's plan, and why
+        provenance["fallback"] = placement.details["fallback"]
     plan = Plan(list(sim.tables.tables), sim.to_shards(placement.pieces, placement.devices), sim.num_devices,
                 memory_bytes, sim.bytes_per_element, sim.tables.name, estimate, provenance)
     return plan.validate()
 
 
 def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algorithm: str = "neuroshard",
-          cost_models: Any = None, bytes_per_element: int = 4, seed: int = 0,
+          cost_models: Any = None, bytes_per_element: int = 4, seed: int = 0, calibrate: bool | int = False,
           **params: Any) -> Plan:
     """Search a sharding plan for ``tables`` over ``devices`` devices of ``memory`` each
     (bytes, or a size like ``"16GiB"``) with ``algorithm`` (one of ``ALGORITHMS``),
     against ``cost_models`` (a ``CostModels``, a checkpoint path, or None for the
     shipped one). ``params`` go to the algorithm (e.g. ``beam_width=4``). The plan is
     validated and carries ``estimate`` and ``provenance``. Raises InfeasibleError when
-    the tables cannot fit."""
+    the tables cannot fit. ``calibrate=True`` (or a number of random sets) first
+    calibrates the cost models on this machine and these tables
+    (``costmodels.calibrate.calibrated_models``, cached per machine and task)."""
     tables = as_table_set(tables)
     devices = check_devices(devices)
     bytes_per_element = check_bytes_per_element(bytes_per_element)
@@ -184,7 +188,12 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algor
     if not isinstance(row_splits, bool):
         raise NeuroShardError(f"parameter row_splits must be true or false, got {row_splits!r}")
     check_feasible(tables, devices, memory_bytes, bytes_per_element, row_splits)
-    sim = Simulator(tables, devices, resolve_cost_models(cost_models), bytes_per_element)
+    models = resolve_cost_models(cost_models)
+    if calibrate is not False:
+        from ..costmodels.calibrate import DEFAULT_SETS, calibrated_models
+        sets = DEFAULT_SETS if calibrate is True else check_int(calibrate, "calibrate (random sets)", 8, 100000)
+        models = calibrated_models(tables, models, devices=devices, sets=sets)
+    sim = Simulator(tables, devices, models, bytes_per_element)
     start = time.perf_counter()
     placement = search_placement(sim, memory_bytes, algorithm, seed, **params)
     elapsed = time.perf_counter() - start

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, memory_size, seed_int
+from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, int_in, memory_size, seed_int
 
 ALGORITHM_CHOICES = ("neuroshard", "random", "size", "dim", "lookup", "size-lookup", "measured-greedy", "bayes",
                      "torchrec")
@@ -32,7 +32,8 @@ def _search(args: argparse.Namespace) -> int:
     check_output(args.output, [args.tables, args.cost_model], "plan file")
     tables = TableSet.read(args.tables)
     plan = shard(tables, devices=args.devices, memory=args.memory, algorithm=args.algorithm,
-                 cost_models=args.cost_model, bytes_per_element=args.bytes_per_element, seed=args.seed,
+                 calibrate=args.calibrate, cost_models=args.cost_model, bytes_per_element=args.bytes_per_element,
+                 seed=args.seed,
                  **dict(args.param or []))
     plan.write(args.output)
     print(plan.format_summary())
@@ -76,9 +77,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-m", "--memory", type=memory_size, required=True,
                    help="memory per device for embeddings, e.g. 16GiB, 16GB, bytes")
     p.add_argument("-a", "--algorithm", choices=ALGORITHM_CHOICES, default="neuroshard",
-                   help="search algorithm (default: neuroshard)")
+                   help="search algorithm (default: neuroshard); measured-greedy times every table on this "
+                        "machine, so run it on the hardware the plan is for")
     p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
                    help="cost-model checkpoint (default: the shipped one)")
+    p.add_argument("--calibrate", nargs="?", const=True, default=False, type=int_in(8, 100000, "a set count"),
+                   metavar="SETS", help="first calibrate the cost models on this machine and these tables (as "
+                   "`neuroshard calibrate`, with SETS random sets, default 200; a few minutes, cached per machine, "
+                   "checkpoint and tables)")
     p.add_argument("--bytes-per-element", type=bytes_per_element_int, default=4,
                    help="bytes per weight counted in memory (default: 4)")
     p.add_argument("--seed", type=seed_int, default=0)

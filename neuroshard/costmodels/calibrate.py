@@ -1,0 +1,180 @@
+"""On-site calibration: fine-tune the pre-trained compute model on this machine and these tables.
+
+The shipped checkpoint is pre-trained on one machine over augmented tables; a user's
+hardware and tables differ. ``calibrate`` measures this machine on the task's own
+tables, in a few minutes, and fine-tunes the pre-trained model on the measurements
+(universal first, specific second):
+
+1. every table alone (one shard set per table, whole tables; rows capped as in
+   ``neuroshard measure``);
+2. ``sets`` random device-sized sets drawn from the task: about tables / devices
+   shards each (1 to 3x that), some tables halved by columns or cut into row
+   blocks, as the search proposes them.
+
+All are timed with ``neuroshard measure``'s protocol (``runtime.measure_plan.time_devices``)
+at the cost models' batch size, and described with the features the simulator gives
+the same pieces, so the calibrated model predicts exactly what the search will ask.
+A quarter of the random sets is held out: the model's error on them before and after
+fine-tuning is reported. The calibrated models keep the pre-trained communication
+models and record the calibration in ``hardware`` and ``metrics``.
+
+``calibrated_models`` caches the result under ``$XDG_CACHE_HOME/neuroshard`` (default
+``~/.cache/neuroshard``), keyed by the hardware fingerprint, the checkpoint, the tables
+and the settings: ``neuroshard search --calibrate`` calibrates once per task and machine.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import NeuroShardError
+from ..kernels import DEFAULT_MAX_ROWS
+from ..tables import TableSet
+from .base import CostModels
+from .metrics import gmae
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SETS = 200
+#: most weight bytes (rows capped) one measured set may take
+MAX_SET_BYTES = 3 << 30
+
+
+@dataclass
+class CalibrationReport:
+    """What calibration measured and how much it helped (errors on held-out sets)."""
+
+    tables: int
+    sets_measured: int
+    held_out: int
+    gmae_before: float
+    gmae_after: float
+    seconds: float
+
+    def format(self) -> str:
+        return (f"calibrated on {self.sets_measured} measured sets ({self.tables} tables alone + random device-sized "
+                f"sets) in {self.seconds:.0f} s; compute GMAE on {self.held_out} held-out sets: "
+                f"{100 * self.gmae_before:.1f}% before, {100 * self.gmae_after:.1f}% after")
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _random_sets(tables: TableSet, devices: int, count: int, row_cap: int, rng: np.random.Generator):
+    """``count`` random sets of pieces (Simulator ``Piece``s): about tables/devices pieces
+    each, some halved by columns or cut into row halves, within ``MAX_SET_BYTES``."""
+    from ..search.simulator import Piece
+    per_device = max(1, round(len(tables) / devices))
+    sets = []
+    for _ in range(count):
+        size = int(rng.integers(max(1, per_device // 2), 3 * per_device + 1))
+        chosen = rng.choice(len(tables), size=min(size, len(tables)), replace=False)
+        pieces, used = [], 0
+        for i in chosen:
+            t = tables[int(i)]
+            piece = Piece(int(i), 0, t.num_embeddings, 0, t.embedding_dim)
+            if piece.can_halve_cols() and rng.random() < 0.3:
+                piece = piece.halve_cols()[int(rng.integers(2))]
+            elif piece.can_halve_rows() and rng.random() < 0.1:
+                piece = piece.halve_rows()[int(rng.integers(2))]
+            weight = min(piece.num_rows, row_cap) * piece.num_cols * 4
+            if used + weight > MAX_SET_BYTES:
+                continue
+            pieces.append(piece)
+            used += weight
+        if pieces:
+            sets.append(pieces)
+    return sets
+
+
+def calibrate(tables: TableSet, models: CostModels, devices: int = 8, sets: int = DEFAULT_SETS, seed: int = 0,
+              row_cap: int = DEFAULT_MAX_ROWS, kernel: str = "auto", epochs: int = 200
+              ) -> tuple[CostModels, CalibrationReport]:
+    """Measure ``tables`` on this machine and fine-tune ``models``' compute model (see the
+    module docstring). Returns the calibrated models (a copy) and the report."""
+    from ..plan import Shard
+    from ..runtime.measure_plan import time_devices
+    from ..search.simulator import Piece, Simulator
+    from .neural import NeuralComputeModel
+
+    if not isinstance(models.compute, NeuralComputeModel):
+        raise NeuroShardError(f"calibration fine-tunes a neural compute model; cost models '{models.name}' have "
+                              f"a {type(models.compute).__name__}")
+    if not isinstance(sets, int) or sets < 8:
+        raise NeuroShardError(f"calibration needs at least 8 random sets, got {sets!r}")
+    start = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    at_batch = TableSet(tables.name, list(tables), models.batch_size, tables.extra)
+    singles = [[Piece(i, 0, t.num_embeddings, 0, t.embedding_dim)] for i, t in enumerate(tables)]
+    randoms = _random_sets(tables, devices, sets, row_cap, rng)
+    names = [t.name for t in tables]
+    shard_lists = [[Shard(names[p.table], p.row_offset, p.num_rows, p.col_offset, p.num_cols, 0) for p in s]
+                   for s in [*singles, *randoms]]
+    log.info("calibration: timing %d tables alone and %d random sets on this machine", len(singles), len(randoms))
+    rounds, config = time_devices(shard_lists, tables, rounds=1, repeats=1, batch_size=models.batch_size,
+                                  row_cap=row_cap, kernel=kernel, progress=True)
+    costs = np.array([float(np.median(r)) for r in rounds])
+    sim = Simulator(at_batch, 1, models)
+    features = [sim.features_of(sim.piece_ids(s)) for s in [*singles, *randoms]]
+
+    order = rng.permutation(len(randoms)) + len(singles)
+    test = order[:max(2, len(randoms) // 4)]
+    val = order[len(test):len(test) + max(2, len(randoms) // 8)]
+    train = np.setdiff1d(np.arange(len(features)), np.concatenate([test, val]))
+    before = gmae(models.compute.predict([features[i] for i in test]), costs[test])
+    compute = copy.deepcopy(models.compute)
+    compute.fine_tune([features[i] for i in train], costs[train], [features[i] for i in val], costs[val],
+                      epochs=epochs)
+    after = gmae(compute.predict([features[i] for i in test]), costs[test])
+    report = CalibrationReport(len(singles), len(features), len(test), before, after, time.perf_counter() - start)
+    calibrated = CostModels(compute, models.comm, models.batch_size,
+                            hardware={**models.hardware, "calibrated_on": config["hardware"],
+                                      "calibration_kernel": config["kernel"]},
+                            name=f"{models.name}+calibrated:{tables.name}",
+                            metrics={**models.metrics, "calibration": report.to_dict()},
+                            data_summary=models.data_summary)
+    log.info(report.format())
+    return calibrated, report
+
+
+def _cache_key(tables: TableSet, models: CostModels, devices: int, sets: int, seed: int) -> str:
+    from .measure.store import cpu_model
+    import torch
+    payload = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
+               "models": models.name, "models_path": str(getattr(models, "path", "") or ""),
+               "tables": TableSet(tables.name, list(tables), tables.batch_size).to_dict(),
+               "devices": devices, "sets": sets, "seed": seed}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "neuroshard" / "calibrated"
+
+
+def calibrated_models(tables: TableSet, models: CostModels, devices: int = 8, sets: int = DEFAULT_SETS,
+                      seed: int = 0, **options: Any) -> CostModels:
+    """``calibrate``, cached by hardware fingerprint, checkpoint, tables and settings."""
+    path = cache_dir() / f"{_cache_key(tables, models, devices, sets, seed)}.pt"
+    if path.exists():
+        try:
+            cached = CostModels.load(path)
+            log.info("calibrated models from the cache: %s", path)
+            return cached
+        except NeuroShardError as exc:
+            log.warning("ignoring a broken calibration cache entry %s: %s", path, exc)
+    calibrated, report = calibrate(tables, models, devices, sets, seed, **options)
+    print(report.format())
+    try:
+        calibrated.save(path)
+    except OSError as exc:
+        log.warning("could not cache the calibrated models in %s: %s", path, exc)
+    return calibrated
