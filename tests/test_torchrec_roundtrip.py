@@ -105,6 +105,11 @@ def test_bad_torchrec_plans_are_one_line_errors(tmp_path):
     with pytest.raises(FormatError, match="placement"):
         plan_from_torchrec({"a": {**good["a"], "sharding_spec": [{**good["a"]["sharding_spec"][0],
                                                                    "placement": "cuda:0"}]}}, tables)
+    empty = {"a": {"sharding_type": "row_wise", "ranks": [0, 1, 2], "sharding_spec": [
+        {"shard_offsets": [0, 0], "shard_sizes": [50, 16], "placement": "rank:0/cpu"},
+        {"shard_offsets": [50, 0], "shard_sizes": [50, 16], "placement": "rank:1/cpu"},
+        {"shard_offsets": [100, 0], "shard_sizes": [0, 16], "placement": "rank:2/cpu"}]}}
+    assert len(plan_from_torchrec(empty, tables, num_devices=3).shards) == 2  # TorchRec's empty last block
     with pytest.raises(FormatError, match="replicated"):
         plan_from_torchrec({"a": {"sharding_type": "data_parallel", "ranks": [0, 1], "sharding_spec": None}}, tables)
     with pytest.raises(InvalidPlanError, match="not covered"):

@@ -14,7 +14,8 @@ Accepted, as Python objects or JSON:
   "rank:R/cuda:L"}, ...]}`` (``placement`` may be left out when ``ranks`` names the
   rank of every shard).
 
-A shard's device is its placement's rank. Tables replicated on every rank
+A shard's device is its placement's rank; empty shards (TorchRec gives ranks past
+the last row block 0 rows) are left out. Tables replicated on every rank
 (``data_parallel``, no shards) are refused: a plan places each table once.
 """
 from __future__ import annotations
@@ -113,10 +114,12 @@ def shards_of_record(name: str, record: Mapping, where: str = "<torchrec plan>")
         if not isinstance(meta, Mapping):
             raise FormatError(f"{here}, shard #{i}: must be an object")
         offsets, sizes = meta.get("shard_offsets"), meta.get("shard_sizes")
-        for key, value, low in (("shard_offsets", offsets, 0), ("shard_sizes", sizes, 1)):
-            if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(x) and x >= low for x in value)):
-                raise FormatError(f"{here}, shard #{i}: '{key}' must be [rows, cols] of integers >= {low}, "
+        for key, value in (("shard_offsets", offsets), ("shard_sizes", sizes)):
+            if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(x) and x >= 0 for x in value)):
+                raise FormatError(f"{here}, shard #{i}: '{key}' must be [rows, cols] of integers >= 0, "
                                   f"got {value!r}")
+        if sizes[0] == 0 or sizes[1] == 0:  # TorchRec's empty last row blocks (5 rows on 4 ranks: 2, 2, 1, 0)
+            continue
         placement = meta.get("placement")
         if placement is not None:
             match = _RANK.match(str(placement))
