@@ -42,6 +42,9 @@ def _search(args: argparse.Namespace) -> int:
     if ratio is not None:
         print(f"balanced bound (sum of single-table costs / {plan.num_devices} devices): "
               f"{est['balanced_bound_ms']:.3f} ms; this plan is {ratio:.3f}x that")
+    measured_on = prov.get("parameters", {}).get("measured_on")
+    if measured_on:
+        print(f"{args.algorithm} timed the tables on this machine ({measured_on}): the plan is for this hardware")
     print(f"searched in {prov.get('search_time_s', float('nan')):.2f} s with cost model "
           f"'{prov.get('cost_model')}'; wrote {args.output}")
     return 0

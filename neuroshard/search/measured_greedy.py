@@ -96,7 +96,9 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
 
     placed = place_with_splits(_units(sim, memory_bytes), place, bpe)
     placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
+    from ..costmodels.measure.store import cpu_model
     placed.details.update(parameters={"rounds": params.rounds, "repeats": params.repeats, "batch_size": batch,
-                                      "row_cap": params.row_cap, "kernel": params.kernel},
+                                      "row_cap": params.row_cap, "kernel": params.kernel,
+                                      "measured_on": cpu_model()},
                           simulated_cost_ms=placed.cost_ms, units_timed=len(measured))
     return placed
