@@ -195,7 +195,8 @@ def _retyped(doc: dict, kind: str) -> dict:
 
 def _searched_plans() -> list[Plan]:
     """Plans our searches write for 2 devices: memory forces row splits of the tables whose
-    width cannot be halved, so the plans hold row-wise, column-wise and table-wise tables."""
+    width cannot be halved, and hot tables get split along rows and columns, so the plans
+    hold table-wise, column-wise, row-wise and grid tables."""
     from neuroshard.costmodels import analytic_cost_models
     from neuroshard.search import shard
     tables = TableSet("interop", [Table("a", 101, 16, 8.0, {"zipf_alpha": 1.1}), Table("b", 57, 8, 1.0),
@@ -205,6 +206,11 @@ def _searched_plans() -> list[Plan]:
              for a in ("neuroshard", "size", "bayes")]
     plans += [shard(tables, devices=WORLD, memory="400KiB", algorithm="bayes", cost_models=models, seed=s)
               for s in range(3)]
+    # hot tables a search splits along columns
+    hot = TableSet("hot", [Table("t0", 2004, 64, 11.8, {"zipf_alpha": 0.87}), Table("t1", 2493, 16, 7.6),
+                           Table("t2", 886, 64, 21.7, {"zipf_alpha": 1.16}), Table("t3", 2051, 16, 27.1),
+                           Table("t4", 775, 8, 28.2, {"zipf_alpha": 1.19})], 512)
+    plans.append(shard(hot, devices=WORLD, memory=641462, algorithm="neuroshard", cost_models=models, seed=146))
     return plans
 
 
@@ -241,7 +247,7 @@ def test_exported_plans_run_exactly_in_torchrec():
         doc = _exported(plan)
         seen |= {r["sharding_type"] for r in doc["tables"].values()}
         cases[f"searched #{i} ({plan.provenance['algorithm']})"] = (_spec(plan.tables), doc)
-    assert seen >= {"table_wise", "column_wise", "row_wise"}, seen
+    assert seen >= {"table_wise", "column_wise", "row_wise", "grid_shard"}, seen
     cases["torchrec-made"] = _torchrec_made()
     per_rank = _run_in_torchrec(list(cases.values()))
     for r, results in enumerate(per_rank):

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from .rowwise import place_with_splits, split_for_memory
+from .rowwise import place_with_splits, split_for_memory, strip_groups
 from .simulator import Piece, Placement, Simulator, whole_pieces
 
 KeyFn = Callable[[Simulator, list[Piece], np.random.Generator], np.ndarray]
@@ -60,14 +60,20 @@ def greedy_by_key(sim: Simulator, memory_bytes: int, key: str, seed: int = 0) ->
         load = np.zeros(sim.num_devices)
         used = np.zeros(sim.num_devices)
         devices = np.zeros(len(pieces), dtype=np.int64)
+        groups = strip_groups(pieces)  # a strip's row blocks on distinct devices, as TorchRec runs them
+        taken = np.zeros((int(groups.max()) + 1, sim.num_devices), dtype=bool)
         for s in np.argsort(-keys, kind="stable"):
             fits = used + sizes[s] <= memory_bytes
             if not fits.any():
                 return None
+            if groups[s] >= 0 and (fits & ~taken[groups[s]]).any():
+                fits &= ~taken[groups[s]]
             d = int(np.where(fits, load, np.inf).argmin())
             devices[s] = d
             load[d] += keys[s]
             used[d] += sizes[s]
+            if groups[s] >= 0:
+                taken[groups[s], d] = True
         return Placement(pieces, devices)
 
     start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe, num_devices=sim.num_devices)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import NeuroShardError
 from .neuroshard import greedy_place
-from .rowwise import local_ranks, place_with_splits, split_for_memory, split_rows
+from .rowwise import local_ranks, place_with_splits, split_for_memory, split_rows, strip_groups
 from .simulator import Piece, Placement, Simulator, whole_pieces
 
 log = logging.getLogger(__name__)
@@ -68,16 +68,17 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
             parts = [strip]
             for _ in range(halvings.get(strip.table, 0)):
                 parts = [h for p in parts for h in (p.halve_cols() if p.can_halve_cols() else (p,))]
-            rows = max(table_blocks[strip.table], row_parts.get(strip.table, 1))
-            if rows > 1:  # up to the next row split TorchRec runs: one host's ranks, all ranks
-                rows = min((p for p in valid_rows if p >= rows), default=rows)
+            rows = row_parts.get(strip.table, 1)
+            if rows > 1:  # the next row split TorchRec runs (one host's ranks, all ranks), at most all
+                rows = min((p for p in valid_rows if p >= rows), default=valid_rows[-1])
+            rows = max(rows, table_blocks[strip.table])
             pieces += [r for p in parts for r in split_rows(p, rows)]
         return sorted(pieces), math.ceil(cap)
 
     def greedy(pieces: list[Piece], cap: float) -> np.ndarray:
         ids = sim.piece_ids(pieces)
         return greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.cols_of(ids), sim.num_devices,
-                            memory_bytes, np.array([cap], dtype=np.float64))[0]
+                            memory_bytes, np.array([cap], dtype=np.float64), strip_groups(pieces))[0]
 
     sampler = optuna.samplers.TPESampler(seed=seed)
     verbosity = optuna.logging.get_verbosity()

@@ -34,7 +34,8 @@ import numpy as np
 
 from ..errors import NeuroShardError
 from .baselines import GREEDY_KEYS, greedy_by_key
-from .rowwise import halve_strip_cols, local_ranks, place_with_splits, split_for_memory, split_table_rows
+from .rowwise import (halve_strip_cols, local_ranks, place_with_splits, split_for_memory, split_table_rows,
+                      strip_groups)
 from .simulator import Piece, Placement, Simulator, whole_pieces
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ def place_many(sim: Simulator, states: list[list[Piece]], memory_bytes: int,
     for s, pieces in enumerate(states):
         ids = sim.piece_ids(pieces)
         devices = greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.cols_of(ids),
-                               sim.num_devices, memory_bytes, caps)
+                               sim.num_devices, memory_bytes, caps, strip_groups(pieces))
         distinct = {row.tobytes(): row for row in devices if row[0] >= 0}  # identical placements once
         candidates += [(ids, row) for row in distinct.values()]
         owners += [s] * len(distinct)
@@ -178,10 +179,12 @@ def place_many(sim: Simulator, states: list[list[Piece]], memory_bytes: int,
 
 
 def greedy_place(costs_ms: np.ndarray, sizes_bytes: np.ndarray, widths: np.ndarray, num_devices: int,
-                 memory_bytes: int, caps: np.ndarray) -> np.ndarray:
+                 memory_bytes: int, caps: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
     """For every width cap at once: pieces in order of falling cost, each on the least
     loaded device with memory for it under the cap (ignoring the cap when no device
-    meets it). Returns (len(caps), pieces) devices; a row of -1 where memory runs out."""
+    meets it). Pieces of one group (``groups``, the row blocks of one column strip,
+    ``rowwise.strip_groups``; -1 for none) go to distinct devices where memory allows.
+    Returns (len(caps), pieces) devices; a row of -1 where memory runs out."""
     grid = len(caps)
     rows = np.arange(grid)
     state = np.zeros((3, grid, num_devices))  # per cap and device: load, memory left, width left
@@ -192,8 +195,13 @@ def greedy_place(costs_ms: np.ndarray, sizes_bytes: np.ndarray, widths: np.ndarr
                        -np.asarray(widths, dtype=np.float64)], axis=1)  # what placing a piece adds
     devices = np.zeros((grid, len(costs_ms)), dtype=np.int64)
     failed = np.zeros(grid, dtype=bool)
+    groups = np.full(len(costs_ms), -1, dtype=np.int64) if groups is None else np.asarray(groups)
+    taken = np.zeros((grid, int(groups.max()) + 1, num_devices), dtype=bool)  # group already on device
     for s in np.argsort(-costs_ms, kind="stable").tolist():
         fits = free >= sizes_bytes[s]
+        if groups[s] >= 0:
+            apart = fits & ~taken[:, groups[s]]
+            fits = np.where(apart.any(axis=1, keepdims=True), apart, fits)
         allowed = fits & (headroom >= widths[s])
         ok = allowed.any(axis=1)
         if not ok.all():  # no device under the cap: any device with memory
@@ -202,5 +210,7 @@ def greedy_place(costs_ms: np.ndarray, sizes_bytes: np.ndarray, widths: np.ndarr
         chosen = np.where(allowed, load, np.inf).argmin(axis=1)
         devices[:, s] = chosen
         state[:, rows, chosen] += change[s][:, None]
+        if groups[s] >= 0:
+            taken[rows, groups[s], chosen] = True
     devices[failed] = -1
     return devices

@@ -170,6 +170,22 @@ def align_row_blocks(pieces: Sequence[Piece], devices: np.ndarray, bytes_per_ele
     return [p for p, _ in placed], np.array([d for _, d in placed], dtype=np.int64)
 
 
+def strip_groups(pieces: Sequence[Piece]) -> np.ndarray:
+    """Per piece, a number shared by the row blocks of one column strip (-1 for a strip
+    of one block): placements keep a strip's blocks on distinct devices, as TorchRec
+    runs them."""
+    ids: dict[tuple[int, int, int], int] = {}
+    counts: dict[tuple[int, int, int], int] = {}
+    for p in pieces:
+        counts[(p.table, p.col_offset, p.num_cols)] = counts.get((p.table, p.col_offset, p.num_cols), 0) + 1
+    out = np.full(len(pieces), -1, dtype=np.int64)
+    for j, p in enumerate(pieces):
+        key = (p.table, p.col_offset, p.num_cols)
+        if counts[key] > 1:
+            out[j] = ids.setdefault(key, len(ids))
+    return out
+
+
 def local_ranks(num_devices: int) -> int:
     """Ranks per host TorchRec assumes by default: 8, or all when not a multiple of 8."""
     return 8 if num_devices % 8 == 0 else num_devices
@@ -229,12 +245,19 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
                 recut += list(zip(cut, ranks))
             if recut is not None:
                 candidates.append(recut)
-        for (col, cols), blocks in strips.items():
+        free = np.full(num_devices, float(memory_bytes))
+        for p, d in rest:
+            free[d] -= p.size_bytes(bytes_per_element)
+        for (col, cols), blocks in sorted(strips.items(), key=lambda kv: -kv[0][1]):  # widest first
             share: dict[int, int] = {}
             for p, d in blocks:
                 share[d] = share.get(d, 0) + p.num_rows
             whole = Piece(table, min(p.row_offset for p, _ in blocks), sum(p.num_rows for p, _ in blocks), col, cols)
-            joined.append((whole, max(share, key=lambda d: (share[d], -d))))
+            # onto the holder with room for it (most rows first), else the one holding most
+            fits = [d for d in share if free[d] >= whole.size_bytes(bytes_per_element)]
+            device = max(fits or share, key=lambda d: (share[d], -d))
+            free[device] -= whole.size_bytes(bytes_per_element)
+            joined.append((whole, device))
         candidates.append(joined)
         options = []
         for option in candidates:
