@@ -7,22 +7,36 @@ import sys
 
 
 def show_torchrec_export(path: str) -> bool:
-    """Print a per-rank table of a ``neuroshard.torchrec-sharding/v1`` file and return
-    True; False when ``path`` is something else."""
+    """Print a per-rank table of a ``neuroshard.torchrec-sharding/v1`` file, or of
+    TorchRec's plan as JSON, and return True; False when ``path`` is something else."""
     from .search.export import TORCHREC_FORMAT
     from .search.score import read_document
     from .search.torchrec_import import shards_from_torchrec
+    from .errors import NeuroShardError
+    from .search.torchrec_import import table_records
     data = read_document(path)
-    if not (isinstance(data, dict) and data.get("format") == TORCHREC_FORMAT):
+    if not isinstance(data, dict):
+        return False
+    if data.get("format") == TORCHREC_FORMAT:
+        what = (f"a TorchRec sharding export ({TORCHREC_FORMAT}) of '{data.get('tables_name', '?')}', not a plan "
+                f"file")
+        where = (f"{data.get('local_world_size', '?')} per host, compute device {data.get('compute_device', '?')}; ")
+    elif "format" not in data:
+        try:  # TorchRec's plan as JSON ParameterSharding records?
+            table_records(data, path)
+        except NeuroShardError:
+            return False
+        what, where = "a TorchRec plan (ParameterSharding records), not a plan file", ""
+    else:
         return False
     import pandas as pd
+    records, _ = table_records(data, path)
     shards, world = shards_from_torchrec(data, path)
+    world = world or max(s.device for s in shards) + 1
     kinds: dict[str, int] = {}
-    for record in data["tables"].values():
+    for record in records.values():
         kinds[str(record.get("sharding_type"))] = kinds.get(str(record.get("sharding_type")), 0) + 1
-    print(f"{path}: a TorchRec sharding export ({TORCHREC_FORMAT}) of '{data.get('tables_name', '?')}', not a plan "
-          f"file: {len(data['tables'])} tables over {world} ranks ({data.get('local_world_size', '?')} per host, "
-          f"compute device {data.get('compute_device', '?')}; "
+    print(f"{path}: {what}: {len(records)} tables over {world} ranks ({where}"
           + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")")
     rows = [{"rank": r, "shards": sum(s.device == r for s in shards),
              "tables": len({s.table for s in shards if s.device == r}),

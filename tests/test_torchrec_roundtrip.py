@@ -82,6 +82,10 @@ def test_a_torchrec_plan_round_trips_with_identical_shards(tmp_path):
     done = run_cli("plan", "show", exported)
     assert done.returncode == 0, done.stderr
     assert "TorchRec sharding export" in done.stdout and "plan import" in done.stdout
+    done = run_cli("plan", "show", source)
+    assert done.returncode == 0 and "TorchRec plan (ParameterSharding records)" in done.stdout, done.stderr
+    done = run_cli("plan", "show", tables_path)  # not a plan at all: the plan reader's one line
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     done = run_cli("plan", "score", source, "--tables", tables_path, "--cost-model", model)
     assert done.returncode == 0 and "estimated max device cost" in done.stdout, done.stderr
 
