@@ -49,13 +49,13 @@ from neuroshard.costmodels import load_cost_models
 from neuroshard.datasets.augment import benchmark_tables, sample_tasks
 from neuroshard.errors import NeuroShardError
 from neuroshard.search import shard
-from neuroshard.search.api import GREEDY_ALGORITHMS
+from neuroshard.search.registry import GREEDY_ALGORITHMS, SIMULATED_ALGORITHMS
 from neuroshard.search.torchrec_planner import torchrec_available
 from neuroshard.units import parse_bytes
 
 log = logging.getLogger("evaluate")
 
-ALGORITHMS = ("neuroshard", *GREEDY_ALGORITHMS, "bayes", "torchrec")
+ALGORITHMS = SIMULATED_ALGORITHMS  # every registered algorithm that needs no kernel timing
 
 
 def search_all(args: argparse.Namespace, models) -> tuple[pd.DataFrame, dict]:

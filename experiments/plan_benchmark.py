@@ -40,7 +40,8 @@ from neuroshard.costmodels import load_cost_models
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.errors import NeuroShardError
 from neuroshard.runtime.measure_plan import measure_plans
-from neuroshard.search.api import GREEDY_ALGORITHMS, shard
+from neuroshard.search.api import shard
+from neuroshard.search.registry import ALGORITHMS
 from neuroshard.search.torchrec_planner import torchrec_available
 from neuroshard.tables import TableSet
 
@@ -57,11 +58,13 @@ COLUMNS = ["family", "devices", "task", "tables", "memory_bytes", "algorithm", "
 
 
 def algorithms(include_torchrec: bool) -> list[str]:
-    return ["neuroshard", *GREEDY_ALGORITHMS, "measured-greedy", *(["torchrec"] if include_torchrec else []), "bayes"]
+    """Every registered algorithm (TorchRec's planner only when asked for)."""
+    return [a for a in ALGORITHMS if include_torchrec or a != "torchrec"]
 
 
 def baselines(include_torchrec: bool) -> list[str]:
-    return [*GREEDY_ALGORITHMS, "measured-greedy", *(["torchrec"] if include_torchrec else [])]
+    """What NeuroShard is compared with: every algorithm but itself and bayes."""
+    return [a for a in algorithms(include_torchrec) if a not in ("neuroshard", "bayes")]
 
 
 def a2a_bytes_per_device(plan, batch_size: int) -> float:

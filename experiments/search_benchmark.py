@@ -33,7 +33,7 @@ from neuroshard.datasets.augment import benchmark_tables, sample_tasks
 from neuroshard.datasets.synthetic import generate
 from neuroshard.errors import NeuroShardError
 from neuroshard.search import Simulator, search_placement
-from neuroshard.search.api import GREEDY_ALGORITHMS
+from neuroshard.search.registry import GREEDY_ALGORITHMS, SIMULATED_ALGORITHMS
 from neuroshard.search.rowwise import check_feasible
 from neuroshard.search.torchrec_planner import torchrec_available
 from neuroshard.tables import TableSet
@@ -41,7 +41,7 @@ from neuroshard.units import parse_bytes
 
 log = logging.getLogger("search_benchmark")
 
-ALGORITHMS = ("neuroshard", *GREEDY_ALGORITHMS, "bayes", "torchrec")
+ALGORITHMS = SIMULATED_ALGORITHMS  # every registered algorithm that needs no kernel timing
 
 
 def benchmark_tasks(num_tasks: int, devices: int, args: argparse.Namespace, seed: int) -> list[tuple[TableSet, int]]:

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from .search.api import GREEDY_ALGORITHMS
+from .search.registry import GREEDY_ALGORITHMS
 from .errors import NeuroShardError
 
 

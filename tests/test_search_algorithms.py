@@ -148,3 +148,57 @@ def test_greedy_baselines_share_one_loop(models):
         device_of = dict(zip(names, placed.devices.tolist()))
         assert device_of[first] == 0  # the largest key goes first, on the first empty device
         assert np.bincount(placed.devices, minlength=2).min() >= 1
+
+
+def test_one_registry_serves_shard_the_cli_and_the_experiments(models):
+    """Every algorithm is registered once: the CLI's choices and the experiments read the
+    registry, each entry has a name, a parameters dataclass (or none) and one search call."""
+    import dataclasses
+
+    from neuroshard.search import registry
+    from neuroshard.search.cli import ALGORITHM_CHOICES
+    assert registry.ALGORITHMS == ALGORITHMS == ALGORITHM_CHOICES
+    assert registry.GREEDY_ALGORITHMS == GREEDY_ALGORITHMS == ("random", "size", "dim", "lookup", "size-lookup")
+    assert "measured-greedy" not in registry.SIMULATED_ALGORITHMS
+    tables = generate("dlrm-2021", 8, seed=5)
+    memory = _memory_for(tables, 2, 0.5)
+    sim = Simulator(tables, 2, models)
+    for name in ALGORITHMS:
+        algorithm = registry.get_algorithm(name)
+        assert algorithm.name == name
+        assert algorithm.params_type is None or dataclasses.is_dataclass(algorithm.params_type)
+    for name in ("neuroshard", "size", "bayes"):
+        algorithm = registry.get_algorithm(name)
+        params = registry.make_params(algorithm, {"n_trials": 4, "batch": 2} if name == "bayes" else {})
+        direct = algorithm.search(sim, memory, params, 0)
+        assert (direct.devices == search_placement(sim, memory, name, 0, **({"n_trials": 4, "batch": 2}
+                                                                            if name == "bayes" else {})).devices).all()
+    with pytest.raises(NeuroShardError, match="takes no parameters, got x"):
+        registry.make_params(registry.get_algorithm("size"), {"x": 1})
+    with pytest.raises(NeuroShardError, match=r"unknown parameter\(s\) colour for algorithm 'torchrec' "
+                                              r"\(known: compute_device\)"):
+        registry.make_params(registry.get_algorithm("torchrec"), {"colour": "red"})
+    with pytest.raises(NeuroShardError, match="unknown algorithm 'magic' .choose from neuroshard, random"):
+        registry.get_algorithm("magic")
+
+
+def test_the_greedy_placer_is_shared(models):
+    """One placer: keys largest first, least-loaded device with memory, -1 when memory runs out."""
+    from neuroshard.search.placer import greedy_place
+    devices = greedy_place(np.array([3.0, 1.0, 2.0, 1.0]), np.array([10, 10, 10, 10]), 2, 20)
+    assert devices.tolist() == [[0, 1, 1, 0]]
+    assert (greedy_place(np.array([1.0, 1.0, 1.0]), np.array([10, 10, 10]), 1, 20) == -1).all()
+    capped = greedy_place(np.array([3.0, 2.0, 1.0]), np.array([1, 1, 1]), 2, 100, widths=np.array([8, 8, 8]),
+                          caps=np.array([8.0, np.inf]))
+    assert capped.tolist() == [[0, 1, 1], [0, 1, 1]]
+
+
+def test_a_precision_other_than_fp32_is_said_to_be_costed_as_fp32(models, caplog):
+    tables = generate("dlrm-2021", 6, seed=6)
+    memory = _memory_for(tables, 2, 0.5)
+    plan = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=models)
+    assert "cost_precision" not in plan.provenance
+    with caplog.at_level("WARNING", logger="neuroshard.search.api"):
+        half = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=models, bytes_per_element=2)
+    assert half.provenance["cost_precision"] == "fp32"
+    assert any("bytes_per_element=2" in r.getMessage() and "fp32" in r.getMessage() for r in caplog.records)

@@ -4,96 +4,32 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import time
-from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import InfeasibleError, NeuroShardError
+from ..errors import NeuroShardError
 from ..plan import Plan
 from ..tables import Table, TableSet
 from ..validate import (MAX_LOOKUPS_PER_BATCH, MAX_TABLES, check_batch_size, check_bytes_per_element, check_devices,
                         check_int, check_memory, check_seed)
+from .baselines import best_packing_greedy  # noqa: F401  (public here: the fuzz experiment uses it)
+from .registry import ALGORITHMS, GREEDY_ALGORITHMS, get_algorithm, make_params  # noqa: F401
 from .rowwise import check_feasible, runnable_row_splits
 from .simulator import Placement, Simulator
 
 log = logging.getLogger(__name__)
 
-GREEDY_ALGORITHMS = ("random", "size", "dim", "lookup", "size-lookup")
-ALGORITHMS = ("neuroshard", *GREEDY_ALGORITHMS, "measured-greedy", "bayes", "torchrec")
-
-
-def _params(cls: type, params: dict, algorithm: str) -> Any:
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(params) - known)
-    if unknown:
-        raise NeuroShardError(f"unknown parameter(s) {', '.join(unknown)} for algorithm '{algorithm}' "
-                              f"(known: {', '.join(sorted(known))})")
-    return cls(**params)
-
-
-def _no_params(params: dict, algorithm: str) -> None:
-    if params:
-        raise NeuroShardError(f"algorithm '{algorithm}' takes no parameters, got {', '.join(sorted(params))}")
+COST_PRECISION = "fp32"
+"""The element type the cost models' kernels were timed with: estimates are for it whatever
+``bytes_per_element`` the memory check uses."""
 
 
 def search_placement(sim: Simulator, memory_bytes: int, algorithm: str = "neuroshard", seed: int = 0,
                      **params: Any) -> Placement:
-    """Run one algorithm on a simulator (the simulator's caches carry over between calls)."""
-    if algorithm == "neuroshard":
-        from .neuroshard import NeuroShardParams, search
-        chosen = _params(NeuroShardParams, params, algorithm)
-        try:
-            return search(sim, memory_bytes, chosen)
-        except InfeasibleError as exc:
-            # Never worse at finding a valid plan than the baselines it ships: keep the best that packs.
-            fallback = best_packing_greedy(sim, memory_bytes, seed)
-            if fallback is None:
-                raise
-            log.warning("the NeuroShard search could not pack the shards (%s); using the %s baseline's plan",
-                        exc, fallback.details["fallback"]["algorithm"])
-            fallback.details["fallback"]["reason"] = str(exc)
-            fallback.details["parameters"] = {**fallback.details.get("parameters", {}),
-                                              "neuroshard": asdict(chosen)}
-            return fallback
-    if algorithm in GREEDY_ALGORITHMS:
-        from .baselines import greedy_by_key
-        _no_params(params, algorithm)
-        return greedy_by_key(sim, memory_bytes, algorithm, seed)
-    if algorithm == "measured-greedy":
-        from .measured_greedy import MeasuredGreedyParams, search as measured_search
-        return measured_search(sim, memory_bytes, _params(MeasuredGreedyParams, params, algorithm))
-    if algorithm == "bayes":
-        from .bayes import BayesParams, search as bayes_search
-        return bayes_search(sim, memory_bytes, _params(BayesParams, params, algorithm), seed)
-    if algorithm == "torchrec":
-        from .torchrec_planner import search as torchrec_search
-        unknown = sorted(set(params) - {"compute_device"})
-        if unknown:
-            raise NeuroShardError(f"unknown parameter(s) {', '.join(unknown)} for algorithm 'torchrec'")
-        return torchrec_search(sim, memory_bytes, **params)
-    raise NeuroShardError(f"unknown algorithm '{algorithm}' (choose from {', '.join(ALGORITHMS)})")
-
-
-def best_packing_greedy(sim: Simulator, memory_bytes: int, seed: int = 0) -> Placement | None:
-    """The simulated cheapest of the shipped greedy baselines that packs the tables into
-    memory (None when none does); ``details['fallback']`` names it and what else was tried."""
-    from .baselines import greedy_by_key
-    best, tried = None, {}
-    for key in GREEDY_ALGORITHMS:
-        try:
-            placed = greedy_by_key(sim, memory_bytes, key, seed)
-        except InfeasibleError:
-            tried[key] = "could not pack"
-            continue
-        tried[key] = round(placed.cost_ms, 6)
-        if best is None or placed.cost_ms < best[1].cost_ms:
-            best = (key, placed)
-    if best is None:
-        return None
-    key, placed = best
-    placed.details["fallback"] = {"algorithm": key, "baselines": tried}
-    return placed
+    """Run one registered algorithm on a simulator (the simulator's caches carry over between calls)."""
+    chosen = get_algorithm(algorithm)
+    return chosen.search(sim, memory_bytes, make_params(chosen, params), seed)
 
 
 def resolve_cost_models(cost_models: Any = None):
@@ -159,6 +95,8 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
     if getattr(models, "path", None):
         provenance["cost_model_path"] = str(models.path)
     provenance["neuroshard_version"] = __version__
+    if sim.bytes_per_element != 4:  # memory counted at this precision, costs still estimated for fp32 kernels
+        provenance["cost_precision"] = COST_PRECISION
     if "fallback" in placement.details:  # the search could not pack: a baseline's plan, and why
         provenance["fallback"] = placement.details["fallback"]
     plan = Plan(list(sim.tables.tables), sim.to_shards(placement.pieces, placement.devices), sim.num_devices,
@@ -181,8 +119,7 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algor
     devices = check_devices(devices)
     bytes_per_element = check_bytes_per_element(bytes_per_element)
     seed = check_seed(seed)
-    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
-        raise NeuroShardError(f"unknown algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})")
+    get_algorithm(algorithm)  # an unknown name fails before any work
     memory_bytes = check_memory(memory)
     row_splits = params.get("row_splits", True)
     if not isinstance(row_splits, bool):
@@ -193,6 +130,10 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algor
         from ..costmodels.calibrate import DEFAULT_SETS, calibrated_models
         sets = DEFAULT_SETS if calibrate is True else check_int(calibrate, "calibrate (random sets)", 8, 100000)
         models = calibrated_models(tables, models, devices=devices, sets=sets)
+    if bytes_per_element != 4:
+        log.warning("bytes_per_element=%d sizes the shards in memory, but the cost models were measured on %s "
+                    "kernels: the cost estimates (and the search's choices) are for %s", bytes_per_element,
+                    COST_PRECISION, COST_PRECISION)
     sim = Simulator(tables, devices, models, bytes_per_element)
     start = time.perf_counter()
     placement = search_placement(sim, memory_bytes, algorithm, seed, **params)

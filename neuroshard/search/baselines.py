@@ -14,10 +14,14 @@ Keys (of a shard as a table of its own: rows ``R``, width ``W``, lookups per sam
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
+from ..errors import InfeasibleError
+
+from .placer import greedy_place
 from .rowwise import place_with_splits, split_for_memory, strip_groups
 from .simulator import Piece, Placement, Simulator, whole_pieces
 
@@ -55,29 +59,48 @@ def greedy_by_key(sim: Simulator, memory_bytes: int, key: str, seed: int = 0) ->
     bpe = sim.bytes_per_element
 
     def place(pieces: list[Piece]) -> Placement | None:
-        keys = key_fn(sim, pieces, rng)
         sizes = np.array([p.size_bytes(bpe) for p in pieces], dtype=np.float64)
-        load = np.zeros(sim.num_devices)
-        used = np.zeros(sim.num_devices)
-        devices = np.zeros(len(pieces), dtype=np.int64)
-        groups = strip_groups(pieces)  # a strip's row blocks on distinct devices, as TorchRec runs them
-        taken = np.zeros((int(groups.max()) + 1, sim.num_devices), dtype=bool)
-        for s in np.argsort(-keys, kind="stable"):
-            fits = used + sizes[s] <= memory_bytes
-            if not fits.any():
-                return None
-            if groups[s] >= 0 and (fits & ~taken[groups[s]]).any():
-                fits &= ~taken[groups[s]]
-            d = int(np.where(fits, load, np.inf).argmin())
-            devices[s] = d
-            load[d] += keys[s]
-            used[d] += sizes[s]
-            if groups[s] >= 0:
-                taken[groups[s], d] = True
-        return Placement(pieces, devices)
+        # a strip's row blocks on distinct devices, as TorchRec runs them
+        devices = greedy_place(key_fn(sim, pieces, rng), sizes, sim.num_devices, memory_bytes,
+                               groups=strip_groups(pieces))[0]
+        return Placement(pieces, devices) if devices[0] >= 0 else None
 
     start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe, num_devices=sim.num_devices)
     placed = place_with_splits(start, place, bpe, num_devices=sim.num_devices)
     placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
     placed.details = {"parameters": {"key": key, "seed": seed}, "simulated_cost_ms": placed.cost_ms}
     return placed
+
+
+def best_packing_greedy(sim: Simulator, memory_bytes: int, seed: int = 0) -> Placement | None:
+    """The simulated cheapest of the greedy baselines that packs the tables into memory
+    (None when none does); ``details['fallback']`` names it and what else was tried."""
+    best, tried = None, {}
+    for key in GREEDY_KEYS:
+        try:
+            placed = greedy_by_key(sim, memory_bytes, key, seed)
+        except InfeasibleError:
+            tried[key] = "could not pack"
+            continue
+        tried[key] = round(placed.cost_ms, 6)
+        if best is None or placed.cost_ms < best[1].cost_ms:
+            best = (key, placed)
+    if best is None:
+        return None
+    key, placed = best
+    placed.details["fallback"] = {"algorithm": key, "baselines": tried}
+    return placed
+
+
+@dataclass(frozen=True)
+class GreedyBaseline:
+    """One classic greedy heuristic as a search algorithm (``registry``); no parameters."""
+
+    name: str
+    params_type: type | None = None
+
+    def search(self, sim: Simulator, memory_bytes: int, params: None = None, seed: int = 0) -> Placement:
+        return greedy_by_key(sim, memory_bytes, self.name, seed)
+
+
+RANDOM, SIZE, DIM, LOOKUP, SIZE_LOOKUP = (GreedyBaseline(key) for key in GREEDY_KEYS)

@@ -2,7 +2,7 @@
 
 A trial chooses, for each of the ``max_tables`` tables with the highest predicted
 cost, how many times to halve its columns and into how many row ranges to split it,
-and one per-device width cap; the greedy placement of ``neuroshard.greedy_place``
+and one per-device width cap; the greedy placement of ``placer.greedy_place``
 places the result and the simulator scores it. Trials are asked in batches so one
 simulator call scores a whole batch.
 """
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..errors import NeuroShardError
-from .neuroshard import greedy_place
+from .placer import greedy_place
 from .rowwise import local_ranks, place_with_splits, split_for_memory, split_rows, strip_groups
 from .simulator import Piece, Placement, Simulator, whole_pieces
 
@@ -77,8 +77,9 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
 
     def greedy(pieces: list[Piece], cap: float) -> np.ndarray:
         ids = sim.piece_ids(pieces)
-        return greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.cols_of(ids), sim.num_devices,
-                            memory_bytes, np.array([cap], dtype=np.float64), strip_groups(pieces))[0]
+        return greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.num_devices, memory_bytes,
+                            widths=sim.cols_of(ids), caps=np.array([cap], dtype=np.float64),
+                            groups=strip_groups(pieces))[0]
 
     sampler = optuna.samplers.TPESampler(seed=seed)
     verbosity = optuna.logging.get_verbosity()
@@ -114,3 +115,17 @@ def _feasible(sim: Simulator, pieces: list[Piece], devices: np.ndarray) -> Place
     if not (devices >= 0).all():
         return None
     return Placement(pieces, devices, float(sim.evaluate(pieces, devices[None, :]).max_ms[0]))
+
+
+class BayesSearch:
+    """Bayesian optimisation as a registered algorithm (``registry``)."""
+
+    name = "bayes"
+    params_type = BayesParams
+
+    def search(self, sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
+               seed: int = 0) -> Placement:
+        return search(sim, memory_bytes, params, seed)
+
+
+ALGORITHM = BayesSearch()

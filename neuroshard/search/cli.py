@@ -5,9 +5,9 @@ import argparse
 import json
 
 from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, int_in, memory_size, seed_int
+from .registry import ALGORITHMS
 
-ALGORITHM_CHOICES = ("neuroshard", "random", "size", "dim", "lookup", "size-lookup", "measured-greedy", "bayes",
-                     "torchrec")
+ALGORITHM_CHOICES = ALGORITHMS  # the registry's names (listing them imports no algorithm)
 
 
 def _param(text: str) -> tuple[str, object]:

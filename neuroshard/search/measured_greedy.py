@@ -22,6 +22,7 @@ import numpy as np
 
 from ..kernels import DEFAULT_MAX_ROWS
 from ..plan import Shard
+from .placer import greedy_place
 from .rowwise import place_with_splits, split_for_memory, split_rows
 from .simulator import Piece, Placement, Simulator, whole_pieces
 
@@ -57,8 +58,10 @@ def _units(sim: Simulator, memory_bytes: int) -> list[Piece]:
     return out
 
 
-def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | None = None) -> Placement:
-    """The measured-greedy plan of ``sim``'s tables (see the module docstring)."""
+def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | None = None,
+           seed: int = 0) -> Placement:
+    """The measured-greedy plan of ``sim``'s tables (see the module docstring; deterministic:
+    ``seed`` is accepted for the common interface)."""
     from ..runtime.measure_plan import time_devices
 
     params = params or MeasuredGreedyParams()
@@ -82,16 +85,10 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
         measure(pieces)
         costs = np.array([measured[p] for p in pieces])
         sizes = np.array([p.size_bytes(bpe) for p in pieces], dtype=np.float64)
-        load, used = np.zeros(sim.num_devices), np.zeros(sim.num_devices)
-        devices = np.zeros(len(pieces), dtype=np.int64)
-        for i in np.argsort(-costs, kind="stable"):
-            fits = used + sizes[i] <= memory_bytes
-            if not fits.any():
-                return None
-            d = int(np.where(fits, load, np.inf).argmin())
-            devices[i] = d
-            load[d] += costs[i]
-            used[d] += sizes[i]
+        devices = greedy_place(costs, sizes, sim.num_devices, memory_bytes)[0]
+        if devices[0] < 0:
+            return None
+        load = np.bincount(devices, weights=costs, minlength=sim.num_devices)
         return Placement(pieces, devices, details={"measured_load_ms": load.round(4).tolist()})
 
     placed = place_with_splits(_units(sim, memory_bytes), place, bpe)
@@ -102,3 +99,17 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
                                       "measured_on": cpu_model()},
                           simulated_cost_ms=placed.cost_ms, units_timed=len(measured))
     return placed
+
+
+class MeasuredGreedySearch:
+    """measured-greedy as a registered algorithm (``registry``)."""
+
+    name = "measured-greedy"
+    params_type = MeasuredGreedyParams
+
+    def search(self, sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | None = None,
+               seed: int = 0) -> Placement:
+        return search(sim, memory_bytes, params, seed)
+
+
+ALGORITHM = MeasuredGreedySearch()

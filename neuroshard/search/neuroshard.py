@@ -32,8 +32,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..errors import NeuroShardError
-from .baselines import GREEDY_KEYS, greedy_by_key
+from ..errors import InfeasibleError, NeuroShardError
+from .baselines import GREEDY_KEYS, best_packing_greedy, greedy_by_key
+from .placer import greedy_place
 from .rowwise import (halve_strip_cols, local_ranks, place_with_splits, split_for_memory, split_table_rows,
                       strip_groups)
 from .simulator import Piece, Placement, Simulator, whole_pieces
@@ -66,8 +67,9 @@ class NeuroShardParams:
                 raise NeuroShardError(f"parameter {name} must be true or false, got {getattr(self, name)!r}")
 
 
-def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = None) -> Placement:
-    """The cheapest placement found for ``sim``'s tables on its devices."""
+def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = None, seed: int = 0) -> Placement:
+    """The cheapest placement found for ``sim``'s tables on its devices (``seed``: the
+    random baseline's, when baseline seeds are on)."""
     params = params or NeuroShardParams()
     bpe = sim.bytes_per_element
     start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe, params.row_splits, sim.num_devices)
@@ -95,7 +97,7 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
                 break
     origin = "beam"
     if params.baseline_seeds:
-        seeds = {key: greedy_by_key(sim, memory_bytes, key) for key in GREEDY_KEYS}
+        seeds = {key: greedy_by_key(sim, memory_bytes, key, seed) for key in GREEDY_KEYS}
         key = min(seeds, key=lambda k: seeds[k].cost_ms)
         if seeds[key].cost_ms < best.cost_ms - 1e-9:
             best, origin = seeds[key], f"greedy-{key}"
@@ -163,8 +165,8 @@ def place_many(sim: Simulator, states: list[list[Piece]], memory_bytes: int,
     candidates, owners = [], []
     for s, pieces in enumerate(states):
         ids = sim.piece_ids(pieces)
-        devices = greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.cols_of(ids),
-                               sim.num_devices, memory_bytes, caps, strip_groups(pieces))
+        devices = greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.num_devices, memory_bytes,
+                               widths=sim.cols_of(ids), caps=caps, groups=strip_groups(pieces))
         distinct = {row.tobytes(): row for row in devices if row[0] >= 0}  # identical placements once
         candidates += [(ids, row) for row in distinct.values()]
         owners += [s] * len(distinct)
@@ -178,39 +180,28 @@ def place_many(sim: Simulator, states: list[list[Piece]], memory_bytes: int,
     return out
 
 
-def greedy_place(costs_ms: np.ndarray, sizes_bytes: np.ndarray, widths: np.ndarray, num_devices: int,
-                 memory_bytes: int, caps: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
-    """For every width cap at once: pieces in order of falling cost, each on the least
-    loaded device with memory for it under the cap (ignoring the cap when no device
-    meets it). Pieces of one group (``groups``, the row blocks of one column strip,
-    ``rowwise.strip_groups``; -1 for none) go to distinct devices where memory allows.
-    Returns (len(caps), pieces) devices; a row of -1 where memory runs out."""
-    grid = len(caps)
-    rows = np.arange(grid)
-    state = np.zeros((3, grid, num_devices))  # per cap and device: load, memory left, width left
-    state[1] = memory_bytes
-    state[2] = np.asarray(caps, dtype=np.float64)[:, None]
-    load, free, headroom = state
-    change = np.stack([costs_ms, -np.asarray(sizes_bytes, dtype=np.float64),
-                       -np.asarray(widths, dtype=np.float64)], axis=1)  # what placing a piece adds
-    devices = np.zeros((grid, len(costs_ms)), dtype=np.int64)
-    failed = np.zeros(grid, dtype=bool)
-    groups = np.full(len(costs_ms), -1, dtype=np.int64) if groups is None else np.asarray(groups)
-    taken = np.zeros((grid, int(groups.max()) + 1, num_devices), dtype=bool)  # group already on device
-    for s in np.argsort(-costs_ms, kind="stable").tolist():
-        fits = free >= sizes_bytes[s]
-        if groups[s] >= 0:
-            apart = fits & ~taken[:, groups[s]]
-            fits = np.where(apart.any(axis=1, keepdims=True), apart, fits)
-        allowed = fits & (headroom >= widths[s])
-        ok = allowed.any(axis=1)
-        if not ok.all():  # no device under the cap: any device with memory
-            allowed[~ok] = fits[~ok]
-            failed |= ~fits.any(axis=1)
-        chosen = np.where(allowed, load, np.inf).argmin(axis=1)
-        devices[:, s] = chosen
-        state[:, rows, chosen] += change[s][:, None]
-        if groups[s] >= 0:
-            taken[rows, groups[s], chosen] = True
-    devices[failed] = -1
-    return devices
+class NeuroShardSearch:
+    """The NeuroShard search as a registered algorithm (``registry``). Never worse at finding
+    a valid plan than the baselines it ships: when it cannot pack the shards, the cheapest
+    classic greedy plan that packs (``baselines.best_packing_greedy``), saying why."""
+
+    name = "neuroshard"
+    params_type = NeuroShardParams
+
+    def search(self, sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = None,
+               seed: int = 0) -> Placement:
+        params = params or NeuroShardParams()
+        try:
+            return search(sim, memory_bytes, params, seed)
+        except InfeasibleError as exc:
+            fallback = best_packing_greedy(sim, memory_bytes, seed)
+            if fallback is None:
+                raise
+            log.warning("the NeuroShard search could not pack the shards (%s); using the %s baseline's plan",
+                        exc, fallback.details["fallback"]["algorithm"])
+            fallback.details["fallback"]["reason"] = str(exc)
+            fallback.details["parameters"] = {**fallback.details.get("parameters", {}), "neuroshard": asdict(params)}
+            return fallback
+
+
+ALGORITHM = NeuroShardSearch()

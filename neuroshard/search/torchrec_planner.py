@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -51,6 +52,13 @@ def _quiet_torchrec() -> Iterator[None]:
             yield
     finally:
         logger.setLevel(level)
+
+
+@dataclass
+class TorchRecParams:
+    """``compute_device``: the device kind TorchRec's planner plans for (``cpu`` or ``cuda``)."""
+
+    compute_device: str = "cpu"
 
 
 def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Placement:
@@ -93,3 +101,17 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
     return Placement(pieces, devices_arr, cost,
                      {"parameters": {"compute_device": compute_device, "sharding_types": list(SHARDING_TYPES)},
                       "simulated_cost_ms": cost})
+
+
+class TorchRecSearch:
+    """TorchRec's planner as a registered algorithm (``registry``); deterministic."""
+
+    name = "torchrec"
+    params_type = TorchRecParams
+
+    def search(self, sim: Simulator, memory_bytes: int, params: TorchRecParams | None = None,
+               seed: int = 0) -> Placement:
+        return search(sim, memory_bytes, (params or TorchRecParams()).compute_device)
+
+
+ALGORITHM = TorchRecSearch()

@@ -1,0 +1,86 @@
+"""Every search algorithm behind one interface, and the one registry of them.
+
+An algorithm is an object with a ``name``, a ``params_type`` (the dataclass of its
+parameters, None when it takes none) and ``search(sim, memory_bytes, params, seed)``
+returning a ``Placement`` (as optuna's samplers share one base class). ``shard()``,
+``neuroshard search --algorithm``, the demo and the experiments all read ``ALGORITHMS``
+from here. Entries name ``"module:attribute"`` and are imported on first use, so
+listing the algorithms imports none of them (optuna, TorchRec, kernels).
+
+Add an algorithm: write a module with an object like ``baselines.GreedyBaseline`` and
+add one line to ``_REGISTRY``.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import NeuroShardError
+
+if TYPE_CHECKING:
+    from .simulator import Placement, Simulator
+
+
+class SearchAlgorithm(Protocol):
+    """What every search algorithm provides."""
+
+    name: str
+    params_type: type | None  # dataclass of the algorithm's parameters; None: it takes none
+
+    def search(self, sim: "Simulator", memory_bytes: int, params: Any, seed: int) -> "Placement":
+        """The placement found for ``sim``'s tables in ``memory_bytes`` per device (``params``:
+        an instance of ``params_type`` or None; ``seed``: the user's seed)."""
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A registry entry: where the algorithm object lives and what kind it is."""
+
+    target: str                    # "module:attribute" of the algorithm object
+    greedy_baseline: bool = False  # one of the classic greedy heuristics (fallback, seeds, comparisons)
+    needs_hardware: bool = False   # times real kernels on this machine instead of predicting
+
+
+_REGISTRY: dict[str, Registered] = {
+    "neuroshard": Registered("neuroshard.search.neuroshard:ALGORITHM"),
+    "random": Registered("neuroshard.search.baselines:RANDOM", greedy_baseline=True),
+    "size": Registered("neuroshard.search.baselines:SIZE", greedy_baseline=True),
+    "dim": Registered("neuroshard.search.baselines:DIM", greedy_baseline=True),
+    "lookup": Registered("neuroshard.search.baselines:LOOKUP", greedy_baseline=True),
+    "size-lookup": Registered("neuroshard.search.baselines:SIZE_LOOKUP", greedy_baseline=True),
+    "measured-greedy": Registered("neuroshard.search.measured_greedy:ALGORITHM", needs_hardware=True),
+    "bayes": Registered("neuroshard.search.bayes:ALGORITHM"),
+    "torchrec": Registered("neuroshard.search.torchrec_planner:ALGORITHM"),
+}
+
+ALGORITHMS: tuple[str, ...] = tuple(_REGISTRY)
+"""Every algorithm's name, in the order tables and choices list them."""
+GREEDY_ALGORITHMS: tuple[str, ...] = tuple(n for n, r in _REGISTRY.items() if r.greedy_baseline)
+"""The classic greedy baselines."""
+SIMULATED_ALGORITHMS: tuple[str, ...] = tuple(n for n, r in _REGISTRY.items() if not r.needs_hardware)
+"""The algorithms that need only the cost models (no kernel timing on this machine)."""
+
+
+def get_algorithm(name: str) -> SearchAlgorithm:
+    """The algorithm registered as ``name`` (NeuroShardError naming the choices otherwise)."""
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise NeuroShardError(f"unknown algorithm {name!r} (choose from {', '.join(ALGORITHMS)})")
+    module, attribute = _REGISTRY[name].target.split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def make_params(algorithm: SearchAlgorithm, params: dict[str, Any]) -> Any:
+    """``params`` as the algorithm's parameters dataclass; one-line NeuroShardError for names
+    it does not know (or for any parameter when it takes none)."""
+    cls = algorithm.params_type
+    if cls is None:
+        if params:
+            raise NeuroShardError(f"algorithm '{algorithm.name}' takes no parameters, got {', '.join(sorted(params))}")
+        return None
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise NeuroShardError(f"unknown parameter(s) {', '.join(unknown)} for algorithm '{algorithm.name}' "
+                              f"(known: {', '.join(sorted(known))})")
+    return cls(**params)
