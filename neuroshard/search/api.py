@@ -135,6 +135,7 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algor
                     "kernels: the cost estimates (and the search's choices) are for %s", bytes_per_element,
                     COST_PRECISION, COST_PRECISION)
     sim = Simulator(tables, devices, models, bytes_per_element)
+    sim.memory_split(memory_bytes, row_splits)  # once, before any algorithm: every one starts from these pieces
     start = time.perf_counter()
     placement = search_placement(sim, memory_bytes, algorithm, seed, **params)
     elapsed = time.perf_counter() - start

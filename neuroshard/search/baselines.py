@@ -22,8 +22,8 @@ import numpy as np
 from ..errors import InfeasibleError
 
 from .placer import greedy_place
-from .rowwise import place_with_splits, split_for_memory, strip_groups
-from .simulator import Piece, Placement, Simulator, whole_pieces
+from .rowwise import place_with_splits, strip_groups
+from .simulator import Piece, Placement, Simulator
 
 KeyFn = Callable[[Simulator, list[Piece], np.random.Generator], np.ndarray]
 
@@ -65,7 +65,7 @@ def greedy_by_key(sim: Simulator, memory_bytes: int, key: str, seed: int = 0) ->
                                groups=strip_groups(pieces))[0]
         return Placement(pieces, devices) if devices[0] >= 0 else None
 
-    start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe, num_devices=sim.num_devices)
+    start = sim.memory_split(memory_bytes)
     placed = place_with_splits(start, place, bpe, num_devices=sim.num_devices)
     placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
     placed.details = {"parameters": {"key": key, "seed": seed}, "simulated_cost_ms": placed.cost_ms}

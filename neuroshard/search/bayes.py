@@ -16,7 +16,8 @@ import numpy as np
 
 from ..errors import NeuroShardError
 from .placer import greedy_place
-from .rowwise import local_ranks, place_with_splits, split_for_memory, split_rows, strip_groups
+from .rowwise import local_ranks, place_with_splits, split_rows, strip_groups
+from .registry import SearchFunction
 from .simulator import Piece, Placement, Simulator, whole_pieces
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
 
     params = params or BayesParams()
     bpe = sim.bytes_per_element
-    start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe, num_devices=sim.num_devices)
+    start = sim.memory_split(memory_bytes)
     start_strips: dict[Piece, int] = {}  # full-height column strip -> its row blocks after memory splits
     for piece in start:
         table = sim.tables[piece.table]
@@ -117,15 +118,4 @@ def _feasible(sim: Simulator, pieces: list[Piece], devices: np.ndarray) -> Place
     return Placement(pieces, devices, float(sim.evaluate(pieces, devices[None, :]).max_ms[0]))
 
 
-class BayesSearch:
-    """Bayesian optimisation as a registered algorithm (``registry``)."""
-
-    name = "bayes"
-    params_type = BayesParams
-
-    def search(self, sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
-               seed: int = 0) -> Placement:
-        return search(sim, memory_bytes, params, seed)
-
-
-ALGORITHM = BayesSearch()
+ALGORITHM = SearchFunction("bayes", BayesParams, search)  # in the registry

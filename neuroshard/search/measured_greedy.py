@@ -24,6 +24,7 @@ from ..kernels import DEFAULT_MAX_ROWS
 from ..plan import Shard
 from .placer import greedy_place
 from .rowwise import place_with_splits, split_for_memory, split_rows
+from .registry import SearchFunction
 from .simulator import Piece, Placement, Simulator, whole_pieces
 
 log = logging.getLogger(__name__)
@@ -101,15 +102,4 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
     return placed
 
 
-class MeasuredGreedySearch:
-    """measured-greedy as a registered algorithm (``registry``)."""
-
-    name = "measured-greedy"
-    params_type = MeasuredGreedyParams
-
-    def search(self, sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | None = None,
-               seed: int = 0) -> Placement:
-        return search(sim, memory_bytes, params, seed)
-
-
-ALGORITHM = MeasuredGreedySearch()
+ALGORITHM = SearchFunction("measured-greedy", MeasuredGreedyParams, search)  # in the registry

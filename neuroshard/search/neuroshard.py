@@ -35,9 +35,8 @@ import numpy as np
 from ..errors import InfeasibleError, NeuroShardError
 from .baselines import GREEDY_KEYS, best_packing_greedy, greedy_by_key
 from .placer import greedy_place
-from .rowwise import (halve_strip_cols, local_ranks, place_with_splits, split_for_memory, split_table_rows,
-                      strip_groups)
-from .simulator import Piece, Placement, Simulator, whole_pieces
+from .rowwise import halve_strip_cols, local_ranks, place_with_splits, split_table_rows, strip_groups
+from .simulator import Piece, Placement, Simulator
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +71,7 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
     random baseline's, when baseline seeds are on)."""
     params = params or NeuroShardParams()
     bpe = sim.bytes_per_element
-    start = split_for_memory(whole_pieces(sim.tables), memory_bytes, bpe, params.row_splits, sim.num_devices)
+    start = sim.memory_split(memory_bytes, params.row_splits)
     best = place_with_splits(start, lambda pieces: place_many(sim, [pieces], memory_bytes, params)[0],
                              bpe, params.row_splits, num_devices=sim.num_devices)
     beam, seen, stale = [best], {tuple(best.pieces)}, 0

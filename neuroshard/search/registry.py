@@ -7,14 +7,15 @@ returning a ``Placement`` (as optuna's samplers share one base class). ``shard()
 from here. Entries name ``"module:attribute"`` and are imported on first use, so
 listing the algorithms imports none of them (optuna, TorchRec, kernels).
 
-Add an algorithm: write a module with an object like ``baselines.GreedyBaseline`` and
-add one line to ``_REGISTRY``.
+Add an algorithm: write a module with a search function and
+``ALGORITHM = SearchFunction(name, ParamsDataclass, search)`` (as ``bayes``), and add
+one line to ``_REGISTRY``.
 """
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..errors import NeuroShardError
 
@@ -31,6 +32,18 @@ class SearchAlgorithm(Protocol):
     def search(self, sim: "Simulator", memory_bytes: int, params: Any, seed: int) -> "Placement":
         """The placement found for ``sim``'s tables in ``memory_bytes`` per device (``params``:
         an instance of ``params_type`` or None; ``seed``: the user's seed)."""
+
+
+@dataclass(frozen=True)
+class SearchFunction:
+    """An algorithm that is one function ``search(sim, memory_bytes, params, seed)``."""
+
+    name: str
+    params_type: type | None
+    function: Callable[..., "Placement"]
+
+    def search(self, sim: "Simulator", memory_bytes: int, params: Any, seed: int) -> "Placement":
+        return self.function(sim, memory_bytes, params, seed)
 
 
 @dataclass(frozen=True)

@@ -136,10 +136,22 @@ class Simulator:
         self._arrays: dict[str, np.ndarray] = {}  # per-id arrays, rebuilt when pieces were added
         self._single_ms = np.zeros(0)              # single-piece cost per id (NaN: not yet predicted)
         self._set_costs: dict[tuple[int, ...], float] = {}
+        self._memory_splits: dict[tuple[int, bool], list[Piece]] = {}
         self.model_calls = 0
         self.sets_predicted = 0
 
     # ------------------------------------------------------------- pieces
+    def memory_split(self, memory_bytes: int, row_splits: bool = True) -> list[Piece]:
+        """The tables as pieces, those larger than a device split (``rowwise.split_for_memory``,
+        as many row blocks as TorchRec runs): computed once per memory and ``row_splits``
+        (``shard()`` does it before any algorithm runs), a new list each call."""
+        key = (int(memory_bytes), bool(row_splits))
+        if key not in self._memory_splits:
+            from .rowwise import split_for_memory
+            self._memory_splits[key] = split_for_memory(whole_pieces(self.tables), memory_bytes,
+                                                        self.bytes_per_element, row_splits, self.num_devices)
+        return list(self._memory_splits[key])
+
     def piece_ids(self, pieces: Sequence[Piece]) -> np.ndarray:
         """Stable small integers for ``pieces`` (new pieces get their features computed once)."""
         ids = self._piece_ids

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import InfeasibleError, NeuroShardError
 from ..units import format_bytes
+from .registry import SearchFunction
 from .simulator import Piece, Placement, Simulator
 from .torchrec_import import shards_from_torchrec
 
@@ -103,15 +104,10 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
                       "simulated_cost_ms": cost})
 
 
-class TorchRecSearch:
-    """TorchRec's planner as a registered algorithm (``registry``); deterministic."""
 
-    name = "torchrec"
-    params_type = TorchRecParams
-
-    def search(self, sim: Simulator, memory_bytes: int, params: TorchRecParams | None = None,
-               seed: int = 0) -> Placement:
-        return search(sim, memory_bytes, (params or TorchRecParams()).compute_device)
+def _search(sim: Simulator, memory_bytes: int, params: TorchRecParams | None, seed: int) -> Placement:
+    """``search`` with the registry's arguments (TorchRec's planner is deterministic: no seed)."""
+    return search(sim, memory_bytes, (params or TorchRecParams()).compute_device)
 
 
-ALGORITHM = TorchRecSearch()
+ALGORITHM = SearchFunction("torchrec", TorchRecParams, _search)  # in the registry
