@@ -187,6 +187,7 @@ def plot(summary: pd.DataFrame, path: Path) -> None:
     table = data.pivot(index="family", columns="algorithm", values="ratio_geomean")
     ax = table.plot.bar(figsize=(11, 4.5), width=0.85)
     ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_ylim(0.8, max(1.1, float(table.max().max()) + 0.05))
     ax.set_ylabel("measured max-device compute / best baseline\n(geometric mean over tasks)")
     ax.set_title("Plans measured device by device, per table family")
     ax.legend(fontsize=7, ncol=3)
