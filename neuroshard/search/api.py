@@ -20,6 +20,9 @@ from .simulator import Placement, Simulator
 
 log = logging.getLogger(__name__)
 
+#: tables x devices from which a search warns that it may take minutes
+LARGE_TASK = 2**18
+
 COST_PRECISION = "fp32"
 """The element type the cost models' kernels were timed with: estimates are for it whatever
 ``bytes_per_element`` the memory check uses."""
@@ -125,6 +128,9 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algor
     if not isinstance(row_splits, bool):
         raise NeuroShardError(f"parameter row_splits must be true or false, got {row_splits!r}")
     check_feasible(tables, devices, memory_bytes, bytes_per_element, row_splits)
+    if len(tables) * devices >= LARGE_TASK:  # say so before minutes without output
+        log.warning("a large task (%d tables on %d devices): the %s search may take minutes", len(tables), devices,
+                    algorithm)
     models = resolve_cost_models(cost_models)
     if calibrate is not False:
         from ..costmodels.calibrate import DEFAULT_SETS, calibrated_models
