@@ -66,7 +66,9 @@ def check_case(seed: int, models) -> str:
             baseline = None
         assert baseline is None, (f"case {seed}: refused ({message}) but the {baseline.details['fallback']['algorithm']} "
                                   f"baseline plans it")
-        return "refused"
+        if tables.total_bytes() <= devices * memory:
+            return "refused (fits by total bytes; no baseline packs it either)"
+        return "refused (over capacity)"
     assert not plan.problems(), f"case {seed}: invalid plan {plan.problems()[:2]}"
     assert max(plan.memory_used_bytes()) <= memory
     return "plan"
@@ -90,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             failures.append(str(exc))
             print(exc, flush=True)
         counts[outcome] = counts.get(outcome, 0) + 1
+        if outcome.startswith("refused (fits"):
+            tables, devices, memory = random_task(seed)
+            print(f"case {seed}: {outcome}: {len(tables)} tables on {devices} devices, "
+                  f"{tables.total_bytes() / (devices * memory):.4f} of capacity", flush=True)
     print(f"{args.cases} cases in {time.perf_counter() - started:.0f} s: "
           + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     return 1 if failures else 0
