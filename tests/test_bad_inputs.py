@@ -645,3 +645,14 @@ def test_the_search_falls_back_to_a_baseline_that_packs(monkeypatch):
     fallback = plan.provenance["fallback"]
     assert fallback["algorithm"] in ("random", "size", "dim", "lookup", "size-lookup")
     assert "could not pack" in fallback["reason"]
+
+
+def test_row_splits_false_is_false(files, capsys):
+    """``--param row_splits=False`` (Python's spelling) means false: no row-split table, and the
+    plan records false (a string 'False' was truthy)."""
+    out = files / "no-row-splits.json"
+    assert main(["search", str(files / "T.json"), "-d", "2", "-m", "1GiB", "--param", "row_splits=False",
+                 "-o", str(out)]) == 0
+    plan = Plan.read(out)
+    assert plan.provenance["parameters"]["row_splits"] is False
+    assert all(plan.sharding_type(t.name) in ("table_wise", "column_wise") for t in plan.tables)
