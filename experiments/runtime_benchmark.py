@@ -24,7 +24,7 @@ import numpy as np
 
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.evaluate import evaluate
-from neuroshard.runtime.launch import launch
+from neuroshard.runtime.launch import launch, step_progress
 from neuroshard.tables import Table, TableSet
 
 log = logging.getLogger("runtime_benchmark")
@@ -122,7 +122,7 @@ def torchrec_worker(wctx, plan: Plan, tables: list[Table], batch_size: int, step
         batches.append((b.dense[start:end], b.labels[start:end], kjt))
     times = []
     for step in range(steps):
-        wctx.heartbeat(4 * step)
+        wctx.heartbeat(step_progress(step))
         dense_x, labels, kjt = batches[step % len(batches)]
         t0 = time.perf_counter()
         loss = loss_sum(model(dense_x, kjt), labels, batch_size)

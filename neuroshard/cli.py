@@ -11,6 +11,8 @@ import importlib
 import logging
 import sys
 
+from . import __version__
+from .cli_options import add_input, add_output, add_verbose, missing_input
 from .errors import NeuroShardError
 from .validate import device_count, positive_int, seed_int
 
@@ -65,7 +67,7 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="neuroshard",
                            description="Shard DLRM embedding tables with pre-trained neural cost models.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     for module in STAGE_CLIS:
@@ -76,18 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
     plan_sub = plan.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
     p = plan_sub.add_parser("validate", help="check tiling and memory of a plan", description=
                             "Check that the shards tile every table exactly once and fit every device.")
-    p.add_argument("plan", help="plan file (JSON)")
+    add_input(p, "plan", "plan file (JSON)")
     p.set_defaults(func=_plan_validate)
     p = plan_sub.add_parser("show", help="print the per-device table of a plan",
                             description="Print memory, shards, width and lookups per device.")
-    p.add_argument("plan", help="plan file (JSON; a TorchRec export is shown per rank)")
+    add_input(p, "plan", "plan file (JSON; a TorchRec export is shown per rank)")
     p.set_defaults(func=_plan_show)
     from .plan_cli import register as register_plan_io  # plan import, plan score
     register_plan_io(plan_sub)
 
     p = sub.add_parser("demo", help="run a small end-to-end example",
                        description="Generate benchmark tables, search plans, validate and show them.")
-    p.add_argument("--out", default="out/demo", help="folder for the demo's files (default: out/demo)")
+    add_output(p, "folder for the demo's files (default: out/demo)", dest="out", aliases=("--out",),
+               default="out/demo", metavar="DIR")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--tables", type=positive_int, default=None,
                    help="tables to generate (default: 6 per device, the set sizes the shipped models were trained on)")
@@ -98,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=positive_int, default=3,
                    help="measurement runs, each alternating the two plans' steps (default: 3)")
     p.set_defaults(func=_demo)
+    add_verbose(parser)  # before or after the subcommand
     return parser
 
 
@@ -105,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        missing = missing_input(args)
+        if missing:
+            parser.error(missing)
     except SystemExit as exc:  # --help (0) or a one-line usage error (2): a code, for in-process callers too
         return exc.code if isinstance(exc.code, int) else 2
     # Only neuroshard's own loggers get verbose: libraries (fbgemm) log heavily at INFO.

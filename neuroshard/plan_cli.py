@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .cli_options import add_input
+
 
 def show_torchrec_export(path: str) -> bool:
     """Print a per-rank table of a ``neuroshard.torchrec-sharding/v1`` file, or of
@@ -120,7 +122,7 @@ def register(plan_sub: argparse._SubParsersAction) -> None:
                             description="Print the cost models' per-device estimate of any plan (a plan file, "
                                         "or a TorchRec plan as `plan import` reads it) at the tables file's "
                                         "batch size, as `search` prints its own.")
-    p.add_argument("plan", help="plan file (neuroshard.plan/v1 or a TorchRec plan, JSON)")
+    add_input(p, "plan", "plan file (neuroshard.plan/v1 or a TorchRec plan, JSON)")
     p.add_argument("--tables", required=True, help="tables file the plan is for (JSON, neuroshard.tables/v1)")
     p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
                    help="cost-model checkpoint (default: the shipped one)")

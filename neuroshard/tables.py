@@ -263,12 +263,12 @@ class TableSet:
 
     def summary(self, bytes_per_element: int = 4):
         """One row per table: rows, width, pooling factor, size, mean reuse, share of
-        lookups on rows reused more than 32 times (skew). A pandas DataFrame."""
+        lookups on rows reused more than ``access.HOT_REUSE`` (32) times (skew). A pandas DataFrame."""
         import pandas as pd
         rows = []
         for t in self.tables:
             _, lookup_share, mean_reuse = t.reuse_histograms(self.batch_size)
             rows.append({"table": t.name, "rows": t.num_embeddings, "dim": t.embedding_dim,
                          "pooling_factor": t.pooling_factor, "size_bytes": t.size_bytes(bytes_per_element),
-                         "mean_reuse": mean_reuse, "hot_lookup_share": float(lookup_share[6:].sum())})
+                         "mean_reuse": mean_reuse, "hot_lookup_share": float(lookup_share[acc.HOT_FIRST_BIN:].sum())})
         return pd.DataFrame(rows)

@@ -98,8 +98,17 @@ class AnalyticComputeModel(ComputeCostModel):
         self.fitted = bool(state["fitted"])
 
 
+#: the last axis of ``comm_terms``, by name
+COMM_TERMS = ("one", "peers", "send_bytes", "recv_bytes", "peak_bytes")
+ONE, PEERS, SEND_BYTES, RECV_BYTES, PEAK_BYTES = range(len(COMM_TERMS))
+#: the columns of ``reduce_terms``, by name (``ONE`` and ``PEERS`` as above)
+REDUCE_TERMS = ("one", "peers", "reduce_bytes")
+REDUCE_BYTES = REDUCE_TERMS.index("reduce_bytes")
+
+
 def comm_terms(widths: np.ndarray, batch_size: int) -> np.ndarray:
-    """(P, D, 5) per-device quantities: 1, D-1, send bytes, receive bytes, peak bytes of the exchange."""
+    """(P, D, 5) per-device quantities (``COMM_TERMS``): 1, D-1, send bytes, receive bytes,
+    peak bytes of the exchange."""
     widths = np.asarray(widths, dtype=np.float64)
     d = widths.shape[1]
     b = float(batch_size)
@@ -116,7 +125,7 @@ def wait_ms(skews_ms: np.ndarray) -> np.ndarray:
 
 
 def reduce_terms(reduce_width: np.ndarray, num_devices: int, batch_size: int) -> np.ndarray:
-    """(P, 3) quantities of the row-wise reduction: 1, D-1, bytes per device."""
+    """(P, 3) quantities of the row-wise reduction (``REDUCE_TERMS``): 1, D-1, bytes per device."""
     r = np.asarray(reduce_width, dtype=np.float64)
     d = float(num_devices)
     return np.stack([np.ones_like(r), np.full_like(r, d - 1), batch_size * r * 4.0 * (d - 1) / d], axis=1)
@@ -148,7 +157,7 @@ class AnalyticCommModel(CommCostModel):
         self.bwd_coef = _fit_relative_nnls(bwd_x, np.concatenate([g.bwd_ms.ravel() for g in groups]))
         if reducing:  # else keep the default reduction constants
             red_x = np.concatenate([reduce_terms(g.reduce_width, g.num_devices, self.batch_size) for g in reducing])
-            self.reduce_coef = _fit_relative_nnls(red_x, np.concatenate([g.reduce_ms.mean(axis=1) for g in reducing]))
+            self.reduce_coef = _fit_relative_nnls(red_x, np.concatenate([g.reduce_ms_per_sample for g in reducing]))
         self.fitted = True
         log.info("analytic comm constants: fwd %s bwd %s reduce %s", self.fwd_coef, self.bwd_coef, self.reduce_coef)
         return self

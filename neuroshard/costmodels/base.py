@@ -69,6 +69,11 @@ def set_sums(values: np.ndarray, index: np.ndarray, num_sets: int) -> np.ndarray
 
 
 # ---------------------------------------------------------------- comm samples
+def reduce_time_ms(per_device_ms: np.ndarray) -> np.ndarray:
+    """(P,) one reduction time per sample from (P, D) per-device times: their mean."""
+    return np.asarray(per_device_ms, dtype=np.float64).mean(axis=1)
+
+
 @dataclass
 class CommSamples:
     """Measured all-to-all samples at one device count ``D``: ``widths``, ``skews_ms``,
@@ -94,6 +99,11 @@ class CommSamples:
     @property
     def num_devices(self) -> int:
         return int(self.widths.shape[1])
+
+    @property
+    def reduce_ms_per_sample(self) -> np.ndarray:
+        """(P,) the reduction's time of each sample: the mean over devices (what every model fits)."""
+        return reduce_time_ms(self.reduce_ms)
 
     def __len__(self) -> int:
         return int(self.widths.shape[0])

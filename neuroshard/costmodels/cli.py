@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..cli_options import add_input, add_output
 from ..validate import float_in, int_in, seed_int
 
 
@@ -63,7 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="folders with compute.jsonl (+ meta.json), measured on one machine")
     p.add_argument("--comm-data", nargs="*", type=Path, metavar="DIR",
                    help="folders with comm.jsonl, one per device count")
-    p.add_argument("--out", required=True, type=Path, help="checkpoint to write (MODEL.pt)")
+    add_output(p, "checkpoint to write (MODEL.pt)", dest="out", aliases=("--out",), required=True, type=Path,
+               metavar="MODEL.pt")
     p.add_argument("--tune", type=int_in(0, 10000, "a trial count"), default=0, metavar="N",
                    help="optuna trials over width/depth/lr/weight decay")
     p.add_argument("--epochs", type=int_in(1, 100000, "an epoch count"), default=400,
@@ -81,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Time the task's tables on this machine (each table alone, then random "
                                    "device-sized sets of them) and fine-tune the pre-trained compute model on the "
                                    "measurements; prints the held-out error before and after.")
-    p.add_argument("tables", help="tables file (neuroshard.tables/v1) of the task")
+    add_input(p, "tables", "tables file (neuroshard.tables/v1) of the task")
     p.add_argument("--cost-model", default=None, metavar="MODEL.pt", help="pre-trained checkpoint (default: shipped)")
     p.add_argument("-d", "--devices", type=int_in(1, 1024, "a device count"), default=8,
                    help="devices the plans will use: random sets hold about tables/devices shards (default: 8)")

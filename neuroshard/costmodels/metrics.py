@@ -102,7 +102,7 @@ def comm_predictions(model, groups: Sequence) -> dict:
         r = g.reducing()
         if len(r):
             out["reduce"][0].append(model.predict_reduce(r.reduce_width, r.num_devices)[:, None])
-            out["reduce"][1].append(r.reduce_ms.mean(axis=1)[:, None])
+            out["reduce"][1].append(r.reduce_ms_per_sample[:, None])
     return out
 
 

@@ -31,7 +31,8 @@ from torch import nn
 from tqdm import tqdm
 
 from ..errors import NeuroShardError
-from .analytic import AnalyticCommModel, AnalyticComputeModel, comm_terms, reduce_terms, wait_ms
+from .analytic import (PEAK_BYTES, PEERS, REDUCE_BYTES, SEND_BYTES, AnalyticCommModel, AnalyticComputeModel,
+                       comm_terms, reduce_terms, wait_ms)
 from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, few_threads, pack_sets
 from .features import FEATURE_NAMES, NUM_FEATURES
 
@@ -86,7 +87,8 @@ def train_regressor(net: nn.Module, loss_of: Callable[[nn.Module, np.ndarray], t
 
 # ------------------------------------------------------------------ compute
 def shard_inputs(shards: np.ndarray) -> np.ndarray:
-    """Per-shard model inputs: the named features plus log2 of width, lookups and bytes gathered."""
+    """Per-shard model inputs: the named features plus ``EXTRA_INPUTS`` (log2 of width, lookups
+    and bytes gathered; linear terms whose sums over a set are totals)."""
     dim, pool = shards[:, _DIM].astype(np.float64), shards[:, _POOL].astype(np.float64)
     distinct = pool / np.exp2(shards[:, _LOG_REUSE].astype(np.float64))
     extra = np.stack([np.log2(dim), np.log2(pool + 1e-3), np.log2(pool * dim + 1e-3), np.log2(distinct * dim + 1e-3),
@@ -94,7 +96,10 @@ def shard_inputs(shards: np.ndarray) -> np.ndarray:
     return np.concatenate([shards.astype(np.float64), extra], axis=1).astype(np.float32)
 
 
-NUM_INPUTS = NUM_FEATURES + 6
+#: the inputs ``shard_inputs`` appends to the named features, in order
+EXTRA_INPUTS = ("log2_dim", "log2_pooling", "log2_lookup_width", "log2_distinct_width", "lookup_width_256",
+                "distinct_width_256")
+NUM_INPUTS = NUM_FEATURES + len(EXTRA_INPUTS)
 
 
 def pad_sets(sets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -291,7 +296,7 @@ class NeuralComputeModel(ComputeCostModel):
 def device_inputs(widths: np.ndarray, skews_ms: np.ndarray | None, batch_size: int) -> np.ndarray:
     """(P, D, K) per-device inputs: log of kB sent, received and at the peak, log2 devices (+ wait ms)."""
     terms = comm_terms(widths, batch_size)
-    cols = [np.log1p(terms[..., 2:5] / 1024.0), np.log2(terms[..., 1:2] + 1.0)]
+    cols = [np.log1p(terms[..., SEND_BYTES:PEAK_BYTES + 1] / 1024.0), np.log2(terms[..., PEERS:PEERS + 1] + 1.0)]
     if skews_ms is not None:
         cols.append(np.log1p(wait_ms(skews_ms))[..., None])
     return np.concatenate(cols, axis=-1)
@@ -300,7 +305,7 @@ def device_inputs(widths: np.ndarray, skews_ms: np.ndarray | None, batch_size: i
 def reduce_inputs(reduce_width: np.ndarray, num_devices: int, batch_size: int) -> np.ndarray:
     """(P, 2) inputs of the reduction: log of kB per device, log2 devices."""
     terms = reduce_terms(reduce_width, num_devices, batch_size)
-    return np.stack([np.log1p(terms[:, 2] / 1024.0), np.log2(terms[:, 1] + 1.0)], axis=1)
+    return np.stack([np.log1p(terms[:, REDUCE_BYTES] / 1024.0), np.log2(terms[:, PEERS] + 1.0)], axis=1)
 
 
 class Correction:
@@ -395,7 +400,7 @@ class NeuralCommModel(CommCostModel):
                 else:
                     g = g.reducing()
                     zi = reduce_inputs(g.reduce_width, g.num_devices, self.batch_size)
-                    base, true = self.analytic.predict_reduce(g.reduce_width, g.num_devices), g.reduce_ms.mean(1)
+                    base, true = self.analytic.predict_reduce(g.reduce_width, g.num_devices), g.reduce_ms_per_sample
                 z.append(zi.reshape(-1, zi.shape[-1]).astype(np.float64))
                 r.append(np.log(np.maximum(true, 1e-6) / np.maximum(base, 1e-6)).ravel())
             return (np.concatenate(z) if z else np.zeros((0, 2))), (np.concatenate(r) if r else np.zeros(0))

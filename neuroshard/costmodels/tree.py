@@ -87,7 +87,7 @@ class TreeCommModel(CommCostModel):
         b = self.batch_size
         fwd = [(device_inputs(g.widths, g.skews_ms, b), g.fwd_ms) for g in groups]
         bwd = [(device_inputs(g.widths, None, b), g.bwd_ms) for g in groups]
-        red = [(reduce_inputs(r.reduce_width, r.num_devices, b), r.reduce_ms.mean(1)) for r in map(CommSamples.reducing, groups)]
+        red = [(reduce_inputs(r.reduce_width, r.num_devices, b), r.reduce_ms_per_sample) for r in map(CommSamples.reducing, groups)]
         for direction, pairs in (("fwd", fwd), ("bwd", bwd), ("reduce", red)):
             if sum(len(p[1]) for p in pairs) < 4:  # no row-wise reduction measured
                 continue

@@ -73,14 +73,18 @@ def bin_mean_counts() -> np.ndarray:
     return means
 
 
-_BIN_MEANS = bin_mean_counts()
+#: mean reuse count within each bin (``bin_mean_counts``)
+BIN_MEANS = bin_mean_counts()
+#: rows reused more than this many times in a batch are "hot" (``TableSet.summary``'s hot_lookup_share)
+HOT_REUSE = 32
+HOT_FIRST_BIN = BIN_EDGES.index(HOT_REUSE)  # the first bin of counts above HOT_REUSE
 
 
 def lookup_share_from_distinct(distinct_hist: np.ndarray) -> tuple[np.ndarray, float]:
     """Share of lookups per bin and mean reuse implied by a distinct-row histogram."""
     h = np.asarray(distinct_hist, dtype=np.float64)
     h = h / h.sum()
-    weighted = h * _BIN_MEANS
+    weighted = h * BIN_MEANS
     return weighted / weighted.sum(), float(weighted.sum())
 
 
@@ -88,7 +92,7 @@ def distinct_from_lookup_share(lookup_hist: np.ndarray) -> tuple[np.ndarray, flo
     """Distinct-row histogram and mean reuse implied by a share-of-lookups histogram."""
     r = np.asarray(lookup_hist, dtype=np.float64)
     r = r / r.sum()
-    per_distinct = r / _BIN_MEANS
+    per_distinct = r / BIN_MEANS
     return per_distinct / per_distinct.sum(), float(1.0 / per_distinct.sum())
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..cli_options import add_input
 from ..validate import MAX_EMBEDDING_DIM, MAX_TABLES, batch_size_int, float_in, int_in, seed_int
 
 
@@ -72,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     tsub = tables.add_subparsers(dest="tables_command", required=True, metavar="ACTION")
     p = tsub.add_parser("describe", help="summarise a tables file",
                         description="Print count, total size, widths, pooling factors and skew of a tables file.")
-    p.add_argument("tables", help="tables file (JSON)")
+    add_input(p, "tables", "tables file (JSON)")
     p.add_argument("--all", action="store_true", help="also print one row per table")
     p.set_defaults(func=_describe)
 
@@ -106,7 +107,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = tsub.add_parser("split", help="split tables into training and held-out sets",
                         description="Split a tables file by table, so cost models can be tested on tables "
                                     "they never saw in pre-training.")
-    p.add_argument("tables", help="tables file (JSON)")
+    add_input(p, "tables", "tables file (JSON)")
     from .augment import BENCHMARK_SEED, BENCHMARK_TEST_FRACTION
     p.add_argument("--test-fraction", type=float_in(0.0, 1.0, low_open=True, what="a fraction"),
                    default=BENCHMARK_TEST_FRACTION,

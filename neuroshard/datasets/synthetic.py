@@ -165,7 +165,7 @@ def _fit_lookup_shares(target: np.ndarray, lookups: np.ndarray, skews: np.ndarra
     """Per-table shares of lookups per bin, ``g(b) * exp(s_t (b - 8))`` on the bins a
     table can reach, with ``g`` fitted so the lookup-weighted mix equals ``target``."""
     bins = np.arange(acc.NUM_BINS)
-    reachable = acc._BIN_MEANS[None, :] * 4 <= np.maximum(lookups[:, None], 1)
+    reachable = acc.BIN_MEANS[None, :] * 4 <= np.maximum(lookups[:, None], 1)
     reachable[:, 0] = True
     tilt = np.exp(np.clip(skews[:, None] * (bins[None, :] - _SKEW_CENTER), -50, 50)) * reachable
     weights = lookups / lookups.sum()
@@ -202,7 +202,7 @@ def generate(preset: str | Preset, num_tables: int | None = None, seed: int = 0)
     skews = rng.normal(0.0, SKEW_SIGMA, count)
     target = stats.lookup_share / stats.lookup_share.sum()
     shares = _fit_lookup_shares(target, lookups, skews)
-    per_distinct = shares / acc._BIN_MEANS[None, :]
+    per_distinct = shares / acc.BIN_MEANS[None, :]
     mean_reuse = 1.0 / per_distinct.sum(axis=1)
     distinct_hist = per_distinct * mean_reuse[:, None]
     coverage = 1.2 + rng.lognormal(math.log(2.0), 1.0, count)

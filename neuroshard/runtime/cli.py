@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from ..cli_options import add_input, add_output
 from ..kernels import DEFAULT_MAX_ROWS, KERNELS
 from ..validate import (batch_size_int, device_count, float_in, nonneg_int, positive_float, positive_int,
                         seed_int)
@@ -16,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plan", required=True, help="plan file (neuroshard.plan/v1)")
+    add_input(p, "plan", "plan file (neuroshard.plan/v1)", metavar="PLAN.json")
     p.add_argument("--tables", required=True, help="tables file (neuroshard.tables/v1)")
     p.add_argument("--devices", type=device_count, default=None,
                    help="processes to run (default: the plan's num_devices; under torchrun: its world size)")
@@ -123,7 +124,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("--iterations", type=positive_int, default=20, help="measured iterations (default: 20)")
     p.add_argument("--warmup", type=nonneg_int, default=3, help="warm-up iterations, not measured (default: 3)")
-    p.add_argument("--json", default=None, help="also write the measurement as JSON to this file")
+    add_output(p, "also write the measurement as JSON to this file", dest="json", aliases=("--json",),
+               metavar="OUT.json")
     p.set_defaults(func=_evaluate)
 
     from .measure_plan import DEFAULT_REPEATS, DEFAULT_ROUNDS, DEFAULT_WARMUP_ROUNDS
@@ -149,6 +151,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kernel", default="auto", choices=("auto",) + KERNELS, help="fused kernel (default: auto)")
     p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
                    help="cost models for the estimates (default: the shipped checkpoint)")
-    p.add_argument("-o", "--output", "--json", dest="output", default=None, metavar="OUT.json",
-                   help="also write the measurement as JSON")
+    add_output(p, "also write the measurement as JSON", aliases=("--json",), metavar="OUT.json")
     p.set_defaults(func=_measure)

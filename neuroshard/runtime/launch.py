@@ -34,8 +34,17 @@ _STARTUP_S = 60.0
 #: prctl option: signal to send this process when its parent dies (linux/prctl.h)
 _PR_SET_PDEATHSIG = 1
 
-# Progress milestones before the first step (steps count 4 per step from 0).
+# Progress milestones before the first step; from step 0 on, ``step_progress``.
 NOT_STARTED, STARTED, JOINED, BUILT = -4, -3, -2, -1
+#: where a rank is within one step, in order: its heartbeat says the step and the phase
+STEP_PHASES = ("preparing inputs", "in the forward exchange", "in the backward pass", "finishing the step")
+INPUTS, FORWARD_EXCHANGE, BACKWARD, FINISHING = range(len(STEP_PHASES))
+
+
+def step_progress(step: int, phase: int = INPUTS) -> int:
+    """The heartbeat's progress number at ``phase`` (an index of ``STEP_PHASES``) of ``step``;
+    it grows through a run (``step_progress(steps)``: all steps done)."""
+    return len(STEP_PHASES) * step + phase
 
 
 class RunFailedError(NeuroShardError):
@@ -196,13 +205,12 @@ def _raise_exit(signum: int, frame: Any) -> None:
 
 
 def _where(progress: int) -> str:
-    """A progress number (see ``Progress`` in the worker) in words."""
+    """A progress number (a milestone, or ``step_progress``) in words."""
     if progress < 0:
         return {NOT_STARTED: "while starting", STARTED: "while joining the process group",
                 JOINED: "while building the model"}.get(progress, "before the first step")
-    step, phase = divmod(progress, 4)
-    return f"at step {step}, " + ("preparing inputs", "in the forward exchange",
-                                  "in the backward pass", "finishing the step")[phase]
+    step, phase = divmod(progress, len(STEP_PHASES))
+    return f"at step {step}, {STEP_PHASES[phase]}"
 
 
 def _diagnose(procs: list, failures: dict[int, tuple[str, str]], progress: list[int]) -> str:

@@ -32,24 +32,24 @@ import datetime
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..errors import InvalidPlanError, NeuroShardError
+from ..faults import Fault, training_fault
 from ..kernels import DEFAULT_MAX_ROWS, resolve_kernel
 from ..plan import Plan
 from ..tables import Table, TableSet
-from .launch import BUILT, JOINED, WorkerContext, launch, torchrun_env
+from .launch import (BACKWARD, BUILT, FINISHING, FORWARD_EXCHANGE, INPUTS, JOINED, WorkerContext, launch,
+                     step_progress, torchrun_env)
 from .model import build_dense, local_slice, loss_sum, make_batch
 from .sharded import PhaseTimes, ShardedEmbeddings, synchronize
 
 log = logging.getLogger(__name__)
 
-#: environment variable that injects a fault, "raise|exit|hang:RANK:STEP" (for tests and drills)
-FAULT_ENV = "NEUROSHARD_FAULT"
 PHASES = ("compute_ms", "fwd_comm_ms", "bwd_comm_ms")
 
 
@@ -126,6 +126,7 @@ def run(config: RunConfig) -> RunResult | None:
     for plan in config.plans:
         check_run(plan, TableSet("tables", list(config.tables)), config.world_size)
     resolve_kernel(config.kernel, _device_kind(config.backend))  # refuse a bad kernel before starting
+    config = replace(config, fault=training_fault(config.fault))  # the test seam, read once here
     env = torchrun_env()
     if env is not None:
         rank, world_size = env
@@ -158,23 +159,6 @@ def _allreduce_sum(state, bucket):
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def _maybe_fault(fault: str | None, rank: int, step: int) -> None:
-    """Injected faults for tests: 'raise', 'exit' or 'hang' on RANK at STEP."""
-    if not fault:
-        return
-    kind, fault_rank, fault_step = fault.split(":")
-    if int(fault_rank) != rank or int(fault_step) != step:
-        return
-    log.warning("rank %d: injecting fault '%s' at step %d", rank, kind, step)
-    if kind == "raise":
-        raise RuntimeError(f"injected fault at step {step}")
-    if kind == "exit":
-        os._exit(3)
-    if kind == "hang":
-        time.sleep(10**6)
-    raise ValueError(f"unknown fault kind {kind!r}")
-
-
 def run_worker(wctx: WorkerContext, config: RunConfig) -> RunResult | None:
     """One process of the run: join the group, train, gather results on rank 0."""
     backend, device = _pick_device(config.backend)
@@ -194,7 +178,7 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     rank, world = wctx.rank, wctx.world_size
-    fault = config.fault or os.environ.get(FAULT_ENV)
+    fault = Fault.parse(config.fault) if config.fault else None
     tables, batch_size = config.tables, config.batch_size
     embs = [ShardedEmbeddings(plan, tables, rank, world, batch_size, config.seed, config.row_cap, device,
                               kernel=config.kernel, lr=config.lr) for plan in config.plans]
@@ -211,8 +195,9 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
     losses, records = [], []
     wctx.heartbeat(BUILT)
     for step in range(config.steps):
-        wctx.heartbeat(4 * step)
-        _maybe_fault(fault, rank, step)
+        wctx.heartbeat(step_progress(step, INPUTS))
+        if fault is not None:
+            fault.inject(rank, step)
         which = step % len(embs)
         emb = embs[which]
         batch = make_batch(held, batch_size, step, config.seed)
@@ -227,7 +212,7 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
         pooled = emb.lookup(inputs)
         synchronize(device)
         t1, c1 = time.perf_counter(), cpu_clock()
-        wctx.heartbeat(4 * step + 1)
+        wctx.heartbeat(step_progress(step, FORWARD_EXCHANGE))
         features = emb.exchange_pooled(pooled)
         t2 = time.perf_counter()
         leaf = features.detach().requires_grad_()
@@ -237,12 +222,12 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
         opt.step()
         synchronize(device)
         t3, c3 = time.perf_counter(), cpu_clock()
-        wctx.heartbeat(4 * step + 2)
+        wctx.heartbeat(step_progress(step, BACKWARD))
         features.backward(leaf.grad)
         emb.step()
         synchronize(device)
         t4, c4 = time.perf_counter(), cpu_clock()
-        wctx.heartbeat(4 * step + 3)
+        wctx.heartbeat(step_progress(step, FINISHING))
 
         times: PhaseTimes = emb.times
         compute_wall = (t1 - t0) + (t4 - t3 - times.bwd_comm)
@@ -254,7 +239,7 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
         dist.all_reduce(total)
         losses.append(float(total))
         log.info("rank %d step %d loss %.6f", rank, step, losses[-1])
-    wctx.heartbeat(4 * config.steps)
+    wctx.heartbeat(step_progress(config.steps))
 
     weights = embs[0].shard_weights() if config.collect_weights else []
     gathered = [None] * world if rank == 0 else None

@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..errors import NeuroShardError
 from .placer import greedy_place
 from .rowwise import local_ranks, place_with_splits, split_rows, strip_groups
 from .registry import SearchFunction

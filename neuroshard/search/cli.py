@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..cli_options import STDOUT, add_input, add_output, write_output
 from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, int_in, memory_size, seed_int
 from .registry import ALGORITHMS
 
@@ -29,41 +30,42 @@ def _search(args: argparse.Namespace) -> int:
     from ..tables import TableSet
     from ..validate import check_output
     from .api import shard
-    check_output(args.output, [args.tables, args.cost_model], "plan file")
+    if args.output != STDOUT:
+        check_output(args.output, [args.tables, args.cost_model], "plan file")
     tables = TableSet.read(args.tables)
     plan = shard(tables, devices=args.devices, memory=args.memory, algorithm=args.algorithm,
                  calibrate=args.calibrate, cost_models=args.cost_model, bytes_per_element=args.bytes_per_element,
                  seed=args.seed,
                  **dict(args.param or []))
-    plan.write(args.output)
-    print(plan.format_summary())
+    say = write_output(args.output, json.dumps(plan.validate().to_dict(), indent=1) + "\n")
+    say(plan.format_summary())
     est, prov = plan.estimate or {}, plan.provenance or {}
     ratio = est.get("ratio_to_balanced_bound")
     if ratio is not None:
-        print(f"balanced bound (sum of single-table costs / {plan.num_devices} devices): "
+        say(f"balanced bound (sum of single-table costs / {plan.num_devices} devices): "
               f"{est['balanced_bound_ms']:.3f} ms; this plan is {ratio:.3f}x that")
     measured_on = prov.get("parameters", {}).get("measured_on")
     if measured_on:
-        print(f"{args.algorithm} timed the tables on this machine ({measured_on}): the plan is for this hardware")
-    print(f"searched in {prov.get('search_time_s', float('nan')):.2f} s with cost model "
+        say(f"{args.algorithm} timed the tables on this machine ({measured_on}): the plan is for this hardware")
+    say(f"searched in {prov.get('search_time_s', float('nan')):.2f} s with cost model "
           f"'{prov.get('cost_model')}'; wrote {args.output}")
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ..io import atomic_write_text
     from ..plan import Plan
     from ..validate import check_output
     from .export import torchrec_sharding
-    check_output(args.output, [args.plan], "export file")
+    if args.output != STDOUT:
+        check_output(args.output, [args.plan], "export file")
     plan = Plan.read(args.plan)
     exported = torchrec_sharding(plan, compute_device=args.compute_device, compute_kernel=args.compute_kernel,
                                  local_world_size=args.local_world_size)
-    atomic_write_text(args.output, json.dumps(exported, indent=1) + "\n")
+    say = write_output(args.output, json.dumps(exported, indent=1) + "\n")
     kinds: dict[str, int] = {}
     for record in exported["tables"].values():
         kinds[record["sharding_type"]] = kinds.get(record["sharding_type"], 0) + 1
-    print(f"wrote {args.output}: {len(exported['tables'])} tables for TorchRec over {plan.num_devices} ranks, "
+    say(f"wrote {args.output}: {len(exported['tables'])} tables for TorchRec over {plan.num_devices} ranks, "
           f"{exported['local_world_size']} per host, on {exported['compute_device']} ("
           + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")")
     return 0
@@ -74,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("search", help="search a sharding plan for a tables file",
                        description="Search a sharding plan against the cost models and write a "
                                    "neuroshard.plan/v1 file with its estimate and provenance.")
-    p.add_argument("tables", help="tables file (JSON, neuroshard.tables/v1)")
+    add_input(p, "tables", "tables file (JSON, neuroshard.tables/v1)")
     p.add_argument("-d", "--devices", type=device_count, required=True,
                    help=f"number of devices (at most {MAX_DEVICES})")
     p.add_argument("-m", "--memory", type=memory_size, required=True,
@@ -93,14 +95,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--param", type=_param, action="append", metavar="KEY=VALUE",
                    help="algorithm parameter, e.g. beam_width=4 (repeatable)")
-    p.add_argument("-o", "--output", required=True, metavar="PLAN.json", help="plan file to write")
+    add_output(p, "plan file to write (- for standard output)", required=True, metavar="PLAN.json")
     p.set_defaults(func=_search)
 
     p = sub.add_parser("export", help="export a plan for another framework",
                        description="Write what TorchRec needs to apply a plan: per table a ParameterSharding "
                                    "record (sharding type, compute kernel, ranks, shard offsets/sizes/placement). "
                                    "A table laid out in a way TorchRec cannot run exactly is refused, naming it.")
-    p.add_argument("plan", help="plan file (JSON, neuroshard.plan/v1)")
+    add_input(p, "plan", "plan file (JSON, neuroshard.plan/v1)")
     p.add_argument("--format", choices=("torchrec",), default="torchrec", help="target (default: torchrec)")
     p.add_argument("--compute-device", choices=("cuda", "cpu"), default=None,
                    help="placement device: rank:R/cuda:(R mod local world size) or rank:R/cpu "
@@ -109,5 +111,5 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="ranks per host, for cuda device numbers and table-row-wise/grid shards (default: "
                         "TorchRec's: 8, or the world size when it is not a multiple of 8)")
     p.add_argument("--compute-kernel", default="fused", help="TorchRec compute kernel (default: fused)")
-    p.add_argument("-o", "--output", required=True, metavar="OUT.json")
+    add_output(p, "file to write (- for standard output)", required=True, metavar="OUT.json")
     p.set_defaults(func=_export)

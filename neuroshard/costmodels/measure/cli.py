@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import argparse
 
+from ...cli_options import add_input, add_output
 from ...errors import NeuroShardError
-from ...kernels import DEFAULT_MAX_ROWS
+from ...kernels import DEFAULT_MAX_ROWS, KERNELS, OPTIMIZERS
 from ...validate import (MAX_DEVICES, batch_size_int, float_in, int_in, memory_size, nonneg_float, positive_float,
                          positive_int, probability, seed_int)
+from .kernel import CLOCKS, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS
 
 
 def _flush_bytes(text: str) -> int | None:
@@ -51,10 +53,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = csub.add_parser("compute", help="time fused forward+backward of random shard sets",
                         description="Time random augmented shard sets (1..K tables of a tables file, widths "
                                     "halved down to the smallest of --dims, under --memory) as one fused kernel.")
-    p.add_argument("--tables", required=True, help="tables file (neuroshard.tables/v1)")
+    add_input(p, "tables", "tables file (neuroshard.tables/v1)", metavar="TABLES.json")
     p.add_argument("--samples", type=positive_int, required=True,
                    help="shard sets in the dataset (in all, across reruns)")
-    p.add_argument("--out", required=True, help="dataset folder (compute.jsonl, meta.json)")
+    add_output(p, "dataset folder (compute.jsonl, meta.json)", dest="out", aliases=("--out",), required=True,
+               metavar="DIR")
     p.add_argument("--max-tables-per-device", type=int_in(1, 1024, "a table count"), default=8,
                    help="most shards in one set (default 8)")
     p.add_argument("--memory", type=memory_size, default="1GiB", help="per-device memory cap of a set (default 1GiB)")
@@ -63,15 +66,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=seed_int, default=0, help="sample i is drawn from seed+i (default 0)")
     p.add_argument("--row-split-prob", type=probability, default=0.2, help="share of shards that are row slices")
     p.add_argument("--backend", default="cpu", help="cpu or cuda (default cpu)")
-    p.add_argument("--kernel", default="auto", help="auto, fbgemm_tbe or embedding_bag (default auto)")
+    p.add_argument("--kernel", default="auto", choices=("auto", *KERNELS), help="fused kernel (default auto)")
     p.add_argument("--max-rows", type=positive_int, default=DEFAULT_MAX_ROWS, help="rows allocated at most per shard; "
                                                                       "ids are folded (default 1000000)")
-    p.add_argument("--optimizer", default="exact_sgd", help="exact_sgd or exact_rowwise_adagrad")
-    p.add_argument("--clock", default="auto", help="auto (thread CPU time on cpu, CUDA events on cuda), wall")
+    p.add_argument("--optimizer", default="exact_sgd", choices=OPTIMIZERS, help="(default exact_sgd)")
+    p.add_argument("--clock", default="auto", choices=("auto", *CLOCKS),
+                   help="auto (thread CPU time on cpu, CUDA events on cuda), thread or wall (default auto)")
     p.add_argument("--warmup", type=int_in(0, 10000), default=2)
-    p.add_argument("--repeats", type=int_in(1, 10000), default=7, help="timed repeats at least (default 7)")
-    p.add_argument("--max-repeats", type=int_in(1, 10000), default=15,
-                   help="timed repeats at most while cv > --target-cv")
+    p.add_argument("--repeats", type=int_in(1, 10000), default=DEFAULT_REPEATS,
+                   help=f"timed repeats at least (default {DEFAULT_REPEATS})")
+    p.add_argument("--max-repeats", type=int_in(1, 10000), default=DEFAULT_MAX_REPEATS,
+                   help=f"timed repeats at most while cv > --target-cv (default {DEFAULT_MAX_REPEATS})")
     p.add_argument("--target-cv", type=nonneg_float, default=0.05)
     p.add_argument("--flush-bytes", type=_flush_bytes, default="auto", help="cache-flush buffer read before each repeat "
                                                           "(default auto: 1.25 x last-level cache, at most 512MiB)")
@@ -88,7 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="number of devices (processes), >= 2")
     p.add_argument("--samples", type=positive_int, required=True,
                    help="samples in the dataset (in all, across reruns)")
-    p.add_argument("--out", required=True, help="dataset folder (comm.jsonl, meta.json)")
+    add_output(p, "dataset folder (comm.jsonl, meta.json)", dest="out", aliases=("--out",), required=True,
+               metavar="DIR")
     p.add_argument("--batch-size", type=batch_size_int, default=4096,
                    help="global batch split across devices (default 4096)")
     p.add_argument("--max-width", type=int_in(4, 2**20, "a width >= 4"), default=2048,

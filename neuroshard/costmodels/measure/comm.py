@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
 import socket
 import statistics
 import time
@@ -40,6 +39,7 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import NeuroShardError
+from ...faults import exit_if_chosen
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +144,7 @@ def _worker(rank: int, world: int, backend: str, init_method: str, timeout_s: fl
             task = conn.recv()
             if task is None:
                 break
-            if task.get("exit_early") == rank:  # test hook: a device that dies mid-run
-                os._exit(3)
+            exit_if_chosen(task.get("exit_early"), rank)  # the test seam (``faults``): a device dies mid-run
             conn.send(_run_sample(rank, world, task, device))
         dist.destroy_process_group()
     except (EOFError, KeyboardInterrupt):
@@ -311,10 +310,3 @@ class CommBenchmark:
     def _fail(self, message: str):
         self._kill()
         raise NeuroShardError(f"communication benchmark stopped: {message}")
-
-
-def measure_comm(widths: Sequence[int], skews_ms: Sequence[float] | None = None, reduce_width: int = 0,
-                 **kwargs) -> CommMeasurement:
-    """One-off: start ``len(widths)`` devices, measure one sample, stop them."""
-    with CommBenchmark(len(widths), **kwargs) as bench:
-        return bench.measure(widths, skews_ms, reduce_width)

@@ -42,6 +42,8 @@ from ..base import few_threads
 log = logging.getLogger(__name__)
 
 CLOCKS = ("thread", "wall")
+DEFAULT_REPEATS = 7       # timed runs at least per shard set (``collect compute`` and Python alike)
+DEFAULT_MAX_REPEATS = 15  # timed runs at most while the runs still vary more than ``target_cv``
 DEFAULT_CPU_BATCH_SIZE = 4096   # a per-device share of a 64k-256k global batch that one CPU thread runs in ms
 DEFAULT_MEMORY_BYTES = 1 << 30
 
@@ -94,7 +96,8 @@ class KernelBenchmark:
 
     def __init__(self, backend: str = "cpu", kernel: str = "auto", batch_size: int = DEFAULT_CPU_BATCH_SIZE,
                  max_rows: int = DEFAULT_MAX_ROWS, memory_bytes: int = DEFAULT_MEMORY_BYTES,
-                 warmup: int = 2, repeats: int = 5, max_repeats: int = 11, target_cv: float = 0.05,
+                 warmup: int = 2, repeats: int = DEFAULT_REPEATS, max_repeats: int = DEFAULT_MAX_REPEATS,
+                 target_cv: float = 0.05,
                  optimizer: str = "exact_sgd", clock: str = "auto", flush_bytes: int | None = None,
                  threads: int = 1, seed: int = 0) -> None:
         self.backend = backend
@@ -233,8 +236,3 @@ class KernelBenchmark:
         return ComputeMeasurement(cost_ms=float(statistics.median(totals)), fwd_ms=float(statistics.median(forwards)),
                                   times_ms=[round(x, 4) for x in totals], cv=coefficient_of_variation(totals),
                                   kernel=self.kernel, batch_size=self.batch_size)
-
-
-def measure_compute(shards: Sequence[Table], **kwargs) -> ComputeMeasurement:
-    """One-off: time ``shards`` with a fresh ``KernelBenchmark(**kwargs)``."""
-    return KernelBenchmark(**kwargs).measure(shards)

@@ -37,6 +37,7 @@ from ...errors import FormatError, NeuroShardError
 from ...io import atomic_write_text, read_jsonl
 from ...validate import read_json
 from ...tables import Table
+from ..base import reduce_time_ms
 
 COSTDATA_FORMAT = "neuroshard.costdata/v1"
 COMPUTE_FILE = "compute.jsonl"
@@ -87,14 +88,6 @@ def read_meta(folder: str | Path) -> dict | None:
     meta = read_json(path, "dataset description")
     if not isinstance(meta, dict):
         raise FormatError(f"{path}: a dataset description must be a JSON object")
-    return meta
-
-
-def ensure_meta(folder: str | Path, kind: str, hardware: dict, software: dict, config: dict) -> dict:
-    """Write ``meta.json`` for a new dataset, or check that an existing one matches."""
-    meta, old = check_meta(folder, kind, hardware, software, config)
-    if old is None:
-        write_meta(folder, meta)
     return meta
 
 
@@ -206,7 +199,7 @@ def compute_arrays(records: list[dict]) -> tuple[list[np.ndarray], np.ndarray]:
 def comm_arrays(records: list[dict]) -> dict[str, np.ndarray]:
     """Arrays for ``CommCostModel.fit`` from records of one device count: widths, skews_ms,
     fwd_ms, bwd_ms, reduce_ms_per_device of shape (P, D); reduce_width and reduce_ms
-    (median over devices) of shape (P,)."""
+    (``base.reduce_time_ms``: the mean over devices, as the models fit) of shape (P,)."""
     counts = {r["num_devices"] for r in records}
     if len(counts) > 1:
         raise NeuroShardError(f"comm records mix device counts {sorted(counts)}; pass one count at a time")
@@ -214,4 +207,4 @@ def comm_arrays(records: list[dict]) -> dict[str, np.ndarray]:
     per_device = get("reduce_ms")
     return {"widths": get("widths"), "skews_ms": get("skews_ms"), "fwd_ms": get("fwd_ms"), "bwd_ms": get("bwd_ms"),
             "reduce_width": get("reduce_width"), "reduce_ms_per_device": per_device,
-            "reduce_ms": np.median(per_device, axis=1) if per_device.size else per_device}
+            "reduce_ms": reduce_time_ms(per_device) if per_device.size else per_device}

@@ -1,0 +1,97 @@
+"""One way to say a thing on the command line: inputs positional or by flag, -o/--output
+(older spellings as aliases), --version, -v before or after the subcommand, choices for
+--kernel/--optimizer/--clock, and one default for collect's repeats from Python and CLI."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from neuroshard import __version__
+from neuroshard.cli import build_parser, main
+from neuroshard.cli_options import missing_input
+
+
+def _parse(*argv: str):
+    args = build_parser().parse_args(list(argv))
+    assert missing_input(args) is None
+    return vars(args)
+
+
+def _without_func(ns: dict) -> dict:
+    return {k: v for k, v in ns.items() if k != "func"}
+
+
+@pytest.mark.parametrize("positional,flagged", [
+    (["train", "p.json", "--tables", "t.json"], ["train", "--plan", "p.json", "--tables", "t.json"]),
+    (["evaluate", "p.json", "--tables", "t.json"], ["evaluate", "--plan", "p.json", "--tables", "t.json"]),
+    (["search", "t.json", "-d", "2", "-m", "1GiB", "-o", "p.json"],
+     ["search", "--tables", "t.json", "-d", "2", "-m", "1GiB", "-o", "p.json"]),
+    (["collect", "compute", "t.json", "--samples", "1", "-o", "d"],
+     ["collect", "compute", "--tables", "t.json", "--samples", "1", "--out", "d"]),
+    (["plan", "score", "p.json", "--tables", "t.json"], ["plan", "score", "--plan", "p.json", "--tables", "t.json"]),
+    (["plan", "show", "p.json"], ["plan", "show", "--plan", "p.json"]),
+    (["tables", "describe", "t.json"], ["tables", "describe", "--tables", "t.json"]),
+    (["calibrate", "t.json", "-o", "m.pt"], ["calibrate", "--tables", "t.json", "--output", "m.pt"]),
+])
+def test_inputs_positional_or_by_flag(positional, flagged):
+    assert _without_func(_parse(*positional)) == _without_func(_parse(*flagged))
+
+
+@pytest.mark.parametrize("short,old", [
+    (["evaluate", "p.json", "--tables", "t.json", "-o", "m.json"],
+     ["evaluate", "p.json", "--tables", "t.json", "--json", "m.json"]),
+    (["measure", "p.json", "--tables", "t.json", "--output", "m.json"],
+     ["measure", "p.json", "--tables", "t.json", "--json", "m.json"]),
+    (["pretrain", "--data", "d", "-o", "m.pt"], ["pretrain", "--data", "d", "--out", "m.pt"]),
+    (["collect", "comm", "--devices", "2", "--samples", "1", "-o", "d"],
+     ["collect", "comm", "--devices", "2", "--samples", "1", "--out", "d"]),
+    (["demo", "-o", "x"], ["demo", "--out", "x"]),
+])
+def test_one_output_flag_with_the_old_spellings_as_aliases(short, old):
+    assert _without_func(_parse(*short)) == _without_func(_parse(*old))
+
+
+def test_an_input_left_out_or_given_twice_is_one_usage_line(capsys):
+    assert main(["train", "--tables", "t.json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "PLAN (or --plan)" in err[0]
+    assert main(["train", "a.json", "--plan", "b.json", "--tables", "t.json"]) == 2
+    assert "given twice" in capsys.readouterr().err
+
+
+def test_version_and_verbose_after_the_subcommand(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"neuroshard {__version__}"
+    assert _parse("-v", "plan", "show", "p.json")["verbose"] is True
+    assert _parse("plan", "show", "p.json", "-v")["verbose"] is True
+    assert _parse("search", "t.json", "-d", "2", "-m", "1GiB", "-o", "p.json", "--verbose")["verbose"] is True
+    assert _parse("plan", "show", "p.json")["verbose"] is False
+
+
+@pytest.mark.parametrize("flag,bad", [("--kernel", "magic"), ("--optimizer", "adam"), ("--clock", "sundial")])
+def test_collect_lists_its_choices(flag, bad, capsys):
+    assert main(["collect", "compute", "t.json", "--samples", "1", "-o", "d", flag, bad]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice" in err and bad in err
+
+
+def test_collect_defaults_are_the_same_from_python_and_the_command_line():
+    from neuroshard.costmodels.measure.kernel import DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, KernelBenchmark
+    args = _parse("collect", "compute", "t.json", "--samples", "1", "-o", "d")
+    defaults = inspect.signature(KernelBenchmark).parameters
+    assert args["repeats"] == defaults["repeats"].default == DEFAULT_REPEATS
+    assert args["max_repeats"] == defaults["max_repeats"].default == DEFAULT_MAX_REPEATS
+    for name in ("warmup", "target_cv", "optimizer", "clock", "kernel"):
+        assert args[name] == defaults[name].default, name
+
+
+def test_dash_writes_the_plan_and_the_export_to_standard_output(tables_file, tmp_path, capsys):
+    import json
+    assert main(["search", str(tables_file), "-d", "2", "-m", "1GiB", "-a", "size", "-o", "-"]) == 0
+    out, err = capsys.readouterr()
+    plan = json.loads(out)
+    assert plan["format"] == "neuroshard.plan/v1" and "searched in" in err
+    (tmp_path / "p.json").write_text(out)
+    assert main(["export", "--plan", str(tmp_path / "p.json"), "--format", "torchrec", "-o", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["format"] == "neuroshard.torchrec-sharding/v1"
