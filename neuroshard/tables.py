@@ -11,6 +11,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from .datasets import access as acc
+from .datasets.lookup_cache import cached, sampling_key
 from .errors import FormatError
 from .validate import (MAX_BATCH_SIZE, MAX_EMBEDDING_DIM, MAX_LOOKUPS_PER_BATCH, MAX_NUM_EMBEDDINGS,
                        MAX_POOLING_FACTOR, MAX_TABLES, read_json)
@@ -41,12 +42,7 @@ class Table:
     access: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict, repr=False)
     base_dir: Path | None = field(default=None, repr=False, compare=False)
-    _cache: dict = field(default_factory=dict, repr=False, compare=False)
     source: str | None = field(default=None, repr=False, compare=False)  # where it was read, for errors
-
-    def __getstate__(self) -> dict:
-        # Sampled batches are caches: keep them out of pickles sent to worker processes.
-        return {**self.__dict__, "_cache": {}}
 
     # ---------------------------------------------------------------- format
     @classmethod
@@ -100,33 +96,30 @@ class Table:
 
     def sample_lookups(self, batch_size: int, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """One batch of lookups: (row ids, lengths per sample), deterministic for a seed
-        (default: derived from the table's name)."""
-        key = ("batch", batch_size, seed)
-        if key not in self._cache:
-            rng = np.random.default_rng(self._seed() if seed is None else seed)
-            if "indices" in self.access:
-                from .datasets.dlrm import recorded_batch
-                rows, lengths = recorded_batch(self, batch_size, rng)
-            else:
-                num = int(round(batch_size * self.pooling_factor))
-                rows = acc.sample_rows(self.access, self.num_embeddings, num, rng)
-                lengths = acc.lengths_for(num, batch_size, rng)
-            self._cache[key] = (rows, lengths)
-        return self._cache[key]
+        (default: derived from the table's name); cached (``datasets.lookup_cache``)."""
+        return cached((*sampling_key(self), "batch", batch_size, seed), lambda: self.draw_lookups(batch_size, seed))
+
+    def draw_lookups(self, batch_size: int, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``sample_lookups`` without the cache (a training step's batch, used once)."""
+        rng = np.random.default_rng(self._seed() if seed is None else seed)
+        if "indices" in self.access:
+            from .datasets.dlrm import recorded_batch
+            return recorded_batch(self, batch_size, rng)
+        num = int(round(batch_size * self.pooling_factor))
+        rows = acc.sample_rows(self.access, self.num_embeddings, num, rng)
+        return rows, acc.lengths_for(num, batch_size, rng)
 
     def reuse_histograms(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, float]:
         """(share of distinct rows per reuse bin, share of lookups per bin, mean reuse) in
         one batch: from the file's histogram when given, else from a sampled batch."""
-        key = ("hist", batch_size)
-        if key not in self._cache:
+        def compute() -> tuple[np.ndarray, np.ndarray, float]:
             if "reuse_histogram" in self.access:
                 distinct = np.asarray(self.access["reuse_histogram"], dtype=np.float64)
                 distinct = distinct / distinct.sum()
                 lookups, implied = acc.lookup_share_from_distinct(distinct)
-                self._cache[key] = (distinct, lookups, float(self.access.get("mean_reuse", implied)))
-            else:
-                self._cache[key] = acc.reuse_histograms(self.sample_lookups(batch_size)[0])
-        return self._cache[key]
+                return distinct, lookups, float(self.access.get("mean_reuse", implied))
+            return acc.reuse_histograms(self.sample_lookups(batch_size)[0])
+        return cached((*sampling_key(self), "hist", batch_size), compute)
 
     def reuse_histogram(self, batch_size: int) -> np.ndarray:
         """The 17-bin share of distinct rows per reuse bin in one batch."""
@@ -139,18 +132,18 @@ class Table:
         name = self.name if (num_rows, num_cols) == (self.num_embeddings, self.embedding_dim) \
             else f"{self.name}[{row_offset}:{row_offset + num_rows},{col_offset}:{col_offset + num_cols}]"
         if num_rows == self.num_embeddings:
-            return Table(name, num_rows, num_cols, self.pooling_factor, dict(self.access),
-                         base_dir=self.base_dir, _cache=self._cache if num_cols == self.embedding_dim else {})
-        key = ("rows", batch_size, row_offset, num_rows)
-        if key not in self._cache:
+            return Table(name, num_rows, num_cols, self.pooling_factor, dict(self.access), base_dir=self.base_dir)
+
+        def compute() -> tuple[float, np.ndarray, float]:
             rows = self.sample_lookups(batch_size)[0]
             inside = rows[(rows >= row_offset) & (rows < row_offset + num_rows)]
             distinct, _, mean_reuse = acc.reuse_histograms(inside)
             if inside.size == 0:
                 distinct[0] = 1.0
                 mean_reuse = 1.0
-            self._cache[key] = (inside.size / batch_size, distinct, mean_reuse)
-        pooling, distinct, mean_reuse = self._cache[key]
+            return inside.size / batch_size, distinct, mean_reuse
+        pooling, distinct, mean_reuse = cached((*sampling_key(self), "rows", batch_size, row_offset, num_rows),
+                                               compute)
         access = {"reuse_histogram": [round(float(x), 6) for x in distinct], "mean_reuse": mean_reuse}
         return Table(name, num_rows, num_cols, float(pooling), access)
 

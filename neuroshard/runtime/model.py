@@ -9,7 +9,6 @@ without building the whole table.
 """
 from __future__ import annotations
 
-import dataclasses
 import zlib
 from dataclasses import dataclass
 from typing import Sequence
@@ -84,10 +83,9 @@ def make_batch(tables: Sequence[Table], batch_size: int, step: int, seed: int,
     labels = ((dense[:, 0] + noise) > 0).float()
     lookups = {}
     for table in tables:
-        # A fresh cache per call: the table's own cache would keep every step's batch.
-        fresh = dataclasses.replace(table, _cache={})
+        # Drawn uncached: a cache would keep every step's batch.
         salt = zlib.crc32(table.name.encode())
-        rows, lengths = fresh.sample_lookups(batch_size, seed=step_seed(seed, step, salt))
+        rows, lengths = table.draw_lookups(batch_size, seed=step_seed(seed, step, salt))
         lookups[table.name] = (np.asarray(rows, dtype=np.int64), np.asarray(lengths, dtype=np.int64))
     return Batch(dense, labels, lookups)
 
