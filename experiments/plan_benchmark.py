@@ -39,11 +39,10 @@ import pandas as pd
 from neuroshard.costmodels import load_cost_models
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.errors import NeuroShardError
-from neuroshard.runtime.measure_plan import measure_plans
+from neuroshard.runtime.measure_plan import estimate_gmae, estimate_spearman, measure_plans, plan_simulator
 from neuroshard.search.api import shard
 from neuroshard.search.registry import ALGORITHMS
 from neuroshard.search.torchrec_planner import torchrec_available
-from neuroshard.tables import TableSet
 
 log = logging.getLogger("plan_benchmark")
 
@@ -72,19 +71,6 @@ def a2a_bytes_per_device(plan, batch_size: int) -> float:
     widths = [sum(s.num_cols for s in plan.shards_on(d)) for d in range(plan.num_devices)]
     share = (plan.num_devices - 1) / plan.num_devices
     return max(widths) * batch_size * 4 * share
-
-
-def estimate_errors(plan, tables, compute_ms: list[float], models) -> tuple[float, float]:
-    """(GMAE, Spearman over devices) of ``models``' compute estimate against measured compute."""
-    from scipy.stats import spearmanr
-
-    from neuroshard.costmodels.metrics import gmae
-    from neuroshard.search.simulator import Simulator
-    at_batch = TableSet(tables.name, list(tables), models.batch_size, tables.extra)
-    est = Simulator(at_batch, plan.num_devices, models, plan.bytes_per_element).evaluate_plan(plan).compute_ms[0]
-    keep = [i for i, c in enumerate(compute_ms) if c > 0]
-    rho = spearmanr(est[keep], np.array(compute_ms)[keep]).statistic if len(keep) > 2 else float("nan")
-    return gmae(est[keep], np.array(compute_ms)[keep]), float(rho)
 
 
 def run_task(family: str, devices: int, index: int, tables, memory: int, args, models) -> list[dict]:
@@ -125,8 +111,10 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                      "shards": len(p.plan.shards), "failed": "",
                      "calibration_s": p.plan.provenance.get("calibration_s", float("nan"))})
         if calibrated is not None:
-            rows[-1]["estimate_gmae_calibrated"], rows[-1]["estimate_spearman_calibrated"] = estimate_errors(
-                p.plan, tables, p.compute_ms, calibrated)
+            sim = plan_simulator(p.plan, tables, result.config["batch_size"], calibrated)
+            estimated = sim.evaluate_plan(p.plan).compute_ms[0]
+            rows[-1]["estimate_gmae_calibrated"] = estimate_gmae(estimated, p.compute_ms)
+            rows[-1]["estimate_spearman_calibrated"] = estimate_spearman(estimated, p.compute_ms)
     measured = {r["algorithm"]: r["max_compute_ms"] for r in rows if not r.get("failed")}
     best = min((measured[b] for b in baselines(args.torchrec) if b in measured), default=float("nan"))
     best_bytes = min((r["a2a_bytes_per_device"] for r in rows if r["algorithm"] in baselines(args.torchrec)

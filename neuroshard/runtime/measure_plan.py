@@ -75,6 +75,29 @@ class DeviceTimes:
     prepared: FusedInputs | None = None
 
 
+def estimate_gmae(estimated: Sequence[float], measured: Sequence[float]) -> float:
+    """Geometric mean of |estimate - measured| / measured over the devices with shards."""
+    from ..costmodels.metrics import gmae
+    keep = [i for i, c in enumerate(measured) if c > 0]
+    return gmae(np.asarray(estimated)[keep], np.asarray(measured)[keep])
+
+
+def estimate_spearman(estimated: Sequence[float], measured: Sequence[float]) -> float:
+    """Spearman rank correlation of estimated and measured compute over a plan's devices."""
+    estimated, measured = [float(x) for x in estimated], [float(x) for x in measured]
+    if len(measured) < 3 or len(set(measured)) < 2 or len(set(estimated)) < 2:
+        return float("nan")
+    from scipy.stats import spearmanr
+    return float(spearmanr(estimated, measured).statistic)
+
+
+def plan_simulator(plan: Plan, tables: TableSet, batch_size: int, models: Any):
+    """A simulator of ``plan``'s tables at ``batch_size`` (the batch a measurement ran at)."""
+    from ..search.simulator import Simulator
+    at_batch = TableSet(tables.name, list(tables), batch_size, tables.extra)
+    return Simulator(at_batch, plan.num_devices, models, plan.bytes_per_element)
+
+
 @dataclass
 class PlanMeasurement:
     """Measured compute per device of one plan, beside the cost models' estimate."""
@@ -104,18 +127,11 @@ class PlanMeasurement:
 
     @property
     def error_gmae(self) -> float:
-        """Geometric mean of |estimate - measured| / measured over the devices with shards."""
-        from ..costmodels.metrics import gmae
-        keep = [i for i, c in enumerate(self.compute_ms) if c > 0]
-        return gmae(np.array(self.estimated_compute_ms)[keep], np.array(self.compute_ms)[keep])
+        return estimate_gmae(self.estimated_compute_ms, self.compute_ms)
 
     @property
     def error_spearman(self) -> float:
-        """Spearman rank correlation of estimated and measured compute over the plan's devices."""
-        if len(self.compute_ms) < 3 or len(set(self.compute_ms)) < 2 or len(set(self.estimated_compute_ms)) < 2:
-            return float("nan")
-        from scipy.stats import spearmanr
-        return float(spearmanr(self.estimated_compute_ms, self.compute_ms).statistic)
+        return estimate_spearman(self.estimated_compute_ms, self.compute_ms)
 
     def per_device_table(self):
         """One row per device (pandas): shards, width, measured and estimated compute, modeled comm."""
@@ -317,7 +333,6 @@ def measure_plans(plans: Mapping[str, Plan] | Sequence[Plan], tables: TableSet, 
     their data was measured at); the estimates are made at the same batch. ``plans``
     is a name -> plan mapping or a list (named plan0, plan1, ...)."""
     from ..search.api import resolve_cost_models
-    from ..search.simulator import Simulator
 
     if not isinstance(plans, Mapping):
         plans = {f"plan{i}": p for i, p in enumerate(plans)}
@@ -331,14 +346,13 @@ def measure_plans(plans: Mapping[str, Plan] | Sequence[Plan], tables: TableSet, 
     rounds_ms, config = time_devices(devices, tables, batch_size=batch_size, **options)
     config.update(cost_model=models.name, tables_name=tables.name)
 
-    at_batch = TableSet(tables.name, list(tables), batch_size, tables.extra)
     results, first = [], 0
     for name in names:
         plan = plans[name]
         mine = rounds_ms[first:first + plan.num_devices]
         first += plan.num_devices
         compute = [float(statistics.median(r)) if r else 0.0 for r in mine]
-        sim = Simulator(at_batch, plan.num_devices, models, plan.bytes_per_element)
+        sim = plan_simulator(plan, tables, batch_size, models)
         est = sim.evaluate_plan(plan)
         with_measured = sim.evaluate_plan(plan, compute)
         comm = (with_measured.fwd_comm_ms + with_measured.bwd_comm_ms + with_measured.reduce_ms)[0]
@@ -353,5 +367,5 @@ def plan_names(paths: Sequence[str]) -> list[str]:
     return [s if stems.count(s) == 1 else f"{s}#{i}" for i, s in enumerate(stems)]
 
 
-__all__ = ["measure_plans", "time_devices", "MeasureResult", "PlanMeasurement", "plan_names", "DEFAULT_ROUNDS",
-           "DEFAULT_WARMUP_ROUNDS", "DEFAULT_REPEATS"]
+__all__ = ["measure_plans", "time_devices", "estimate_gmae", "estimate_spearman", "plan_simulator", "MeasureResult",
+           "PlanMeasurement", "plan_names", "DEFAULT_ROUNDS", "DEFAULT_WARMUP_ROUNDS", "DEFAULT_REPEATS"]
