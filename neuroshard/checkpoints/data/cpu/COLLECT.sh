@@ -21,3 +21,22 @@ neuroshard tables generate --preset dlrm-2021 --seed 0 -o out/dlrm2021.json --ca
 neuroshard tables split out/dlrm2021.json --train out/dlrm2021-train.json --test out/dlrm2021-test.json
 neuroshard collect compute --tables out/dlrm2021-train.json --samples 2500 --out $D/compute-dlrm2021 \
   --max-tables-per-device 8 --memory 1GiB --batch-size 4096 --dims 4..128 --seed 100 --max-minutes 55
+
+# 4. (2026-11-23) Wide sets covering real plans: 1-40 shards per set, up to 3 GiB per device (rows capped
+#    at 1,000,000 per shard), row slices 30%, pooling 0.03-118, zipf 0.5-1.4 and the dlrm-2022 reuse
+#    histograms; tables of three families (broad, dlrm-2022, hot-few) at seeds no benchmark task uses.
+#    dlrm-2021, criteo-kaggle and criteo-terabyte stay held out of this data entirely.
+python - <<'PY'
+from neuroshard.datasets.families import generate
+from neuroshard.tables import TableSet
+tables = []
+for family, count, seed in (("broad", 160, 1001), ("dlrm-2022", 120, 1002), ("hot-few", 60, 1003)):
+    for t in generate(family, count, seed):
+        t.name = f"{family}-{t.name}"
+        tables.append(t)
+TableSet("pretrain-wide", tables, 4096, {"families": ["broad s1001", "dlrm-2022 s1002", "hot-few s1003"]}
+         ).write("neuroshard/checkpoints/data/cpu/compute-wide/tables.json")
+PY
+neuroshard collect compute $D/compute-wide/tables.json --samples 3000 -o $D/compute-wide \
+  --max-tables-per-device 40 --memory 3GiB --dims 4..128 --row-split-prob 0.3 --seed 0 \
+  --repeats 3 --max-repeats 5 --max-minutes 95
