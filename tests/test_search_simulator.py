@@ -58,7 +58,7 @@ def test_set_costs_are_cached_and_batched(models):
     assert sim.sets_predicted == predicted
 
 
-def test_row_splits_add_a_reduction_column_splits_do_not(models):
+def test_row_splits_are_charged_once_in_the_all_to_all(models):
     tables = _tables()
     sim = Simulator(tables, 2, models)
     heavy, light, mid = whole_pieces(tables)
@@ -66,10 +66,12 @@ def test_row_splits_add_a_reduction_column_splits_do_not(models):
     rows = [*heavy.halve_rows(), light, mid]
     est_cols = sim.evaluate(cols, np.array([[0, 1, 0, 1]]))
     est_rows = sim.evaluate(rows, np.array([[0, 1, 0, 1]]))
-    assert np.all(est_cols.reduce_ms == 0)
-    assert np.all(est_rows.reduce_ms > 0)
-    # Row shards send partial sums of all their columns: more all-to-all width.
+    # Row shards send partial sums of all their columns: more all-to-all width, and the
+    # receiver adds them up inside the exchange, so no second (reduce) term.
     assert est_rows.bwd_comm_ms.sum() > est_cols.bwd_comm_ms.sum()
+    assert np.all(est_rows.reduce_ms == 0) and np.all(est_cols.reduce_ms == 0)
+    same = sim.evaluate(rows, np.array([[0, 1, 0, 1]]))
+    assert np.allclose(same.total_ms, est_rows.compute_ms + est_rows.fwd_comm_ms + est_rows.bwd_comm_ms)
 
 
 def test_row_shard_features_follow_the_rows(models):

@@ -6,9 +6,11 @@ Per device ``d`` of one candidate plan (all in ms at the tables' batch size)::
     bwd_d     = backward all-to-all of width_d (width_d = sum of the shards' columns)
     fwd_d     = forward all-to-all of width_d, waiting included: it starts when d is
                 ready, skew_d = (compute_d + bwd_d) - max_e (compute_e + bwd_e)
-    reduce    = reduction of row-wise partial sums, reduce_width = sum over row-split
-                tables of num_cols x (row shards - 1)
-    total_d   = compute_d + fwd_d + bwd_d + reduce;   cost of the plan = max_d total_d
+    total_d   = compute_d + fwd_d + bwd_d;   cost of the plan = max_d total_d
+
+Row-wise partial sums travel in the all-to-all (every row block's columns count in
+``width_d``) and are added up by the receiver, so they are charged there, once;
+``reduce_ms`` stays in the estimate (zero) for reductions outside the exchange.
 
 Search evaluates thousands of candidates, so the simulator takes many at once: one
 compute-model call for every shard set not seen before (set costs are cached, keyed
@@ -24,6 +26,7 @@ import numpy as np
 
 from ..costmodels.base import CostModels
 from ..costmodels.features import FEATURE_NAMES, table_features
+from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes, shard_bytes
 from ..plan import Plan, Shard
 from ..tables import TableSet
 
@@ -43,8 +46,9 @@ class Piece(NamedTuple):
     col_offset: int
     num_cols: int
 
-    def size_bytes(self, bytes_per_element: int) -> int:
-        return self.num_rows * self.num_cols * bytes_per_element
+    def size_bytes(self, bytes_per_element: int, optimizer: str = DEFAULT_OPTIMIZER) -> int:
+        """Memory of the piece: weights plus ``optimizer``'s state (``optimizers.shard_bytes``)."""
+        return shard_bytes(self.num_rows, self.num_cols, bytes_per_element, optimizer)
 
     def can_halve_cols(self) -> bool:
         """Two halves of widths that are multiples of 4."""
@@ -121,11 +125,13 @@ class Simulator:
     single-piece costs are kept in arrays indexed by id, and set costs in a dict keyed
     by sorted id tuples, so a piece or a device's set is never costed twice."""
 
-    def __init__(self, tables: TableSet, num_devices: int, cost_models: CostModels, bytes_per_element: int = 4):
+    def __init__(self, tables: TableSet, num_devices: int, cost_models: CostModels, bytes_per_element: int = 4,
+                 *, optimizer: str = DEFAULT_OPTIMIZER):
         self.tables = tables
         self.num_devices = int(num_devices)
         self.cost_models = cost_models
         self.bytes_per_element = int(bytes_per_element)
+        self.optimizer = check_optimizer(optimizer)  # its state counts in every memory check
         self.comm = cost_models.comm_for(self.num_devices)
         self.scale = cost_models.scale(tables.batch_size)
         self.total_dim = sum(t.embedding_dim for t in tables)
@@ -149,7 +155,8 @@ class Simulator:
         if key not in self._memory_splits:
             from .rowwise import split_for_memory
             self._memory_splits[key] = split_for_memory(whole_pieces(self.tables), memory_bytes,
-                                                        self.bytes_per_element, row_splits, self.num_devices)
+                                                        self.bytes_per_element, row_splits, self.num_devices,
+                                                        optimizer=self.optimizer)
         return list(self._memory_splits[key])
 
     def piece_ids(self, pieces: Sequence[Piece]) -> np.ndarray:
@@ -187,7 +194,8 @@ class Simulator:
             self._arrays = {"features": np.stack(self._features) if self._features else
                             np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32),
                             "cols": pieces[:, 4].astype(np.float64),
-                            "bytes": (pieces[:, 2] * pieces[:, 4] * self.bytes_per_element).astype(np.float64)}
+                            "bytes": (pieces[:, 2] * row_bytes(pieces[:, 4], self.bytes_per_element,
+                                                                 self.optimizer)).astype(np.float64)}
             grown = np.full(len(self._pieces), np.nan)
             grown[:len(self._single_ms)] = self._single_ms
             self._single_ms = grown
@@ -202,9 +210,12 @@ class Simulator:
         return self._array("cols")[ids]
 
     def bytes_of(self, ids: np.ndarray) -> np.ndarray:
-        """Memory of pieces by id."""
+        """Memory of pieces by id (weights and optimizer state)."""
         return self._array("bytes")[ids]
 
+    def sizes_bytes(self, pieces: Sequence[Piece]) -> np.ndarray:
+        """Memory of pieces (weights and optimizer state), as float64 for the placers."""
+        return np.array([p.size_bytes(self.bytes_per_element, self.optimizer) for p in pieces], dtype=np.float64)
     # -------------------------------------------------------------- costs
     def set_costs_ms(self, sets: Sequence[tuple[int, ...]]) -> np.ndarray:
         """Compute cost (ms at the models' batch size) of each set of piece ids (sorted
@@ -245,29 +256,26 @@ class Simulator:
         communication term for the whole (candidates, devices) array."""
         num, dev = len(candidates), self.num_devices
         widths = np.zeros((num, dev))
-        reduce_width = np.zeros(num)
         set_keys: list[tuple[int, ...]] = []
         for p, (ids, devices) in enumerate(candidates):
             devices = np.asarray(devices, dtype=np.int64)
             cols = self.cols_of(ids)
             widths[p] = np.bincount(devices, weights=cols, minlength=dev)
-            reduce_width[p] = cols.sum() - self.total_dim  # sum over columns of (row shards - 1)
             order = np.lexsort((ids, devices))
             bounds = np.searchsorted(devices[order], np.arange(dev + 1)).tolist()
             sorted_ids = ids[order].tolist()
             set_keys.extend(tuple(sorted_ids[bounds[d]:bounds[d + 1]]) for d in range(dev))
         compute = self.set_costs_ms(set_keys).reshape(num, dev)
-        return self._with_comm(compute, widths, reduce_width)
+        return self._with_comm(compute, widths)
 
-    def _with_comm(self, compute: np.ndarray, widths: np.ndarray, reduce_width: np.ndarray) -> Estimate:
+    def _with_comm(self, compute: np.ndarray, widths: np.ndarray) -> Estimate:
         """The estimate of plans whose per-device compute is ``compute`` (P, D), in ms at
         the models' batch size: the communication terms added (forward waiting included)."""
         num, dev = compute.shape
         bwd = self.comm.predict_backward(widths)
         ready = compute + bwd
         fwd = self.comm.predict_forward(widths, ready - ready.max(axis=1, keepdims=True))
-        reduce = np.where(reduce_width > 0, self.comm.predict_reduce(reduce_width), 0.0)
-        reduce = np.broadcast_to(reduce[:, None], (num, dev)).copy()
+        reduce = np.zeros((num, dev))  # row-wise partial sums are in ``widths`` (module docstring)
         return Estimate(compute * self.scale, fwd * self.scale, bwd * self.scale, reduce * self.scale)
 
     # -------------------------------------------------------------- plans
@@ -286,7 +294,7 @@ class Simulator:
         cols = self.cols_of(self.piece_ids(pieces))
         widths = np.bincount(devices, weights=cols, minlength=self.num_devices)[None, :]
         compute = np.asarray(compute_ms, dtype=np.float64)[None, :] / self.scale
-        return self._with_comm(compute, widths, np.array([cols.sum() - self.total_dim]))
+        return self._with_comm(compute, widths)
 
     def to_shards(self, pieces: Sequence[Piece], devices: np.ndarray) -> list[Shard]:
         """Pieces placed on devices as plan shards, ordered by table, rows, columns."""
