@@ -8,14 +8,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .errors import FormatError, InvalidPlanError
+from .errors import FormatError, InvalidPlanError, NeuroShardError
+from .optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer, shard_bytes
 from .tables import Table, TableSet, _is_int, _is_number
 from .validate import MAX_BYTES_PER_ELEMENT, MAX_DEVICES, MAX_MEMORY_BYTES, MAX_TABLES, read_json
 
 PLAN_FORMAT = "neuroshard.plan/v1"
 _SHARD_KEYS = ("table", "row_offset", "num_rows", "col_offset", "num_cols", "device")
 _PLAN_KEYS = ("format", "tables_name", "num_devices", "device_memory_bytes", "bytes_per_element",
-              "tables", "shards", "estimate", "provenance")
+              "tables", "shards", "estimate", "provenance", "optimizer", "data_parallel_tables")
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,9 @@ class Shard:
     num_cols: int
     device: int
 
-    def size_bytes(self, bytes_per_element: int = 4) -> int:
-        return self.num_rows * self.num_cols * bytes_per_element
+    def size_bytes(self, bytes_per_element: int = 4, optimizer: str = DEFAULT_OPTIMIZER) -> int:
+        """Memory of the shard: weights plus ``optimizer``'s state (``optimizers.shard_bytes``)."""
+        return shard_bytes(self.num_rows, self.num_cols, bytes_per_element, optimizer)
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in _SHARD_KEYS}
@@ -66,6 +68,8 @@ class Plan:
     estimate: dict | None = None
     provenance: dict | None = None
     extra: dict = field(default_factory=dict, repr=False)
+    optimizer: str = DEFAULT_OPTIMIZER  # embedding optimizer: its state counts in memory (``optimizers``)
+    data_parallel_tables: list[str] = field(default_factory=list)  # replicated on every device, no shards
 
     # ---------------------------------------------------------------- access
     def table(self, name: str) -> Table:
@@ -80,15 +84,24 @@ class Plan:
     def shards_on(self, device: int) -> list[Shard]:
         return [s for s in self.shards if s.device == device]
 
+    def replicas(self) -> list[Shard]:
+        """The data-parallel tables as one whole-table shard on every device (what they take
+        in memory: the full table everywhere)."""
+        return [Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, d) for t in self.tables
+                if t.name in self.data_parallel_tables for d in range(self.num_devices)]
+
     def memory_used_bytes(self) -> list[int]:
         used = [0] * self.num_devices
-        for s in self.shards:
+        for s in self.shards + self.replicas():
             if 0 <= s.device < self.num_devices:
-                used[s.device] += s.size_bytes(self.bytes_per_element)
+                used[s.device] += s.size_bytes(self.bytes_per_element, self.optimizer)
         return used
 
     def sharding_type(self, table: str) -> str:
-        """'table_wise', 'column_wise', 'row_wise' or 'mixed' (split along both)."""
+        """'table_wise', 'column_wise', 'row_wise', 'mixed' (split along both) or
+        'data_parallel' (replicated)."""
+        if table in self.data_parallel_tables:
+            return "data_parallel"
         shards = self.shards_of(table)
         rows = {(s.row_offset, s.num_rows) for s in shards}
         cols = {(s.col_offset, s.num_cols) for s in shards}
@@ -115,11 +128,23 @@ class Plan:
             if not 0 <= s.device < self.num_devices:
                 out.append(f"shard #{i} of table '{s.table}': device {s.device} is outside 0..{self.num_devices - 1}")
             by_table[s.table].append(s)
+        replicated = set(self.data_parallel_tables)
+        for name in sorted(replicated - set(names)):
+            out.append(f"data-parallel table '{name}' is not among the plan's tables")
+        if len(replicated) != len(self.data_parallel_tables):
+            out.append("data_parallel_tables lists a table twice")
         for t in self.tables:
-            out.extend(_tiling_problems(t, by_table[t.name]))
+            if t.name not in replicated:
+                out.extend(_tiling_problems(t, by_table[t.name]))
+            elif by_table[t.name]:
+                out.append(f"table '{t.name}' is data-parallel (replicated on every device) but also has "
+                           f"{len(by_table[t.name])} shard(s)")
+        if self.optimizer not in OPTIMIZERS:
+            return out + [f"unknown optimizer {self.optimizer!r} (choose from {', '.join(OPTIMIZERS)})"]
+        state = "" if self.optimizer == DEFAULT_OPTIMIZER else f" with {self.optimizer} state"
         for d, used in enumerate(self.memory_used_bytes()):
             if used > self.device_memory_bytes:
-                out.append(f"device {d}: shards need {used} bytes, over its {self.device_memory_bytes} "
+                out.append(f"device {d}: shards need {used} bytes{state}, over its {self.device_memory_bytes} "
                            f"by {used - self.device_memory_bytes}")
         return out
 
@@ -184,15 +209,28 @@ class Plan:
         costs = estimate.get("per_device_cost_ms")
         if costs is not None and not (isinstance(costs, list) and all(_is_number(c) for c in costs)):
             raise FormatError(f"{source}: field 'estimate.per_device_cost_ms' must be a list of numbers")
+        try:
+            optimizer = check_optimizer(data.get("optimizer", DEFAULT_OPTIMIZER), f"{source}: field 'optimizer'")
+        except NeuroShardError as exc:
+            raise FormatError(str(exc)) from None
+        replicated = data.get("data_parallel_tables", [])
+        if not (isinstance(replicated, list) and all(isinstance(n, str) for n in replicated)):
+            raise FormatError(f"{source}: field 'data_parallel_tables' must be a list of table names, "
+                              f"got {replicated!r}")
         extra = {k: v for k, v in data.items() if k not in _PLAN_KEYS}
         return cls(tables, shards, data["num_devices"], data["device_memory_bytes"], bpe,
-                   str(data.get("tables_name", "tables")), data.get("estimate"), data.get("provenance"), extra)
+                   str(data.get("tables_name", "tables")), data.get("estimate"), data.get("provenance"), extra,
+                   optimizer=optimizer, data_parallel_tables=list(replicated))
 
     def to_dict(self) -> dict:
         out: dict = {"format": PLAN_FORMAT, "tables_name": self.tables_name, "num_devices": self.num_devices,
                      "device_memory_bytes": self.device_memory_bytes, "bytes_per_element": self.bytes_per_element,
                      "tables": [t.to_dict() for t in self.tables],
                      "shards": [s.to_dict() for s in self.shards]}
+        if self.optimizer != DEFAULT_OPTIMIZER:  # a plan with the default reads as before revision 3
+            out["optimizer"] = self.optimizer
+        if self.data_parallel_tables:  # absent when none: such a plan reads as before revision 3
+            out["data_parallel_tables"] = list(self.data_parallel_tables)
         if self.estimate is not None:
             out["estimate"] = self.estimate
         if self.provenance is not None:
@@ -219,9 +257,10 @@ class Plan:
         by_name = {t.name: t for t in self.tables}
         rows = []
         costs = (self.estimate or {}).get("per_device_cost_ms")
+        memory = self.memory_used_bytes()
         for d in range(self.num_devices):
             shards = self.shards_on(d)
-            used = sum(s.size_bytes(self.bytes_per_element) for s in shards)
+            used = memory[d]  # data-parallel tables included
             lookups = sum(by_name[s.table].pooling_factor * s.num_rows / by_name[s.table].num_embeddings
                           for s in shards if s.table in by_name)
             row = {"device": d, "shards": len(shards), "tables": len({s.table for s in shards}),
@@ -247,6 +286,11 @@ class Plan:
         head = (f"plan for '{self.tables_name}': {len(self.tables)} tables, {len(self.shards)} shards "
                 f"on {self.num_devices} devices (algorithm: {algo}; "
                 + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")")
+        if self.optimizer != DEFAULT_OPTIMIZER:
+            head += f"\noptimizer: {self.optimizer} (memory_used counts its state with the weights)"
+        if self.data_parallel_tables:
+            head += (f"\ndata-parallel tables (replicated on every device, in memory_used): "
+                     f"{', '.join(self.data_parallel_tables)}")
         if self.estimate and "max_device_cost_ms" in self.estimate:
             head += f"\nestimated max device cost: {self.estimate['max_device_cost_ms']:.3f} ms/iteration"
         return head + "\n" + df.to_string(index=False)
