@@ -10,6 +10,11 @@ them side by side and adds each received column into its output column
 row-wise shards are reduced at the receiver. Backward runs the same in reverse: the
 receiver picks each shard's gradient columns (the same gradient for every row-wise
 partial sum) and a reverse all-to-all sends them home.
+
+Precision. With ``comm_precision`` ``fp16`` or ``bf16`` what crosses the network is
+cast to that type just before each all-to-all and back to fp32 just after (pooled
+embeddings forward, their gradients backward): half the bytes; partial sums are
+still added in fp32 at the receiver. ``fp32`` sends the tensors as they are.
 """
 from __future__ import annotations
 
@@ -21,6 +26,9 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     from .plan import Plan
     from .tables import Table
+
+#: element type of what the all-to-all sends, by the plan's ``comm_precision``
+COMM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def batch_shares(batch_size: int, world_size: int) -> list[int]:
@@ -36,11 +44,15 @@ class PooledExchange:
 
     ``widths[p]`` is the width of rank ``p``'s pooled output; ``dest_cols`` the output
     column of every received column, sources in rank order; ``output_width`` the
-    width of the assembled features."""
+    width of the assembled features; ``comm_precision`` the element type sent
+    (``COMM_DTYPES``)."""
 
     def __init__(self, rank: int, world_size: int, batch_size: int, widths: Sequence[int],
-                 dest_cols: Sequence[int], output_width: int, device: torch.device) -> None:
+                 dest_cols: Sequence[int], output_width: int, device: torch.device,
+                 comm_precision: str = "fp32") -> None:
+        from .validate import check_comm_precision
         self.rank, self.world_size, self.device = rank, world_size, device
+        self.dtype = COMM_DTYPES[check_comm_precision(comm_precision)]
         self.batch_sizes = batch_shares(batch_size, world_size)
         self.widths = [int(w) for w in widths]
         self.output_width = int(output_width)
@@ -61,23 +73,28 @@ class PooledExchange:
             for s in plan.shards_on(p):
                 start = table_offset[s.table] + s.col_offset
                 dest.extend(range(start, start + s.num_cols))
-        return cls(rank, world_size, batch_size, widths, dest, offset, device)
+        return cls(rank, world_size, batch_size, widths, dest, offset, device, plan.comm_precision)
 
     @classmethod
     def for_widths(cls, widths: Sequence[int], rank: int, world_size: int, batch_size: int,
-                   device: torch.device) -> "PooledExchange":
+                   device: torch.device, comm_precision: str = "fp32") -> "PooledExchange":
         """An exchange of pooled outputs of these widths, each column its own output column
         (what the communication benchmark runs for a sample of widths)."""
         total = int(sum(widths))
-        return cls(rank, world_size, batch_size, widths, range(total), total, device)
+        return cls(rank, world_size, batch_size, widths, range(total), total, device, comm_precision)
+
+    def _all_to_all(self, send: torch.Tensor, output_sizes: list[int], input_sizes: list[int]) -> torch.Tensor:
+        """One all-to-all of a flat fp32 tensor, sent as ``self.dtype``; fp32 back."""
+        send = send.to(self.dtype)
+        received = torch.empty(sum(output_sizes), dtype=self.dtype, device=self.device)
+        dist.all_to_all_single(received, send, output_split_sizes=output_sizes, input_split_sizes=input_sizes)
+        return received.float()
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
         """(B, W_rank) pooled outputs of this rank's shards -> (b_rank, all table widths)."""
         b = self.batch_sizes[self.rank]
-        received = torch.empty(b * sum(self.widths), device=self.device)
-        dist.all_to_all_single(received, pooled.contiguous().view(-1),
-                               output_split_sizes=[b * w for w in self.widths],
-                               input_split_sizes=[n * self.widths[self.rank] for n in self.batch_sizes])
+        received = self._all_to_all(pooled.contiguous().view(-1), [b * w for w in self.widths],
+                                    [n * self.widths[self.rank] for n in self.batch_sizes])
         parts = [chunk.view(b, w) for chunk, w in zip(torch.split(received, [b * w for w in self.widths]),
                                                        self.widths)]
         out = torch.zeros(b, self.output_width, device=self.device)
@@ -89,8 +106,5 @@ class PooledExchange:
         picked = grad.index_select(1, self.dest_cols)
         send = torch.cat([part.contiguous().view(-1) for part in torch.split(picked, self.widths, dim=1)])
         width = self.widths[self.rank]
-        received = torch.empty(sum(self.batch_sizes) * width, device=self.device)
-        dist.all_to_all_single(received, send,
-                               output_split_sizes=[n * width for n in self.batch_sizes],
-                               input_split_sizes=[b * w for w in self.widths])
+        received = self._all_to_all(send, [n * width for n in self.batch_sizes], [b * w for w in self.widths])
         return received.view(sum(self.batch_sizes), width)

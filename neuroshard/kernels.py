@@ -21,8 +21,13 @@ with), so a predicted and a measured cost time the same code.
 A step is ``pooled(inputs)``, a backward through the pooled output, then
 ``step()`` (a no-op for TBE, whose update happens in its backward).
 
+``weights_precision`` is the element type of the weights: ``fp32`` or ``fp16`` (TBE
+stores fp16 weights, accumulates in fp32 and returns fp32 pooled outputs; the fallback
+keeps fp16 bags and returns their output as fp32). fbgemm-gpu-cpu has no CPU backward
+for ``int8`` weights, so int8 is refused for training (``check_weights_precision``).
+
 ``weights_buffer`` lets kernels share memory: the weights are carved from the start
-of one flat float32 tensor instead of being allocated (``neuroshard measure`` times
+of one flat tensor of the weights' element type instead of being allocated (``neuroshard measure`` times
 the devices of a plan one at a time, so they all use one buffer the size of the
 largest device). ``local_lookups`` turns a table's batch into one shard's lookups,
 for the runtime and for ``measure`` alike.
@@ -48,6 +53,34 @@ OPTIMIZERS = ("exact_sgd", "exact_rowwise_adagrad")
 DEFAULT_MAX_ROWS = 1_000_000
 #: TBE's widths must be multiples of this
 TBE_WIDTH_ALIGN = 4
+#: weight element types a kernel trains with, by bytes per element (a plan's ``bytes_per_element``)
+WEIGHTS_PRECISIONS = {"fp32": 4, "fp16": 2}
+#: precisions a plan's ``bytes_per_element`` may name that no kernel here trains with
+UNTRAINABLE_PRECISIONS = {"int8": 1}
+
+
+def precision_of(bytes_per_element: int) -> str:
+    """The weights' element type a plan's ``bytes_per_element`` stands for (``fp32`` for
+    sizes that name no other: 8, 3, ...)."""
+    names = {b: name for name, b in {**WEIGHTS_PRECISIONS, **UNTRAINABLE_PRECISIONS}.items()}
+    return names.get(int(bytes_per_element), "fp32")
+
+
+def check_weights_precision(precision: str) -> str:
+    """``precision`` if a kernel trains with it; NeuroShardError saying why not otherwise."""
+    if precision in UNTRAINABLE_PRECISIONS:
+        raise NeuroShardError(f"weights precision {precision} cannot be trained here: fbgemm-gpu-cpu has no CPU "
+                              f"backward for {precision} weights; it counts in memory only (bytes per element "
+                              f"{UNTRAINABLE_PRECISIONS[precision]}), costed as fp32")
+    if precision not in WEIGHTS_PRECISIONS:
+        raise NeuroShardError(f"unknown weights precision {precision!r}; choose one of "
+                              f"{', '.join(WEIGHTS_PRECISIONS)}")
+    return precision
+
+
+def weights_dtype(precision: str) -> "torch.dtype":
+    import torch
+    return {"fp32": torch.float32, "fp16": torch.float16}[check_weights_precision(precision)]
 
 
 def fbgemm_available(backend: str = "cpu") -> bool:
@@ -106,7 +139,7 @@ def local_lookups(rows: np.ndarray, lengths: np.ndarray, row_offset: int, num_ro
 
 
 def weights_numel(shapes: Sequence[tuple[int, int]], kernel: str) -> int:
-    """Floats the weights of ``shapes`` take in ``kernel`` (TBE pads widths to multiples of 4)."""
+    """Elements the weights of ``shapes`` take in ``kernel`` (TBE pads widths to multiples of 4)."""
     align = TBE_WIDTH_ALIGN if kernel == "fbgemm_tbe" else 1
     return sum(int(r) * (-(-int(d) // align) * align) for r, d in shapes)
 
@@ -117,13 +150,15 @@ class FusedEmbedding:
     ``shapes`` are the (allocated rows, width) of each shard; ``init`` is one value for
     every weight or one (rows, width) tensor per shard. ``lr`` is the learning rate of
     the fused update; ``optimizer`` applies to TBE (the fallback always runs SGD).
-    ``weights_buffer`` (a flat float32 tensor of at least ``weights_numel(shapes,
+    ``weights_precision`` is the weights' element type (``WEIGHTS_PRECISIONS``).
+    ``weights_buffer`` (a flat tensor of that type, of at least ``weights_numel(shapes,
     kernel)`` elements) holds the weights instead of a new allocation; its values are
     left as they are (``init`` is not applied), as when timing kernels that share it."""
 
     def __init__(self, shapes: Sequence[tuple[int, int]], kernel: str = "auto", device: "torch.device | str" = "cpu",
                  lr: float = 0.01, init: "float | Sequence[torch.Tensor]" = 0.01,
-                 optimizer: str = "exact_sgd", weights_buffer: "torch.Tensor | None" = None) -> None:
+                 optimizer: str = "exact_sgd", weights_buffer: "torch.Tensor | None" = None,
+                 weights_precision: str = "fp32") -> None:
         import torch
         self.device = torch.device(device)
         self.kernel = resolve_kernel(kernel, self.device.type)
@@ -138,6 +173,10 @@ class FusedEmbedding:
             raise NeuroShardError(f"{len(init)} initial weights given for {len(self.shapes)} shards")
         self.lr = lr
         self.optimizer = optimizer
+        self.weights_precision = check_weights_precision(weights_precision)
+        self.dtype = weights_dtype(weights_precision)
+        if weights_buffer is not None and weights_buffer.dtype != self.dtype:
+            raise NeuroShardError(f"weights buffer of {weights_buffer.dtype} given for {weights_precision} weights")
         if weights_buffer is not None and weights_buffer.numel() < weights_numel(self.shapes, self.kernel):
             raise NeuroShardError(f"weights buffer of {weights_buffer.numel()} floats is smaller than the "
                                   f"{weights_numel(self.shapes, self.kernel)} the shards need")
@@ -157,7 +196,7 @@ class FusedEmbedding:
     # ------------------------------------------------------------ building
     def _build_tbe(self, init, buffer) -> None:
         import torch
-        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
             ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
@@ -173,8 +212,11 @@ class FusedEmbedding:
             if cuda:
                 raise NeuroShardError("a shared weights buffer is for host (CPU) weights only")
             shared = {"weights": buffer[:weights_numel(self.shapes, self.kernel)]}
+        precision = {"fp32": SparseType.FP32, "fp16": SparseType.FP16}[self.weights_precision]
         self._tbe = SplitTableBatchedEmbeddingBagsCodegen(specs, optimizer=optimizer, learning_rate=self.lr,
-                                                          device=self.device, preallocated_host_buffers=shared)
+                                                          device=self.device, preallocated_host_buffers=shared,
+                                                          weights_precision=precision,
+                                                          output_dtype=SparseType.FP32)
         # Output columns to keep when a width was padded (None: the output is already right).
         self._keep = None
         if padded != self.widths:
@@ -217,7 +259,7 @@ class FusedEmbedding:
                 bag = torch.nn.EmbeddingBag(base, width, mode="sum", sparse=True, _weight=shared)
                 self._bags.append(bag)
                 continue
-            bag = torch.nn.EmbeddingBag(base, width, mode="sum", sparse=True).to(self.device)
+            bag = torch.nn.EmbeddingBag(base, width, mode="sum", sparse=True).to(self.device, self.dtype)
             with torch.no_grad():
                 if isinstance(init, (int, float)):
                     bag.weight.fill_(float(init))
@@ -270,7 +312,7 @@ class FusedEmbedding:
         batch = inputs.batch_size
         per_shard: list = [None] * len(self.shapes)
         for bag, (width, members), (ids, offsets) in zip(self._bags, self._groups, inputs.tensors):
-            out = bag(ids, offsets)
+            out = bag(ids, offsets).float()
             if len(self._groups) == 1 and len(members) == 1:
                 return out
             for j, i in enumerate(members):
@@ -293,13 +335,14 @@ class FusedEmbedding:
             self._sgd.zero_grad(set_to_none=True)
 
     def weights(self) -> list["torch.Tensor"]:
-        """Current weights of every shard, (rows, width) copies on the CPU."""
+        """Current weights of every shard, (rows, width) float32 copies on the CPU."""
+        import torch
         if self.kernel == "fbgemm_tbe":
-            return [w[:, :d].detach().cpu().clone()
+            return [w[:, :d].detach().cpu().to(torch.float32, copy=True)
                     for w, d in zip(self._tbe.split_embedding_weights(), self.widths)]
         out: list = [None] * len(self.shapes)
         for bag, (_, members) in zip(self._bags, self._groups):
             for i in members:
                 start = self._row_base[i]
-                out[i] = bag.weight[start:start + self.shapes[i][0]].detach().cpu().clone()
+                out[i] = bag.weight[start:start + self.shapes[i][0]].detach().cpu().to(torch.float32, copy=True)
         return out

@@ -11,12 +11,13 @@ import numpy as np
 from .errors import FormatError, InvalidPlanError, NeuroShardError
 from .optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer, shard_bytes
 from .tables import Table, TableSet, _is_int, _is_number
-from .validate import MAX_BYTES_PER_ELEMENT, MAX_DEVICES, MAX_MEMORY_BYTES, MAX_TABLES, read_json
+from .validate import COMM_PRECISIONS, MAX_BYTES_PER_ELEMENT, MAX_DEVICES, MAX_MEMORY_BYTES, MAX_TABLES, read_json
 
 PLAN_FORMAT = "neuroshard.plan/v1"
 _SHARD_KEYS = ("table", "row_offset", "num_rows", "col_offset", "num_cols", "device")
 _PLAN_KEYS = ("format", "tables_name", "num_devices", "device_memory_bytes", "bytes_per_element",
-              "tables", "shards", "estimate", "provenance", "optimizer", "data_parallel_tables")
+              "tables", "shards", "estimate", "provenance", "optimizer", "data_parallel_tables",
+              "comm_precision")
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class Plan:
     extra: dict = field(default_factory=dict, repr=False)
     optimizer: str = DEFAULT_OPTIMIZER  # embedding optimizer: its state counts in memory (``optimizers``)
     data_parallel_tables: list[str] = field(default_factory=list)  # replicated on every device, no shards
+    comm_precision: str = "fp32"  # element type the pooled-embedding all-to-all sends (COMM_PRECISIONS)
 
     # ---------------------------------------------------------------- access
     def table(self, name: str) -> Table:
@@ -139,6 +141,8 @@ class Plan:
             elif by_table[t.name]:
                 out.append(f"table '{t.name}' is data-parallel (replicated on every device) but also has "
                            f"{len(by_table[t.name])} shard(s)")
+        if self.comm_precision not in COMM_PRECISIONS:
+            out.append(f"unknown comm_precision {self.comm_precision!r} (choose from {', '.join(COMM_PRECISIONS)})")
         if self.optimizer not in OPTIMIZERS:
             return out + [f"unknown optimizer {self.optimizer!r} (choose from {', '.join(OPTIMIZERS)})"]
         state = "" if self.optimizer == DEFAULT_OPTIMIZER else f" with {self.optimizer} state"
@@ -217,10 +221,14 @@ class Plan:
         if not (isinstance(replicated, list) and all(isinstance(n, str) for n in replicated)):
             raise FormatError(f"{source}: field 'data_parallel_tables' must be a list of table names, "
                               f"got {replicated!r}")
+        comm_precision = data.get("comm_precision", "fp32")
+        if comm_precision not in COMM_PRECISIONS:
+            raise FormatError(f"{source}: field 'comm_precision' must be one of {', '.join(COMM_PRECISIONS)}, "
+                              f"got {comm_precision!r}")
         extra = {k: v for k, v in data.items() if k not in _PLAN_KEYS}
         return cls(tables, shards, data["num_devices"], data["device_memory_bytes"], bpe,
                    str(data.get("tables_name", "tables")), data.get("estimate"), data.get("provenance"), extra,
-                   optimizer=optimizer, data_parallel_tables=list(replicated))
+                   optimizer=optimizer, data_parallel_tables=list(replicated), comm_precision=comm_precision)
 
     def to_dict(self) -> dict:
         out: dict = {"format": PLAN_FORMAT, "tables_name": self.tables_name, "num_devices": self.num_devices,
@@ -231,6 +239,8 @@ class Plan:
             out["optimizer"] = self.optimizer
         if self.data_parallel_tables:  # absent when none: such a plan reads as before revision 3
             out["data_parallel_tables"] = list(self.data_parallel_tables)
+        if self.comm_precision != "fp32":  # absent at fp32: such a plan reads as before revision 3
+            out["comm_precision"] = self.comm_precision
         if self.estimate is not None:
             out["estimate"] = self.estimate
         if self.provenance is not None:
@@ -291,6 +301,8 @@ class Plan:
         if self.data_parallel_tables:
             head += (f"\ndata-parallel tables (replicated on every device, in memory_used): "
                      f"{', '.join(self.data_parallel_tables)}")
+        if self.comm_precision != "fp32":
+            head += f"\ncommunication precision: {self.comm_precision} (pooled embeddings and gradients, all-to-all)"
         if self.estimate and "max_device_cost_ms" in self.estimate:
             head += f"\nestimated max device cost: {self.estimate['max_device_cost_ms']:.3f} ms/iteration"
         return head + "\n" + df.to_string(index=False)

@@ -137,6 +137,16 @@ def check_bytes_per_element(value: Any, name: str = "bytes_per_element") -> int:
     return check_int(value, name, 1, MAX_BYTES_PER_ELEMENT)
 
 
+#: element types the pooled-embedding exchange may send (a plan's ``comm_precision``)
+COMM_PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def check_comm_precision(value: Any, name: str = "comm_precision") -> str:
+    if value not in COMM_PRECISIONS:
+        raise NeuroShardError(f"{name} must be one of {', '.join(COMM_PRECISIONS)}, got {value!r}")
+    return value
+
+
 def check_batch_size(value: Any, name: str = "batch_size") -> int:
     return check_int(value, name, 1, MAX_BATCH_SIZE)
 
