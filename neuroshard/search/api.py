@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import NeuroShardError
+from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer
 from ..plan import Plan
 from ..tables import Table, TableSet
 from ..validate import (MAX_LOOKUPS_PER_BATCH, MAX_TABLES, check_batch_size, check_bytes_per_element, check_devices,
@@ -22,6 +23,10 @@ log = logging.getLogger(__name__)
 
 #: tables x devices from which a search warns that it may take minutes
 LARGE_TASK = 2**18
+
+COST_OPTIMIZER = "sgd"
+"""The optimizer the cost models' kernels were timed with (exact SGD fused into the backward):
+estimates are for it whatever ``optimizer`` the memory check counts the state of."""
 
 COST_PRECISION = "fp32"
 """The element type the cost models' kernels were timed with: estimates are for it whatever
@@ -82,9 +87,9 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
     them (``rowwise.runnable_row_splits``: blocks in rank order, else re-cut or joined)."""
     pieces, devices = runnable_row_splits(
         placement.pieces, placement.devices, sim.num_devices, sim.bytes_per_element, memory_bytes,
-        lambda pieces, devices: float(sim.evaluate(pieces, devices[None, :]).max_ms[0]))
+        lambda pieces, devices: float(sim.evaluate(pieces, devices[None, :]).max_ms[0]), optimizer=sim.optimizer)
     placement = Placement(pieces, devices, placement.cost_ms, placement.details)
-    estimate = sim.evaluate(placement.pieces, placement.devices[None, :]).to_dict()
+    estimate = sim.evaluate(placement.pieces, placement.devices[None, :], risk=0.0).to_dict()  # the mean
     estimate["batch_size"] = sim.tables.batch_size
     bound = sim.balanced_bound_ms()
     estimate["balanced_bound_ms"] = round(bound, 6)
@@ -98,18 +103,22 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
     if getattr(models, "path", None):
         provenance["cost_model_path"] = str(models.path)
     provenance["neuroshard_version"] = __version__
+    if sim.risk:  # an ensemble: the search charged mean x exp(risk x spread) per device set
+        provenance["risk"] = sim.risk
     if sim.bytes_per_element != 4:  # memory counted at this precision, costs still estimated for fp32 kernels
         provenance["cost_precision"] = COST_PRECISION
+    if sim.optimizer != DEFAULT_OPTIMIZER:  # its state counts in memory; costs are the SGD-measured kernels'
+        provenance["cost_optimizer"] = COST_OPTIMIZER
     if "fallback" in placement.details:  # the search could not pack: a baseline's plan, and why
         provenance["fallback"] = placement.details["fallback"]
     plan = Plan(list(sim.tables.tables), sim.to_shards(placement.pieces, placement.devices), sim.num_devices,
-                memory_bytes, sim.bytes_per_element, sim.tables.name, estimate, provenance)
+                memory_bytes, sim.bytes_per_element, sim.tables.name, estimate, provenance, optimizer=sim.optimizer)
     return plan.validate()
 
 
 def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algorithm: str = "neuroshard",
           cost_models: Any = None, bytes_per_element: int = 4, seed: int = 0, calibrate: bool | int = False,
-          **params: Any) -> Plan:
+          *, optimizer: str = DEFAULT_OPTIMIZER, **params: Any) -> Plan:
     """Search a sharding plan for ``tables`` over ``devices`` devices of ``memory`` each
     (bytes, or a size like ``"16GiB"``) with ``algorithm`` (one of ``ALGORITHMS``),
     against ``cost_models`` (a ``CostModels``, a checkpoint path, or None for the
@@ -117,17 +126,19 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algor
     validated and carries ``estimate`` and ``provenance``. Raises InfeasibleError when
     the tables cannot fit. ``calibrate=True`` (or a number of random sets) first
     calibrates the cost models on this machine and these tables
-    (``costmodels.calibrate.calibrated_models``, cached per machine and task)."""
+    (``costmodels.calibrate.calibrated_models``, cached per machine and task).
+    ``optimizer`` (``optimizers.OPTIMIZERS``) counts its state in every shard's memory."""
     tables = as_table_set(tables)
     devices = check_devices(devices)
     bytes_per_element = check_bytes_per_element(bytes_per_element)
     seed = check_seed(seed)
+    optimizer = check_optimizer(optimizer)
     get_algorithm(algorithm)  # an unknown name fails before any work
     memory_bytes = check_memory(memory)
     row_splits = params.get("row_splits", True)
     if not isinstance(row_splits, bool):
         raise NeuroShardError(f"parameter row_splits must be true or false, got {row_splits!r}")
-    check_feasible(tables, devices, memory_bytes, bytes_per_element, row_splits)
+    check_feasible(tables, devices, memory_bytes, bytes_per_element, row_splits, optimizer)
     if len(tables) * devices >= LARGE_TASK:  # say so before minutes without output
         log.warning("a large task (%d tables on %d devices): the %s search may take minutes", len(tables), devices,
                     algorithm)
@@ -140,7 +151,7 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algor
         log.warning("bytes_per_element=%d sizes the shards in memory, but the cost models were measured on %s "
                     "kernels: the cost estimates (and the search's choices) are for %s", bytes_per_element,
                     COST_PRECISION, COST_PRECISION)
-    sim = Simulator(tables, devices, models, bytes_per_element)
+    sim = Simulator(tables, devices, models, bytes_per_element, optimizer=optimizer)
     sim.memory_split(memory_bytes, row_splits)  # once, before any algorithm: every one starts from these pieces
     start = time.perf_counter()
     placement = search_placement(sim, memory_bytes, algorithm, seed, **params)

@@ -59,14 +59,14 @@ def greedy_by_key(sim: Simulator, memory_bytes: int, key: str, seed: int = 0) ->
     bpe = sim.bytes_per_element
 
     def place(pieces: list[Piece]) -> Placement | None:
-        sizes = np.array([p.size_bytes(bpe) for p in pieces], dtype=np.float64)
+        sizes = sim.sizes_bytes(pieces)
         # a strip's row blocks on distinct devices, as TorchRec runs them
         devices = greedy_place(key_fn(sim, pieces, rng), sizes, sim.num_devices, memory_bytes,
                                groups=strip_groups(pieces))[0]
         return Placement(pieces, devices) if devices[0] >= 0 else None
 
     start = sim.memory_split(memory_bytes)
-    placed = place_with_splits(start, place, bpe, num_devices=sim.num_devices)
+    placed = place_with_splits(start, place, bpe, num_devices=sim.num_devices, optimizer=sim.optimizer)
     placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
     placed.details = {"parameters": {"key": key, "seed": seed}, "simulated_cost_ms": placed.cost_ms}
     return placed

@@ -105,7 +105,7 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
     if best is None:  # no trial packed: fall back to the unsplit state with extra memory splits
         log.info("no Bayesian trial fit in memory; placing with extra memory splits")
         best = place_with_splits(start, lambda pieces: _feasible(sim, pieces, greedy(pieces, math.inf)), bpe,
-                                 num_devices=sim.num_devices)
+                                 num_devices=sim.num_devices, optimizer=sim.optimizer)
     best.details = {"parameters": {**asdict(params), "seed": seed}, "simulated_cost_ms": best.cost_ms,
                     "best_trial": study.best_trial.params if study.best_value < 1e30 else None}
     return best

@@ -6,6 +6,7 @@ import json
 
 from ..cli_options import STDOUT, add_input, add_output, write_output
 from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, int_in, memory_size, seed_int
+from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
 from .registry import ALGORITHMS
 
 ALGORITHM_CHOICES = ALGORITHMS  # the registry's names (listing them imports no algorithm)
@@ -35,7 +36,7 @@ def _search(args: argparse.Namespace) -> int:
     tables = TableSet.read(args.tables)
     plan = shard(tables, devices=args.devices, memory=args.memory, algorithm=args.algorithm,
                  calibrate=args.calibrate, cost_models=args.cost_model, bytes_per_element=args.bytes_per_element,
-                 seed=args.seed,
+                 seed=args.seed, optimizer=args.optimizer,
                  **dict(args.param or []))
     say = write_output(args.output, json.dumps(plan.validate().to_dict(), indent=1) + "\n")
     say(plan.format_summary())
@@ -92,6 +93,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "checkpoint and tables)")
     p.add_argument("--bytes-per-element", type=bytes_per_element_int, default=4,
                    help="bytes per weight counted in memory (default: 4)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=DEFAULT_OPTIMIZER,
+                   help="embedding optimizer whose state counts in memory with the weights: none for sgd, rows x 4 "
+                        "bytes for rowwise-adagrad, 1x the weights for adagrad, 2x for adam (default: sgd)")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--param", type=_param, action="append", metavar="KEY=VALUE",
                    help="algorithm parameter, e.g. beam_width=4 (repeatable)")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..kernels import DEFAULT_MAX_ROWS
+from ..optimizers import row_bytes
 from ..plan import Shard
 from .placer import greedy_place
 from .rowwise import place_with_splits, split_for_memory, split_rows
@@ -49,13 +50,13 @@ def _units(sim: Simulator, memory_bytes: int) -> list[Piece]:
     bpe, half = sim.bytes_per_element, memory_bytes / 2
     out = []
     for piece in whole_pieces(sim.tables):
-        size = piece.size_bytes(bpe)
+        size = piece.size_bytes(bpe, sim.optimizer)
         if size <= half:
             out.append(piece)
-        elif piece.num_cols * bpe <= half:
+        elif row_bytes(piece.num_cols, bpe, sim.optimizer) <= half:
             out.extend(split_rows(piece, math.ceil(size / half)))
         else:
-            out.extend(split_for_memory([piece], int(half), bpe))
+            out.extend(split_for_memory([piece], int(half), bpe, optimizer=sim.optimizer))
     return out
 
 
@@ -85,14 +86,14 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
     def place(pieces: list[Piece]) -> Placement | None:
         measure(pieces)
         costs = np.array([measured[p] for p in pieces])
-        sizes = np.array([p.size_bytes(bpe) for p in pieces], dtype=np.float64)
+        sizes = sim.sizes_bytes(pieces)
         devices = greedy_place(costs, sizes, sim.num_devices, memory_bytes)[0]
         if devices[0] < 0:
             return None
         load = np.bincount(devices, weights=costs, minlength=sim.num_devices)
         return Placement(pieces, devices, details={"measured_load_ms": load.round(4).tolist()})
 
-    placed = place_with_splits(_units(sim, memory_bytes), place, bpe)
+    placed = place_with_splits(_units(sim, memory_bytes), place, bpe, optimizer=sim.optimizer)
     placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
     from ..costmodels.measure.store import cpu_model
     placed.details.update(parameters={"rounds": params.rounds, "repeats": params.repeats, "batch_size": batch,

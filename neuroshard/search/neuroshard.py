@@ -73,7 +73,7 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
     bpe = sim.bytes_per_element
     start = sim.memory_split(memory_bytes, params.row_splits)
     best = place_with_splits(start, lambda pieces: place_many(sim, [pieces], memory_bytes, params)[0],
-                             bpe, params.row_splits, num_devices=sim.num_devices)
+                             bpe, params.row_splits, num_devices=sim.num_devices, optimizer=sim.optimizer)
     beam, seen, stale = [best], {tuple(best.pieces)}, 0
     for step in range(params.depth):
         children = []
@@ -137,7 +137,7 @@ def split_children(sim: Simulator, pieces: list[Piece], params: NeuroShardParams
     halved along columns, the tables of the top-n by cost re-cut into more row blocks:
     one host's ranks, then all ranks, as TorchRec runs them (whole strips and tables:
     see ``rowwise``)."""
-    sizes = np.array([p.size_bytes(sim.bytes_per_element) for p in pieces], dtype=np.float64)
+    sizes = sim.sizes_bytes(pieces)
     costs = sim.single_costs_ms(pieces)
     by_size = [int(i) for i in np.argsort(-sizes, kind="stable")[:params.top_n]]
     by_cost = [int(i) for i in np.argsort(-costs, kind="stable")[:params.top_n]]

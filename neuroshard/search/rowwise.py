@@ -32,6 +32,7 @@ from typing import Callable, Sequence, TypeVar
 import numpy as np
 
 from ..errors import InfeasibleError
+from ..optimizers import DEFAULT_OPTIMIZER, row_bytes, shard_bytes
 from ..tables import TableSet
 from ..units import format_bytes
 from .simulator import Piece
@@ -42,27 +43,29 @@ PlacedT = TypeVar("PlacedT")
 
 
 def check_feasible(tables: TableSet, num_devices: int, memory_bytes: int, bytes_per_element: int,
-                   row_splits: bool = True) -> None:
-    """Raise InfeasibleError, saying by how much, when no plan can exist."""
-    total = tables.total_bytes(bytes_per_element)
+                   row_splits: bool = True, optimizer: str = DEFAULT_OPTIMIZER) -> None:
+    """Raise InfeasibleError, saying by how much, when no plan can exist (weights and
+    ``optimizer``'s state)."""
+    total = sum(shard_bytes(t.num_embeddings, t.embedding_dim, bytes_per_element, optimizer) for t in tables)
     capacity = num_devices * memory_bytes
     if total > capacity:
         raise InfeasibleError(
-            f"tables '{tables.name}' need {format_bytes(total)} but {num_devices} devices x "
+            f"tables '{tables.name}' need {format_bytes(total)}{_with_state(optimizer)} but {num_devices} devices x "
             f"{format_bytes(memory_bytes)} hold {format_bytes(capacity)}: {format_bytes(total - capacity)} too much "
             f"(need at least {math.ceil(total / memory_bytes)} devices of this memory)")
     for table in tables:
         narrowest = narrowest_cols(table.embedding_dim)
-        if row_splits:
-            need = narrowest * bytes_per_element  # one row of the narrowest column shard
-        else:
-            need = table.num_embeddings * narrowest * bytes_per_element
+        need = (1 if row_splits else table.num_embeddings) * row_bytes(narrowest, bytes_per_element, optimizer)
         if need > memory_bytes:
             raise InfeasibleError(
                 f"table '{table.name}' fits on no device even fully split: its smallest shard "
                 f"({'1' if row_splits else table.num_embeddings} rows x {narrowest} columns) needs "
-                f"{format_bytes(need)}, {format_bytes(need - memory_bytes)} over the {format_bytes(memory_bytes)} "
+                f"{format_bytes(need)}{_with_state(optimizer)}, {format_bytes(need - memory_bytes)} over the {format_bytes(memory_bytes)} "
                 f"of a device" + ("" if row_splits else " (row-wise splits are off)"))
+
+
+def _with_state(optimizer: str) -> str:
+    return "" if optimizer == DEFAULT_OPTIMIZER else f" (weights and {optimizer} state)"
 
 
 def narrowest_cols(dim: int) -> int:
@@ -137,7 +140,7 @@ def halve_strip_cols(pieces: Sequence[Piece], i: int) -> list[Piece] | None:
 
 
 def align_row_blocks(pieces: Sequence[Piece], devices: np.ndarray, bytes_per_element: int,
-                     memory_bytes: int) -> tuple[list[Piece], np.ndarray]:
+                     memory_bytes: int, optimizer: str = DEFAULT_OPTIMIZER) -> tuple[list[Piece], np.ndarray]:
     """Pieces and devices with each row-split strip's blocks moved onto the same devices in
     ascending order (block 0 on the lowest device: TorchRec's rank order) where they are
     on distinct devices and memory allows, and a strip whose blocks are all on one device
@@ -147,7 +150,7 @@ def align_row_blocks(pieces: Sequence[Piece], devices: np.ndarray, bytes_per_ele
     strips: dict[tuple[int, int, int], list[int]] = {}
     for j, p in enumerate(pieces):
         strips.setdefault((p.table, p.col_offset, p.num_cols), []).append(j)
-    sizes = np.array([p.size_bytes(bytes_per_element) for p in pieces], dtype=np.float64)
+    sizes = np.array([p.size_bytes(bytes_per_element, optimizer) for p in pieces], dtype=np.float64)
     joined: list[tuple[Piece, int]] = []
     drop: set[int] = set()
     for members in strips.values():
@@ -209,8 +212,8 @@ def _runnable(strips: dict[tuple[int, int], list[tuple[Piece, int]]], num_device
 
 
 def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_devices: int, bytes_per_element: int,
-                        memory_bytes: int, cost: Callable[[list[Piece], np.ndarray], float]
-                        ) -> tuple[list[Piece], np.ndarray]:
+                        memory_bytes: int, cost: Callable[[list[Piece], np.ndarray], float],
+                        optimizer: str = DEFAULT_OPTIMIZER) -> tuple[list[Piece], np.ndarray]:
     """Pieces and devices where every row-split table is laid out as TorchRec runs it.
     After ``align_row_blocks``, a table that is still not (blocks of one strip on
     repeated devices or on ranks TorchRec does not use, strips cut differently) gets the
@@ -218,7 +221,7 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
     blocks on that host's ranks in order (every host), into ``W`` blocks on all ranks,
     or joined (each strip on the device holding most of it). When none fits it stays
     as it is, and the exporter refuses it."""
-    pieces, devices = align_row_blocks(pieces, devices, bytes_per_element, memory_bytes)
+    pieces, devices = align_row_blocks(pieces, devices, bytes_per_element, memory_bytes, optimizer)
     local = local_ranks(num_devices)
     for table in sorted({p.table for p in pieces}):
         mine = [j for j, p in enumerate(pieces) if p.table == table]
@@ -247,16 +250,16 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
                 candidates.append(recut)
         free = np.full(num_devices, float(memory_bytes))
         for p, d in rest:
-            free[d] -= p.size_bytes(bytes_per_element)
+            free[d] -= p.size_bytes(bytes_per_element, optimizer)
         for (col, cols), blocks in sorted(strips.items(), key=lambda kv: -kv[0][1]):  # widest first
             share: dict[int, int] = {}
             for p, d in blocks:
                 share[d] = share.get(d, 0) + p.num_rows
             whole = Piece(table, min(p.row_offset for p, _ in blocks), sum(p.num_rows for p, _ in blocks), col, cols)
             # onto the holder with room for it (most rows first), else the one holding most
-            fits = [d for d in share if free[d] >= whole.size_bytes(bytes_per_element)]
+            fits = [d for d in share if free[d] >= whole.size_bytes(bytes_per_element, optimizer)]
             device = max(fits or share, key=lambda d: (share[d], -d))
-            free[device] -= whole.size_bytes(bytes_per_element)
+            free[device] -= whole.size_bytes(bytes_per_element, optimizer)
             joined.append((whole, device))
         candidates.append(joined)
         options = []
@@ -264,7 +267,7 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
             placed = sorted(rest + option)
             cand_pieces = [p for p, _ in placed]
             cand_devices = np.array([d for _, d in placed], dtype=np.int64)
-            sizes = np.array([p.size_bytes(bytes_per_element) for p in cand_pieces], dtype=np.float64)
+            sizes = np.array([p.size_bytes(bytes_per_element, optimizer) for p in cand_pieces], dtype=np.float64)
             if np.bincount(cand_devices, weights=sizes, minlength=num_devices).max() <= memory_bytes:
                 options.append((cost(cand_pieces, cand_devices), cand_pieces, cand_devices))
         if options:
@@ -273,7 +276,8 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
 
 
 def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_element: int,
-                     row_splits: bool = True, num_devices: int | None = None) -> list[Piece]:
+                     row_splits: bool = True, num_devices: int | None = None,
+                     optimizer: str = DEFAULT_OPTIMIZER) -> list[Piece]:
     """Split every piece larger than a device: column halves while possible, then the
     fewest row blocks that fit; with ``num_devices``, as many as TorchRec runs (one
     host's ranks, or all ranks) when that many are enough."""
@@ -281,13 +285,13 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_eleme
     todo = list(pieces)
     while todo:
         piece = todo.pop()
-        size = piece.size_bytes(bytes_per_element)
+        size = piece.size_bytes(bytes_per_element, optimizer)
         if size <= memory_bytes:
             out.append(piece)
         elif piece.can_halve_cols():
             todo.extend(piece.halve_cols())
         elif row_splits:
-            max_rows = max(1, memory_bytes // (piece.num_cols * bytes_per_element))
+            max_rows = max(1, memory_bytes // row_bytes(piece.num_cols, bytes_per_element, optimizer))
             parts = math.ceil(piece.num_rows / max_rows)
             if num_devices is not None:
                 parts = min((p for p in (local_ranks(num_devices), num_devices) if p >= parts), default=parts)
@@ -300,10 +304,10 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_eleme
 
 
 def halve_largest(pieces: Sequence[Piece], bytes_per_element: int, row_splits: bool = True,
-                  num_devices: int | None = None) -> list[Piece] | None:
+                  num_devices: int | None = None, optimizer: str = DEFAULT_OPTIMIZER) -> list[Piece] | None:
     """The pieces with the largest splittable one's strip halved along columns, else its
     table re-cut into twice the row blocks; None when nothing can be split further."""
-    for i in sorted(range(len(pieces)), key=lambda i: -pieces[i].size_bytes(bytes_per_element)):
+    for i in sorted(range(len(pieces)), key=lambda i: -pieces[i].size_bytes(bytes_per_element, optimizer)):
         split = halve_strip_cols(pieces, i)
         if split is None and row_splits and num_devices is not None:  # TorchRec's block counts first
             split = split_table_rows(pieces, i, valid_parts=sorted({local_ranks(num_devices), num_devices}))
@@ -316,7 +320,7 @@ def halve_largest(pieces: Sequence[Piece], bytes_per_element: int, row_splits: b
 
 def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], PlacedT | None],
                       bytes_per_element: int, row_splits: bool = True, max_rounds: int = 256,
-                      num_devices: int | None = None) -> PlacedT:
+                      num_devices: int | None = None, optimizer: str = DEFAULT_OPTIMIZER) -> PlacedT:
     """``place(pieces)``; while it cannot pack the pieces into memory, halve the largest
     piece and try again. InfeasibleError when splitting does not help."""
     current = list(pieces)
@@ -326,7 +330,7 @@ def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], Pl
             if round_:
                 log.info("packed after %d extra memory splits (%d shards)", round_, len(current))
             return placed
-        smaller = halve_largest(current, bytes_per_element, row_splits, num_devices)
+        smaller = halve_largest(current, bytes_per_element, row_splits, num_devices, optimizer)
         if smaller is None:
             break
         current = smaller

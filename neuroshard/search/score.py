@@ -2,6 +2,7 @@
 from any file the toolkit knows (``neuroshard.plan/v1`` or a TorchRec plan)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +41,14 @@ def score_plan(plan: Plan, tables: TableSet | None = None, cost_models: Any = No
             tables = TableSet(tables.name, list(tables), batch_size, tables.extra)
     plan.validate()
     models = resolve_cost_models(cost_models)
-    sim = Simulator(tables, plan.num_devices, models, plan.bytes_per_element)
+    sim = Simulator(tables, plan.num_devices, models, plan.bytes_per_element, optimizer=plan.optimizer)
     estimate = sim.evaluate_plan(plan).to_dict()
     estimate["batch_size"] = tables.batch_size
     bound = sim.balanced_bound_ms()
     estimate["balanced_bound_ms"] = round(bound, 6)
     estimate["ratio_to_balanced_bound"] = round(estimate["max_device_cost_ms"] / bound, 4) if bound > 0 else None
     estimate["cost_model"] = models.name
-    return Plan(plan.tables, plan.shards, plan.num_devices, plan.device_memory_bytes, plan.bytes_per_element,
-                plan.tables_name, estimate, plan.provenance, dict(plan.extra))
+    return replace(plan, estimate=estimate, extra=dict(plan.extra))
 
 
 def read_document(path: str | Path, what: str = "plan file") -> Any:

@@ -19,6 +19,7 @@ by the sorted shard ids), and one call per communication term for the whole
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from ..costmodels.base import CostModels
 from ..costmodels.features import FEATURE_NAMES, table_features
+from ..errors import NeuroShardError
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes, shard_bytes
 from ..plan import Plan, Shard
 from ..tables import TableSet
@@ -95,11 +97,13 @@ class Estimate:
     fwd_comm_ms: np.ndarray  # (P, D)
     bwd_comm_ms: np.ndarray  # (P, D)
     reduce_ms: np.ndarray    # (P, D)
+    allreduce_ms: np.ndarray | None = None  # (P, D) gradient all-reduce of data-parallel tables, when any
 
     @property
     def total_ms(self) -> np.ndarray:
         """(P, D) per-device cost."""
-        return self.compute_ms + self.fwd_comm_ms + self.bwd_comm_ms + self.reduce_ms
+        total = self.compute_ms + self.fwd_comm_ms + self.bwd_comm_ms + self.reduce_ms
+        return total if self.allreduce_ms is None else total + self.allreduce_ms
 
     @property
     def max_ms(self) -> np.ndarray:
@@ -115,7 +119,8 @@ class Estimate:
                 "per_device_compute_ms": ms(self.compute_ms[index]),
                 "per_device_fwd_comm_ms": ms(self.fwd_comm_ms[index]),
                 "per_device_bwd_comm_ms": ms(self.bwd_comm_ms[index]),
-                "per_device_reduce_ms": ms(self.reduce_ms[index])}
+                "per_device_reduce_ms": ms(self.reduce_ms[index]),
+                **({} if self.allreduce_ms is None else {"per_device_allreduce_ms": ms(self.allreduce_ms[index])})}
 
 
 class Simulator:
@@ -126,7 +131,8 @@ class Simulator:
     by sorted id tuples, so a piece or a device's set is never costed twice."""
 
     def __init__(self, tables: TableSet, num_devices: int, cost_models: CostModels, bytes_per_element: int = 4,
-                 *, optimizer: str = DEFAULT_OPTIMIZER):
+                 *, optimizer: str = DEFAULT_OPTIMIZER, data_parallel_tables: Sequence[str] = (),
+                 risk: float | None = None):
         self.tables = tables
         self.num_devices = int(num_devices)
         self.cost_models = cost_models
@@ -134,7 +140,7 @@ class Simulator:
         self.optimizer = check_optimizer(optimizer)  # its state counts in every memory check
         self.comm = cost_models.comm_for(self.num_devices)
         self.scale = cost_models.scale(tables.batch_size)
-        self.total_dim = sum(t.embedding_dim for t in tables)
+        self._set_data_parallel(data_parallel_tables)
         self._piece_ids: dict[Piece, int] = {}
         self._pieces: list[Piece] = []
         self._features: list[np.ndarray] = []
@@ -142,9 +148,44 @@ class Simulator:
         self._arrays: dict[str, np.ndarray] = {}  # per-id arrays, rebuilt when pieces were added
         self._single_ms = np.zeros(0)              # single-piece cost per id (NaN: not yet predicted)
         self._set_costs: dict[tuple[int, ...], float] = {}
-        self._memory_splits: dict[tuple[int, bool], list[Piece]] = {}
+        # An ensemble's spread (std of its members' log ms) per set: the search charges
+        # mean x exp(risk x spread), so it prefers a plan only beyond the models' disagreement.
+        self._with_spread = getattr(cost_models.compute, "predict_with_spread", None)
+        self.risk = (1.0 if self._with_spread else 0.0) if risk is None else float(risk)
+        self._set_spread: dict[tuple[int, ...], float] = {}
         self.model_calls = 0
         self.sets_predicted = 0
+
+    # ------------------------------------------------- data-parallel tables
+    def _set_data_parallel(self, names: Sequence[str]) -> None:
+        """Replicate the tables ``names`` on every device: they leave the pieces (``sharded_pieces``)
+        and the all-to-all, and every device pays their cost (``replicate.replicated_costs_ms``)."""
+        unknown = sorted(set(names) - {t.name for t in self.tables})
+        if unknown:
+            raise NeuroShardError(f"data-parallel table '{unknown[0]}' is not among the tables")
+        self.data_parallel_tables = tuple(t.name for t in self.tables if t.name in set(names))
+        self.total_dim = sum(t.embedding_dim for t in self.tables if t.name not in self.data_parallel_tables)
+        self._replicated_ms: tuple[float, float] | None = None
+        self._memory_splits: dict[tuple[int, bool], list[Piece]] = {}
+
+    def with_data_parallel(self, names: Sequence[str]) -> "Simulator":
+        """This simulator with ``names`` replicated on every device (the caches of pieces and set
+        costs shared, so trying a replication costs only the sets not seen before)."""
+        other = copy.copy(self)
+        other._set_data_parallel(names)
+        return other
+
+    def sharded_pieces(self) -> list[Piece]:
+        """One piece per table that is not replicated (table-wise)."""
+        return [p for p in whole_pieces(self.tables) if self.tables[p.table].name not in self.data_parallel_tables]
+
+    def replicated_ms(self) -> tuple[float, float]:
+        """(compute at the local batch in the models' ms, all-reduce ms) every device pays for
+        the replicated tables (``replicate.replicated_costs_ms``), computed once."""
+        if self._replicated_ms is None:
+            from .replicate import replicated_costs_ms
+            self._replicated_ms = replicated_costs_ms(self)
+        return self._replicated_ms
 
     # ------------------------------------------------------------- pieces
     def memory_split(self, memory_bytes: int, row_splits: bool = True) -> list[Piece]:
@@ -154,7 +195,7 @@ class Simulator:
         key = (int(memory_bytes), bool(row_splits))
         if key not in self._memory_splits:
             from .rowwise import split_for_memory
-            self._memory_splits[key] = split_for_memory(whole_pieces(self.tables), memory_bytes,
+            self._memory_splits[key] = split_for_memory(self.sharded_pieces(), memory_bytes,
                                                         self.bytes_per_element, row_splits, self.num_devices,
                                                         optimizer=self.optimizer)
         return list(self._memory_splits[key])
@@ -217,19 +258,28 @@ class Simulator:
         """Memory of pieces (weights and optimizer state), as float64 for the placers."""
         return np.array([p.size_bytes(self.bytes_per_element, self.optimizer) for p in pieces], dtype=np.float64)
     # -------------------------------------------------------------- costs
-    def set_costs_ms(self, sets: Sequence[tuple[int, ...]]) -> np.ndarray:
+    def set_costs_ms(self, sets: Sequence[tuple[int, ...]], risk: float | None = None) -> np.ndarray:
         """Compute cost (ms at the models' batch size) of each set of piece ids (sorted
-        tuples); the model is called once for all sets not seen before."""
+        tuples); the model is called once for all sets not seen before. With an ensemble,
+        ``mean x exp(risk x spread)`` (``risk`` defaults to the simulator's; 0: the mean)."""
         known = self._set_costs
         missing = list({s for s in sets if s and s not in known})
         for start in range(0, len(missing), _PREDICT_CHUNK):
             chunk = missing[start:start + _PREDICT_CHUNK]
-            features = self._array("features")
-            costs = self.cost_models.compute.predict([features[list(s)] for s in chunk])
+            features = [self._array("features")[list(s)] for s in chunk]
+            if self._with_spread:
+                costs, spread = self._with_spread(features)
+                self._set_spread.update(zip(chunk, np.asarray(spread, dtype=np.float64).tolist()))
+            else:
+                costs = self.cost_models.compute.predict(features)
             known.update(zip(chunk, np.asarray(costs, dtype=np.float64).tolist()))
             self.model_calls += 1
             self.sets_predicted += len(chunk)
-        return np.array([known[s] if s else 0.0 for s in sets], dtype=np.float64)
+        costs = np.array([known[s] if s else 0.0 for s in sets], dtype=np.float64)
+        risk = self.risk if risk is None else risk
+        if risk and self._with_spread:
+            costs *= np.exp(risk * np.array([self._set_spread.get(s, 0.0) for s in sets]))
+        return costs
 
     def single_costs_ms(self, pieces: Sequence[Piece] | np.ndarray) -> np.ndarray:
         """Predicted compute cost of each piece alone (pieces or their ids), at the tables'
@@ -241,16 +291,17 @@ class Simulator:
             self._single_ms[todo] = self.set_costs_ms([(int(i),) for i in todo])
         return self._single_ms[ids] * self.scale
 
-    def evaluate(self, pieces: Sequence[Piece], devices: np.ndarray) -> Estimate:
+    def evaluate(self, pieces: Sequence[Piece], devices: np.ndarray, risk: float | None = None) -> Estimate:
         """Costs of ``P`` placements of the same pieces: ``devices`` is (P, len(pieces))."""
         ids = self.piece_ids(pieces)
-        return self.evaluate_ids([(ids, row) for row in np.atleast_2d(devices)])
+        return self.evaluate_ids([(ids, row) for row in np.atleast_2d(devices)], risk)
 
     def evaluate_many(self, candidates: Sequence[tuple[Sequence[Piece], np.ndarray]]) -> Estimate:
         """Costs of candidate plans, each ``(pieces, device of each piece)``."""
         return self.evaluate_ids([(self.piece_ids(pieces), devices) for pieces, devices in candidates])
 
-    def evaluate_ids(self, candidates: Sequence[tuple[np.ndarray, np.ndarray]]) -> Estimate:
+    def evaluate_ids(self, candidates: Sequence[tuple[np.ndarray, np.ndarray]], risk: float | None = None
+                     ) -> Estimate:
         """Costs of candidate plans, each ``(piece ids, device of each piece)``: one
         compute-model call for the unseen device sets of all candidates, one call per
         communication term for the whole (candidates, devices) array."""
@@ -265,7 +316,7 @@ class Simulator:
             bounds = np.searchsorted(devices[order], np.arange(dev + 1)).tolist()
             sorted_ids = ids[order].tolist()
             set_keys.extend(tuple(sorted_ids[bounds[d]:bounds[d + 1]]) for d in range(dev))
-        compute = self.set_costs_ms(set_keys).reshape(num, dev)
+        compute = self.set_costs_ms(set_keys, risk).reshape(num, dev)
         return self._with_comm(compute, widths)
 
     def _with_comm(self, compute: np.ndarray, widths: np.ndarray) -> Estimate:
@@ -290,7 +341,7 @@ class Simulator:
         at the tables' batch size, e.g. measured), only communication is predicted."""
         pieces, devices = self.pieces_of_plan(plan)
         if compute_ms is None:
-            return self.evaluate(pieces, devices[None, :])
+            return self.evaluate(pieces, devices[None, :], risk=0.0)
         cols = self.cols_of(self.piece_ids(pieces))
         widths = np.bincount(devices, weights=cols, minlength=self.num_devices)[None, :]
         compute = np.asarray(compute_ms, dtype=np.float64)[None, :] / self.scale

@@ -24,6 +24,8 @@ from .simulator import Piece, Placement, Simulator
 from .torchrec_import import shards_from_torchrec
 
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
+#: TorchRec's optimizer class (``torchrec.optim``) of each of our optimizers
+TORCHREC_OPTIMIZERS = {"sgd": "SGD", "adagrad": "Adagrad", "rowwise-adagrad": "RowWiseAdagrad", "adam": "Adam"}
 
 
 def torchrec_available() -> bool:
@@ -72,6 +74,8 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
     from torchrec.distributed.planner.types import PlannerError
     from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec import optim as trec_optim
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     data_type = {2: DataType.FP16, 1: DataType.INT8}.get(sim.bytes_per_element, DataType.FP32)
     configs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
@@ -81,6 +85,9 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
     caps = {"hbm_cap": memory_bytes} if compute_device == "cuda" else {"ddr_cap": memory_bytes, "hbm_cap": 0}
     with _quiet_torchrec():
         module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+        # TorchRec's storage estimate counts the optimizer's state from the parameters' optimizer class
+        apply_optimizer_in_backward(getattr(trec_optim, TORCHREC_OPTIMIZERS[sim.optimizer]), module.parameters(),
+                                    {"lr": 0.01})
         topology = Topology(world_size=sim.num_devices, compute_device=compute_device, **caps)
         planner = EmbeddingShardingPlanner(topology=topology, batch_size=sim.tables.batch_size,
                                            constraints=constraints, debug=False,

@@ -1,0 +1,57 @@
+"""Embedding optimizers: their names, the memory their state takes, and fbgemm's fused kinds.
+
+A shard's memory is its weights plus its optimizer state, counted as TorchRec's storage
+estimator counts it (``calculate_shard_storages``) and as fbgemm's TBE allocates it:
+
+* ``sgd``: no state;
+* ``adagrad``: one accumulator per weight (1x the weights);
+* ``rowwise-adagrad``: one fp32 accumulator per row (``rows x 4`` bytes; TorchRec spreads
+  the same ``rows x 4`` over a table's column shards, TBE keeps it per shard);
+* ``adam``: two moments per weight (2x the weights).
+
+Every memory check (search, plan validation, ``plan show``) goes through ``shard_bytes``.
+"""
+from __future__ import annotations
+
+from .errors import NeuroShardError
+
+OPTIMIZERS = ("sgd", "adagrad", "rowwise-adagrad", "adam")
+DEFAULT_OPTIMIZER = "sgd"
+#: older spellings (``collect --optimizer``, fbgemm's names) -> the optimizer
+ALIASES = {"exact_sgd": "sgd", "exact_adagrad": "adagrad", "exact_rowwise_adagrad": "rowwise-adagrad",
+           "rowwise_adagrad": "rowwise-adagrad"}
+#: fbgemm ``EmbOptimType`` member of each optimizer (fused into TBE's backward)
+FBGEMM_OPTIMIZERS = {"sgd": "EXACT_SGD", "adagrad": "EXACT_ADAGRAD", "rowwise-adagrad": "EXACT_ROWWISE_ADAGRAD",
+                     "adam": "ADAM"}
+#: the optimizers fbgemm-gpu-cpu's TBE runs on CPU (ADAM asserts "not supported in CPU mode")
+CPU_OPTIMIZERS = ("sgd", "adagrad", "rowwise-adagrad")
+#: bytes of the row-wise adagrad accumulator per row (fp32)
+ROWWISE_STATE_BYTES = 4
+
+
+def check_optimizer(name: object, where: str = "optimizer") -> str:
+    """The optimizer ``name`` (an alias allowed); one-line NeuroShardError naming the choices."""
+    name = ALIASES.get(name, name) if isinstance(name, str) else name
+    if name not in OPTIMIZERS:
+        raise NeuroShardError(f"{where}: unknown optimizer {name!r} (choose from {', '.join(OPTIMIZERS)})")
+    return name
+
+
+def row_bytes(num_cols: int, bytes_per_element: int, optimizer: str = DEFAULT_OPTIMIZER) -> int:
+    """Bytes one row of a shard of ``num_cols`` columns takes: weights plus optimizer state
+    (``num_cols`` may be a numpy array)."""
+    weights = num_cols * bytes_per_element
+    if optimizer == "sgd":
+        return weights
+    if optimizer == "adagrad":
+        return 2 * weights
+    if optimizer == "rowwise-adagrad":
+        return weights + ROWWISE_STATE_BYTES
+    if optimizer == "adam":
+        return 3 * weights
+    raise NeuroShardError(f"unknown optimizer {optimizer!r} (choose from {', '.join(OPTIMIZERS)})")
+
+
+def shard_bytes(num_rows: int, num_cols: int, bytes_per_element: int, optimizer: str = DEFAULT_OPTIMIZER) -> int:
+    """Memory of a shard: weights plus ``optimizer``'s state."""
+    return num_rows * row_bytes(num_cols, bytes_per_element, optimizer)
