@@ -17,6 +17,8 @@ from ..validate import (MAX_LOOKUPS_PER_BATCH, MAX_TABLES, check_batch_size, che
 from .baselines import best_packing_greedy  # noqa: F401  (public here: the fuzz experiment uses it)
 from .registry import ALGORITHMS, GREEDY_ALGORITHMS, get_algorithm, make_params  # noqa: F401
 from .rowwise import check_feasible, runnable_row_splits
+from .replicate import (DEFAULT_DATA_PARALLEL, REPLICATING_ALGORITHMS, check_data_parallel, forced_tables,
+                        replicated_bytes, search_with_replication)
 from .simulator import Placement, Simulator
 
 log = logging.getLogger(__name__)
@@ -85,8 +87,9 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
     """A validated plan carrying the simulator's estimate (with the batch size it is for)
     and the search's provenance. Row-split tables are first laid out as TorchRec runs
     them (``rowwise.runnable_row_splits``: blocks in rank order, else re-cut or joined)."""
+    room = memory_bytes - replicated_bytes(sim, sim.data_parallel_tables)  # what the shards may use
     pieces, devices = runnable_row_splits(
-        placement.pieces, placement.devices, sim.num_devices, sim.bytes_per_element, memory_bytes,
+        placement.pieces, placement.devices, sim.num_devices, sim.bytes_per_element, room,
         lambda pieces, devices: float(sim.evaluate(pieces, devices[None, :]).max_ms[0]), optimizer=sim.optimizer)
     placement = Placement(pieces, devices, placement.cost_ms, placement.details)
     estimate = sim.evaluate(placement.pieces, placement.devices[None, :], risk=0.0).to_dict()  # the mean
@@ -109,16 +112,19 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
         provenance["cost_precision"] = COST_PRECISION
     if sim.optimizer != DEFAULT_OPTIMIZER:  # its state counts in memory; costs are the SGD-measured kernels'
         provenance["cost_optimizer"] = COST_OPTIMIZER
+    if "data_parallel" in placement.details:  # data_parallel="auto": what was replicated, and why
+        provenance["data_parallel"] = placement.details["data_parallel"]
     if "fallback" in placement.details:  # the search could not pack: a baseline's plan, and why
         provenance["fallback"] = placement.details["fallback"]
     plan = Plan(list(sim.tables.tables), sim.to_shards(placement.pieces, placement.devices), sim.num_devices,
-                memory_bytes, sim.bytes_per_element, sim.tables.name, estimate, provenance, optimizer=sim.optimizer)
+                memory_bytes, sim.bytes_per_element, sim.tables.name, estimate, provenance, optimizer=sim.optimizer,
+                data_parallel_tables=list(sim.data_parallel_tables))
     return plan.validate()
 
 
 def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algorithm: str = "neuroshard",
           cost_models: Any = None, bytes_per_element: int = 4, seed: int = 0, calibrate: bool | int = False,
-          *, optimizer: str = DEFAULT_OPTIMIZER, **params: Any) -> Plan:
+          *, optimizer: str = DEFAULT_OPTIMIZER, data_parallel: str = DEFAULT_DATA_PARALLEL, **params: Any) -> Plan:
     """Search a sharding plan for ``tables`` over ``devices`` devices of ``memory`` each
     (bytes, or a size like ``"16GiB"``) with ``algorithm`` (one of ``ALGORITHMS``),
     against ``cost_models`` (a ``CostModels``, a checkpoint path, or None for the
@@ -127,13 +133,23 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algor
     the tables cannot fit. ``calibrate=True`` (or a number of random sets) first
     calibrates the cost models on this machine and these tables
     (``costmodels.calibrate.calibrated_models``, cached per machine and task).
-    ``optimizer`` (``optimizers.OPTIMIZERS``) counts its state in every shard's memory."""
+    ``optimizer`` (``optimizers.OPTIMIZERS``) counts its state in every shard's memory.
+    ``data_parallel="auto"`` lets the NeuroShard search replicate small hot tables on every
+    device when the simulator finds that cheaper (``replicate``); ``"never"`` (the default)
+    shards every table."""
     tables = as_table_set(tables)
     devices = check_devices(devices)
     bytes_per_element = check_bytes_per_element(bytes_per_element)
     seed = check_seed(seed)
     optimizer = check_optimizer(optimizer)
+    data_parallel = check_data_parallel(data_parallel)
     get_algorithm(algorithm)  # an unknown name fails before any work
+    replicating = data_parallel == "auto" and algorithm in REPLICATING_ALGORITHMS
+    forced = forced_tables(tables)
+    if forced and not replicating:
+        raise NeuroShardError(f"table '{forced[0]}' allows only data_parallel sharding (its constraints): search "
+                              f"with data_parallel='auto' (--data-parallel auto) and algorithm "
+                              f"{' or '.join(REPLICATING_ALGORITHMS)}")
     memory_bytes = check_memory(memory)
     row_splits = params.get("row_splits", True)
     if not isinstance(row_splits, bool):
@@ -154,7 +170,11 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algor
     sim = Simulator(tables, devices, models, bytes_per_element, optimizer=optimizer)
     sim.memory_split(memory_bytes, row_splits)  # once, before any algorithm: every one starts from these pieces
     start = time.perf_counter()
-    placement = search_placement(sim, memory_bytes, algorithm, seed, **params)
+    if replicating:
+        sim, placement = search_with_replication(
+            sim, memory_bytes, lambda s, room: search_placement(s, room, algorithm, seed, **params))
+    else:
+        placement = search_placement(sim, memory_bytes, algorithm, seed, **params)
     elapsed = time.perf_counter() - start
     log.info("%s: %d shards, simulated %.4f ms, %.2f s", algorithm, len(placement.pieces), placement.cost_ms, elapsed)
     return make_plan(sim, placement, memory_bytes, algorithm, elapsed)

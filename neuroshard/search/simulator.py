@@ -11,6 +11,9 @@ Per device ``d`` of one candidate plan (all in ms at the tables' batch size)::
 Row-wise partial sums travel in the all-to-all (every row block's columns count in
 ``width_d``) and are added up by the receiver, so they are charged there, once;
 ``reduce_ms`` stays in the estimate (zero) for reductions outside the exchange.
+Data-parallel tables (``data_parallel_tables``, see ``replicate``) are not pieces: every
+device adds their compute at its local batch to ``compute_d`` and pays ``allreduce_d``,
+the all-reduce of their gradients.
 
 Search evaluates thousands of candidates, so the simulator takes many at once: one
 compute-model call for every shard set not seen before (set costs are cached, keyed
@@ -27,6 +30,7 @@ import numpy as np
 
 from ..costmodels.base import CostModels
 from ..costmodels.features import FEATURE_NAMES, table_features
+from ..datasets.sampler import shard_table
 from ..errors import NeuroShardError
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes, shard_bytes
 from ..plan import Plan, Shard
@@ -214,13 +218,13 @@ class Simulator:
         return self._pieces[pid]
 
     def _piece_features(self, piece: Piece) -> np.ndarray:
-        """Features of a piece. Rows decide lookups and reuse (``Table.shard``, cached per
+        """Features of a piece. Rows decide lookups and reuse (``sampler.shard_table``, cached per
         row range); a column range only changes the width and the size."""
         table = self.tables[piece.table]
         key = (piece.table, piece.row_offset, piece.num_rows)
         base = self._row_features.get(key)
         if base is None:
-            part = table.shard(piece.row_offset, piece.num_rows, 0, table.embedding_dim,
+            part = shard_table(table, piece.row_offset, piece.num_rows, 0, table.embedding_dim,
                                self.cost_models.batch_size)
             base = table_features(part, self.cost_models.batch_size)
             self._row_features[key] = base
@@ -317,6 +321,8 @@ class Simulator:
             sorted_ids = ids[order].tolist()
             set_keys.extend(tuple(sorted_ids[bounds[d]:bounds[d + 1]]) for d in range(dev))
         compute = self.set_costs_ms(set_keys, risk).reshape(num, dev)
+        if self.data_parallel_tables:  # every device looks up the replicated tables for its slice
+            compute = compute + self.replicated_ms()[0]
         return self._with_comm(compute, widths)
 
     def _with_comm(self, compute: np.ndarray, widths: np.ndarray) -> Estimate:
@@ -327,7 +333,9 @@ class Simulator:
         ready = compute + bwd
         fwd = self.comm.predict_forward(widths, ready - ready.max(axis=1, keepdims=True))
         reduce = np.zeros((num, dev))  # row-wise partial sums are in ``widths`` (module docstring)
-        return Estimate(compute * self.scale, fwd * self.scale, bwd * self.scale, reduce * self.scale)
+        # the all-reduce of replicated tables' gradients does not grow with the batch: not scaled
+        allreduce = np.full((num, dev), self.replicated_ms()[1]) if self.data_parallel_tables else None
+        return Estimate(compute * self.scale, fwd * self.scale, bwd * self.scale, reduce * self.scale, allreduce)
 
     # -------------------------------------------------------------- plans
     def pieces_of_plan(self, plan: Plan) -> tuple[list[Piece], np.ndarray]:
@@ -338,7 +346,10 @@ class Simulator:
 
     def evaluate_plan(self, plan: Plan, compute_ms: Sequence[float] | None = None) -> Estimate:
         """Predicted costs of one plan (a batch of one). With ``compute_ms`` (per device, ms
-        at the tables' batch size, e.g. measured), only communication is predicted."""
+        at the tables' batch size, e.g. measured), only communication is predicted. The plan's
+        data-parallel tables are replicated, whatever this simulator replicates."""
+        if tuple(plan.data_parallel_tables) != self.data_parallel_tables:
+            return self.with_data_parallel(plan.data_parallel_tables).evaluate_plan(plan, compute_ms)
         pieces, devices = self.pieces_of_plan(plan)
         if compute_ms is None:
             return self.evaluate(pieces, devices[None, :], risk=0.0)

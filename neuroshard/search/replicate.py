@@ -1,0 +1,177 @@
+"""Data-parallel (replicated) tables: what they cost, and when the search replicates one.
+
+A replicated table lives whole on every device. Each device looks it up for its own
+slice of the batch (``B / D`` samples: no all-to-all of its pooled outputs), and its
+dense gradient (``rows x dim x 4`` bytes, fp32) is summed over the devices by a ring
+all-reduce before the update. Per device, the simulator adds::
+
+    compute  = compute model on the set of replicated tables, at the local batch B / D
+               (the simulator's rule: cost linear in the batch)
+    allreduce = one + peers x (D - 1) + ms_per_byte x 2 (D - 1) / D x sum(rows x dim x 4)
+
+with the constants of the comm model's fitted row-wise reduction (``AnalyticCommModel``
+``reduce_coef``: a call, per peer, per byte; the analytic part of a neural comm model),
+the same on every device. Replication pays when a table is small and looked up a lot:
+its compute spreads evenly and its columns leave the all-to-all, for one all-reduce of
+a small table.
+
+``choose_data_parallel`` is the NeuroShard search's decision (``shard(...,
+data_parallel="auto")``): forward selection over the tables allowed to replicate, hot
+and small first, each candidate set judged by the best classic greedy placement of the
+rest; the search then runs with and without the chosen set and keeps the cheaper plan.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from ..errors import InfeasibleError, NeuroShardError
+
+if TYPE_CHECKING:
+    from ..tables import Table
+    from .simulator import Placement, Simulator
+
+log = logging.getLogger(__name__)
+
+DATA_PARALLEL_CHOICES = ("never", "auto")
+DEFAULT_DATA_PARALLEL = "never"
+#: algorithms that decide replication with ``data_parallel="auto"``
+REPLICATING_ALGORITHMS = ("neuroshard",)
+#: most tables the forward selection tries adding
+MAX_CANDIDATES = 8
+DATA_PARALLEL = "data_parallel"
+
+
+def check_data_parallel(value: str, what: str = "data_parallel") -> str:
+    if value not in DATA_PARALLEL_CHOICES:
+        raise NeuroShardError(f"{what} must be one of {', '.join(DATA_PARALLEL_CHOICES)}, got {value!r}")
+    return value
+
+
+def allowed_kinds(table: "Table") -> list[str] | None:
+    """The table's ``constraints.sharding_types`` (None: any kind). Read defensively: a
+    constraints object or a plain dict."""
+    constraints = getattr(table, "constraints", None)
+    if constraints is None:
+        return None
+    kinds = (constraints.get("sharding_types") if isinstance(constraints, Mapping)
+             else getattr(constraints, "sharding_types", None))
+    return None if kinds is None else list(kinds)
+
+
+def may_replicate(table: "Table") -> bool:
+    kinds = allowed_kinds(table)
+    return kinds is None or DATA_PARALLEL in kinds
+
+
+def must_replicate(table: "Table") -> bool:
+    return allowed_kinds(table) == [DATA_PARALLEL]
+
+
+def replicated_bytes(sim: "Simulator", names: Sequence[str]) -> int:
+    """Memory every device gives to the replicated tables ``names`` (weights and optimizer state)."""
+    from ..plan import Shard
+    optimizer = getattr(sim, "optimizer", None)
+    args = (sim.bytes_per_element,) if optimizer is None else (sim.bytes_per_element, optimizer)
+    return sum(Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, 0).size_bytes(*args)
+               for t in sim.tables if t.name in names)
+
+
+def allreduce_ms(sim: "Simulator", gradient_bytes: float) -> float:
+    """Ring all-reduce of ``gradient_bytes`` over the simulator's devices, in ms, from the
+    comm model's fitted reduction constants (call, per peer, per byte)."""
+    from ..costmodels.analytic import AnalyticCommModel
+    devices = sim.num_devices
+    if devices < 2 or gradient_bytes <= 0:
+        return 0.0
+    model = sim.cost_models.comm
+    analytic = model if isinstance(model, AnalyticCommModel) else getattr(model, "analytic", None)
+    one, per_peer, per_byte = (analytic.reduce_coef if analytic is not None else AnalyticCommModel.REDUCE_DEFAULTS)
+    return float(one + per_peer * (devices - 1) + per_byte * 2.0 * (devices - 1) / devices * gradient_bytes)
+
+
+def replicated_costs_ms(sim: "Simulator") -> tuple[float, float]:
+    """(compute in the models' ms at the models' batch, all-reduce ms) per device of the
+    simulator's replicated tables: the compute is for the local batch (1 / D of the batch),
+    still to be scaled to the tables' batch like every compute figure."""
+    from .simulator import Piece
+    names = set(sim.data_parallel_tables)
+    pieces = [Piece(i, 0, t.num_embeddings, 0, t.embedding_dim) for i, t in enumerate(sim.tables) if t.name in names]
+    if not pieces:
+        return 0.0, 0.0
+    ids = tuple(sorted(int(i) for i in sim.piece_ids(pieces)))
+    compute = float(sim.set_costs_ms([ids])[0]) / sim.num_devices
+    gradient_bytes = sum(4.0 * sim.tables[p.table].num_embeddings * sim.tables[p.table].embedding_dim for p in pieces)
+    return compute, allreduce_ms(sim, gradient_bytes)
+
+
+def candidates(sim: "Simulator", memory_bytes: int) -> list[str]:
+    """Tables the search may replicate, most promising first: allowed by their constraints,
+    at most half a device, ordered by lookups per byte (hot and small first)."""
+    out = []
+    for t in sim.tables:
+        size = replicated_bytes(sim, [t.name])
+        if may_replicate(t) and size <= memory_bytes / 2 and t.pooling_factor > 0:
+            out.append((-t.pooling_factor * t.embedding_dim / size, t.name))
+    return [name for _, name in sorted(out)][:MAX_CANDIDATES]
+
+
+def greedy_cost_ms(sim: "Simulator", memory_bytes: int, seed: int) -> float:
+    """The simulated cost of the best classic greedy plan of ``sim`` (inf when none packs)."""
+    from .baselines import best_packing_greedy
+    try:
+        placed = best_packing_greedy(sim, memory_bytes, seed)
+    except InfeasibleError:
+        return float("inf")
+    return float("inf") if placed is None else placed.cost_ms
+
+
+def choose_data_parallel(sim: "Simulator", memory_bytes: int, seed: int = 0) -> list[str]:
+    """Tables to replicate: those whose constraints allow only data-parallel, then forward
+    selection over ``candidates`` (add one while the best greedy plan gets cheaper)."""
+    if sim.num_devices < 2:
+        return []
+    forced = [t.name for t in sim.tables if must_replicate(t)]
+    chosen = list(forced)
+    best = greedy_cost_ms(sim.with_data_parallel(chosen), memory_bytes - replicated_bytes(sim, chosen), seed)
+    for name in candidates(sim, memory_bytes):
+        if name in chosen or len(chosen) + 1 >= len(sim.tables):  # keep one table sharded
+            continue
+        trial = chosen + [name]
+        room = memory_bytes - replicated_bytes(sim, trial)
+        cost = greedy_cost_ms(sim.with_data_parallel(trial), room, seed) if room > 0 else float("inf")
+        log.debug("replicate %s: greedy %.4f ms (best so far %.4f ms)", trial, cost, best)
+        if cost < best - 1e-9:
+            chosen, best = trial, cost
+    return [t.name for t in sim.tables if t.name in chosen]  # in table order
+
+
+def forced_tables(tables) -> list[str]:
+    """Tables whose constraints allow only data-parallel sharding."""
+    return [t.name for t in tables if must_replicate(t)]
+
+
+def search_with_replication(sim: "Simulator", memory_bytes: int, run) -> tuple["Simulator", "Placement"]:
+    """The cheaper of the search without replication and with the tables ``choose_data_parallel``
+    picks (``run(sim, memory_bytes) -> Placement`` searches one simulator; the replicated tables'
+    memory comes off every device). Returns the simulator the placement is for, and the
+    placement with the decision in ``details['data_parallel']``."""
+    chosen = choose_data_parallel(sim, memory_bytes)
+    forced = forced_tables(sim.tables)
+    results = {}
+    if not forced:
+        results["sharded"] = (sim, run(sim, memory_bytes))
+    if chosen:
+        replicated = sim.with_data_parallel(chosen)
+        results["replicated"] = (replicated, run(replicated, memory_bytes - replicated_bytes(sim, chosen)))
+    if not results:
+        raise InfeasibleError(f"the tables that allow only data-parallel sharding ({', '.join(forced)}) "
+                              f"do not fit replicated on every device")
+    key = min(results, key=lambda k: results[k][1].cost_ms)
+    best_sim, placement = results[key]
+    placement.details["data_parallel"] = {
+        "mode": "auto", "tables": list(best_sim.data_parallel_tables), "tried": chosen,
+        "simulated_cost_ms": {k: round(float(p.cost_ms), 6) for k, (_, p) in results.items()}}
+    log.info("data-parallel: %s (simulated %s)", list(best_sim.data_parallel_tables) or "none",
+             placement.details["data_parallel"]["simulated_cost_ms"])
+    return best_sim, placement
