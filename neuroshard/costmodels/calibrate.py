@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import NeuroShardError
-from ..kernels import DEFAULT_MAX_ROWS
+from ..kernels import DEFAULT_MAX_ROWS, check_weights_precision
 from ..tables import TableSet
 from .base import CostModels
 from .metrics import gmae
@@ -59,11 +59,13 @@ class CalibrationReport:
     gmae_before: float
     gmae_after: float
     seconds: float
+    kept_pretrained: bool = False  # fine-tuning did not help on the held-out sets: the pre-trained model is used
 
     def format(self) -> str:
         return (f"calibrated on {self.sets_measured} measured sets ({self.tables} tables alone + random device-sized "
                 f"sets) in {self.seconds:.0f} s; compute GMAE on {self.held_out} held-out sets: "
-                f"{100 * self.gmae_before:.1f}% before, {100 * self.gmae_after:.1f}% after")
+                f"{100 * self.gmae_before:.1f}% before, {100 * self.gmae_after:.1f}% after"
+                + ("; kept the pre-trained model" if self.kept_pretrained else ""))
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -97,20 +99,21 @@ def _random_sets(tables: TableSet, devices: int, count: int, row_cap: int, rng: 
 
 
 def calibrate(tables: TableSet, models: CostModels, devices: int = 8, sets: int = DEFAULT_SETS, seed: int = 0,
-              row_cap: int = DEFAULT_MAX_ROWS, kernel: str = "auto", epochs: int = 200
-              ) -> tuple[CostModels, CalibrationReport]:
+              row_cap: int = DEFAULT_MAX_ROWS, kernel: str = "auto", epochs: int = 200,
+              weights_precision: str = "fp32") -> tuple[CostModels, CalibrationReport]:
     """Measure ``tables`` on this machine and fine-tune ``models``' compute model (see the
-    module docstring). Returns the calibrated models (a copy) and the report."""
+    module docstring), the kernels timed with weights of ``weights_precision`` (recorded:
+    the calibrated model predicts that precision). Returns the calibrated models (a copy)
+    and the report."""
     from ..plan import Shard
     from ..runtime.measure_plan import time_devices
     from ..search.simulator import Piece, Simulator
-    from .neural import NeuralComputeModel
-
-    if not isinstance(models.compute, NeuralComputeModel):
-        raise NeuroShardError(f"calibration fine-tunes a neural compute model; cost models '{models.name}' have "
-                              f"a {type(models.compute).__name__}")
+    if not hasattr(models.compute, "fine_tune"):
+        raise NeuroShardError(f"calibration fine-tunes a neural compute model (or an ensemble of them); cost "
+                              f"models '{models.name}' have a {type(models.compute).__name__}")
     if not isinstance(sets, int) or sets < 8:
         raise NeuroShardError(f"calibration needs at least 8 random sets, got {sets!r}")
+    check_weights_precision(weights_precision)
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
     at_batch = TableSet(tables.name, list(tables), models.batch_size, tables.extra)
@@ -121,7 +124,8 @@ def calibrate(tables: TableSet, models: CostModels, devices: int = 8, sets: int 
                    for s in [*singles, *randoms]]
     log.info("calibration: timing %d tables alone and %d random sets on this machine", len(singles), len(randoms))
     rounds, config = time_devices(shard_lists, tables, rounds=1, repeats=1, batch_size=models.batch_size,
-                                  row_cap=row_cap, kernel=kernel, progress=True)
+                                  row_cap=row_cap, kernel=kernel, progress=True,
+                                  weights_precision=weights_precision)
     costs = np.array([float(np.median(r)) for r in rounds])
     sim = Simulator(at_batch, 1, models)
     features = [sim.features_of(sim.piece_ids(s)) for s in [*singles, *randoms]]
@@ -135,10 +139,16 @@ def calibrate(tables: TableSet, models: CostModels, devices: int = 8, sets: int 
     compute.fine_tune([features[i] for i in train], costs[train], [features[i] for i in val], costs[val],
                       epochs=epochs)
     after = gmae(compute.predict([features[i] for i in test]), costs[test])
-    report = CalibrationReport(len(singles), len(features), len(test), before, after, time.perf_counter() - start)
+    kept = after > before  # fine-tuning made it worse on held-out sets (too few, too noisy): keep the pre-trained
+    if kept:
+        log.warning("calibration: the fine-tuned model is worse on the held-out sets (%.1f%% vs %.1f%%); keeping "
+                    "the pre-trained model", 100 * after, 100 * before)
+        compute = models.compute
+    report = CalibrationReport(len(singles), len(features), len(test), before, after, time.perf_counter() - start,
+                               kept)
     calibrated = CostModels(compute, models.comm, models.batch_size,
                             hardware={**models.hardware, "calibrated_on": config["hardware"],
-                                      "calibration_kernel": config["kernel"]},
+                                      "calibration_kernel": config["kernel"], "weights_precision": weights_precision},
                             name=f"{models.name}+calibrated:{tables.name}",
                             metrics={**models.metrics, "calibration": report.to_dict()},
                             data_summary=models.data_summary)
@@ -146,13 +156,16 @@ def calibrate(tables: TableSet, models: CostModels, devices: int = 8, sets: int 
     return calibrated, report
 
 
-def _cache_key(tables: TableSet, models: CostModels, devices: int, sets: int, seed: int) -> str:
+def _cache_key(tables: TableSet, models: CostModels, devices: int, sets: int, seed: int,
+               weights_precision: str = "fp32") -> str:
     from .measure.store import cpu_model
     import torch
     payload = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
                "models": models.name, "models_path": str(getattr(models, "path", "") or ""),
                "tables": TableSet(tables.name, list(tables), tables.batch_size).to_dict(),
                "devices": devices, "sets": sets, "seed": seed}
+    if weights_precision != "fp32":  # fp32 entries keep the keys they had
+        payload["weights_precision"] = weights_precision
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -163,7 +176,8 @@ def cache_dir() -> Path:
 def calibrated_models(tables: TableSet, models: CostModels, devices: int = 8, sets: int = DEFAULT_SETS,
                       seed: int = 0, **options: Any) -> CostModels:
     """``calibrate``, cached by hardware fingerprint, checkpoint, tables and settings."""
-    path = cache_dir() / f"{_cache_key(tables, models, devices, sets, seed)}.pt"
+    key = _cache_key(tables, models, devices, sets, seed, options.get("weights_precision", "fp32"))
+    path = cache_dir() / f"{key}.pt"
     if path.exists():
         try:
             cached = CostModels.load(path)

@@ -30,6 +30,7 @@ CHECKPOINT_FORMAT = "neuroshard.costmodels/v1"
 MODEL_CLASSES = {
     "AnalyticComputeModel": "neuroshard.costmodels.analytic",
     "AnalyticCommModel": "neuroshard.costmodels.analytic",
+    "EnsembleComputeModel": "neuroshard.costmodels.ensemble",
     "NeuralComputeModel": "neuroshard.costmodels.neural",
     "NeuralCommModel": "neuroshard.costmodels.neural",
     "TreeComputeModel": "neuroshard.costmodels.tree",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..cli_options import add_input, add_output
+from ..cli_options import add_input, add_output, add_weights_precision
 from ..validate import float_in, int_in, seed_int
 
 
@@ -14,7 +14,8 @@ def _pretrain(args: argparse.Namespace) -> int:
     check_output(args.out, [], "checkpoint")
     check_output(args.out.with_suffix(".parity.png"), [], "parity plot")
     result = pretrain(args.data, args.comm_data or (), args.out, tune=args.tune, epochs=args.epochs,
-                      test_tables=args.test_tables, seed=args.seed, refit=not args.no_refit)
+                      test_tables=args.test_tables, seed=args.seed, refit=not args.no_refit,
+                      ensemble=args.ensemble)
     summary = result.models.data_summary["compute"]
     print(f"compute: {summary['shard_sets']} measured shard sets over {summary['source_tables']} tables; "
           f"trained on {summary['train_sets']} (+{summary['val_sets']} validation), held out {summary['test_sets']} "
@@ -46,7 +47,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     check_output(args.output, [args.tables, args.cost_model], "checkpoint")
     tables = TableSet.read(args.tables)
     calibrated, report = calibrate(tables, resolve_cost_models(args.cost_model), devices=args.devices,
-                                   sets=args.sets, seed=args.seed)
+                                   sets=args.sets, seed=args.seed, weights_precision=args.weights_precision)
     calibrated.save(args.output)
     print(report.format())
     print(f"wrote {args.output} ({calibrated.name})")
@@ -73,6 +74,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-tables", type=float_in(0.0, 1.0, low_open=True, what="a fraction"), default=0.25,
                    help="share of source tables held out (default 0.25)")
     p.add_argument("--seed", type=seed_int, default=0)
+    p.add_argument("--ensemble", type=int_in(0, 64, "a member count (0, or 2 and up)"), default=0, metavar="K",
+                   help="also fit K neural compute models on bootstrap resamples and ship them as an ensemble: the "
+                        "search then charges each device set its members' spread (default 0: one model)")
     p.add_argument("--no-refit", action="store_true",
                    help="save the models trained on the training tables only (default: retrain the same recipe "
                         "on all data after the held-out evaluation)")
@@ -90,6 +94,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sets", type=int_in(8, 100000, "a set count"), default=DEFAULT_SETS,
                    help=f"random sets measured (default: {DEFAULT_SETS})")
     p.add_argument("--seed", type=seed_int, default=0)
+    add_weights_precision(p)
     p.add_argument("-o", "--output", required=True, help="calibrated checkpoint to write (MODEL.pt)")
     p.set_defaults(func=_calibrate)
 

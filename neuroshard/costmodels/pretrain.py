@@ -140,9 +140,10 @@ def load_compute_folders(folders: Sequence[str | Path]) -> ComputeData:
             if part.meta.get(key) != first.meta.get(key):
                 raise NeuroShardError(f"{folder}: measured on other {key} than {folders[0]}; "
                                       f"pre-train one checkpoint per machine")
-        if (part.batch_size, part.meta.get("config", {}).get("kernel")) != \
-                (first.batch_size, first.meta.get("config", {}).get("kernel")):
-            raise NeuroShardError(f"{folder}: batch size or kernel differs from {folders[0]}")
+        settings = [(p.batch_size, p.meta.get("config", {}).get("kernel"),
+                     p.meta.get("config", {}).get("weights_precision", "fp32")) for p in (part, first)]
+        if settings[0] != settings[1]:
+            raise NeuroShardError(f"{folder}: batch size, kernel or weights precision differs from {folders[0]}")
     return ComputeData([s for p in parts for s in p.sets], np.concatenate([p.costs_ms for p in parts]),
                        [t for p in parts for t in p.tables], first.batch_size, first.meta)
 
@@ -341,15 +342,18 @@ def parity_plot(path: Path, compute_models: dict, compute_test: ComputeData | No
 
 def pretrain(data: str | Path | Sequence[str | Path], comm_data: Sequence[str | Path] = (), out: str | Path | None = None,
              tune: int = 0, epochs: int = 400, test_tables: float = 0.25, seed: int = 0,
-             refit: bool = True) -> PretrainResult:
+             refit: bool = True, ensemble: int = 0) -> PretrainResult:
     """Fit and compare all models on the held-out split; with ``out``, save the neural bundle (with
     ``refit``, the same recipe retrained on all data: the metrics stay those of the held-out
-    evaluation) and a parity plot beside it."""
+    evaluation) and a parity plot beside it. ``ensemble`` >= 2 also fits that many neural models
+    on bootstrap resamples (``EnsembleComputeModel``) and ships them as the compute model."""
     folders = [data] if isinstance(data, (str, Path)) else list(data)
     compute = load_compute_folders(folders)
     from ..validate import check_number, check_seed
     check_number(test_tables, "test_tables (share of tables held out)", 0.0, 1.0, low_open=True)
     check_seed(seed)
+    if not (isinstance(ensemble, int) and (ensemble == 0 or 2 <= ensemble <= 64)):
+        raise NeuroShardError(f"ensemble must be 0 (one model) or 2 to 64 members, got {ensemble!r}")
     train_rows, test_rows, mixed_rows = split_by_table(compute.tables, test_tables, seed)
     split = "by table"
     if len(test_rows) < 10 or len(train_rows) < 20:
@@ -365,6 +369,11 @@ def pretrain(data: str | Path | Sequence[str | Path], comm_data: Sequence[str | 
         test_rows, train_rows, mixed_rows = np.sort(order[:cut]), np.sort(order[cut:]), np.zeros(0, dtype=np.int64)
         split = "random by shard set (too few sets for a split by table)"
     compute_models, fit_summary = fit_compute_models(compute, train_rows, epochs, tune, seed)
+    if ensemble:
+        from .ensemble import EnsembleComputeModel
+        train = compute.subset(train_rows)
+        compute_models["ensemble"] = EnsembleComputeModel(ensemble, **compute_models["neural"].hparams).fit(
+            train.sets, train.costs_ms)
     compute_test = compute.subset(test_rows)
     compute_summary = {**data_summary(compute, test_rows, mixed_rows), **fit_summary, "test_tables_fraction": test_tables,
                        "split": split}
@@ -381,10 +390,15 @@ def pretrain(data: str | Path | Sequence[str | Path], comm_data: Sequence[str | 
         log.warning("no communication data given: the checkpoint carries the unfitted analytic comm model")
     table = comparison_table(compute_models, compute_test, comm_models, comm_test, seed)
     metrics = {f"{r.target}/{r.model}": {c: getattr(r, c) for c in METRIC_COLUMNS} for r in table.itertuples()}
-    shipped_compute, shipped_comm = compute_models["neural"], comm_models.get("neural")
+    shipped = "ensemble" if ensemble else "neural"
+    shipped_compute, shipped_comm = compute_models[shipped], comm_models.get("neural")
     if refit:  # the evaluated recipe, trained again on every table and sample
         log.info("refitting the neural models on all measured data")
-        shipped_compute = refit_neural_compute(compute, compute_models["neural"].hparams)
+        if ensemble:
+            shipped_compute = EnsembleComputeModel(ensemble, **compute_models["neural"].hparams).fit(
+                compute.sets, compute.costs_ms)
+        else:
+            shipped_compute = refit_neural_compute(compute, compute_models["neural"].hparams)
         if comm_data:
             shipped_comm = NeuralCommModel(comm_meta["batch_size"], epochs=epochs, seed=seed).fit(groups)
     compute_summary["shipped_model_trained_on"] = "all measured sets" if refit else "training tables only"

@@ -15,6 +15,18 @@ Data-parallel tables (``data_parallel_tables``, see ``replicate``) are not piece
 device adds their compute at its local batch to ``compute_d`` and pays ``allreduce_d``,
 the all-reduce of their gradients.
 
+With a ``topology`` that states hosts (``neuroshard.topology``), no measured model covers
+the network, so the exchange is bytes over bandwidth, in two parts per device: to and
+from the ``L - 1`` peers on its host over ``intra_host_gbps``, and to and from the
+``D - L`` peers on other hosts over ``inter_host_gbps`` (each part the larger of the
+bytes sent and received; the parts add up; forward waiting as above). A column strip
+whose ``k`` row blocks all lie on one host is table-row-wise (as TorchRec and ZionEX run
+it): its partial sums are reduce-scattered within the host (``reduce_d``, ``(k-1)/k`` of
+the strip's pooled output per block, over the intra-host links), and only the sums
+cross hosts, each block sending ``1/k`` of the strip's columns. Without a topology, or
+one without hosts, the measured models cost the exchange exactly as before. A device's
+relative speed divides its compute.
+
 Search evaluates thousands of candidates, so the simulator takes many at once: one
 compute-model call for every shard set not seen before (set costs are cached, keyed
 by the sorted shard ids), and one call per communication term for the whole
@@ -35,11 +47,14 @@ from ..errors import NeuroShardError
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes, shard_bytes
 from ..plan import Plan, Shard
 from ..tables import TableSet
+from ..topology import Topology
 
 _DIM = FEATURE_NAMES.index("dim")
 _LOG_SIZE = FEATURE_NAMES.index("log2_size_bytes")
 #: the compute model is called on at most this many sets at once
 _PREDICT_CHUNK = 20000
+#: bytes per element sent by the exchange at each communication precision
+COMM_ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 class Piece(NamedTuple):
@@ -102,6 +117,8 @@ class Estimate:
     bwd_comm_ms: np.ndarray  # (P, D)
     reduce_ms: np.ndarray    # (P, D)
     allreduce_ms: np.ndarray | None = None  # (P, D) gradient all-reduce of data-parallel tables, when any
+    intra_host_ms: np.ndarray | None = None  # (P, D) of fwd + bwd: the intra-host part (topology with hosts)
+    inter_host_ms: np.ndarray | None = None  # (P, D) of fwd + bwd: the inter-host part (topology with hosts)
 
     @property
     def total_ms(self) -> np.ndarray:
@@ -124,7 +141,10 @@ class Estimate:
                 "per_device_fwd_comm_ms": ms(self.fwd_comm_ms[index]),
                 "per_device_bwd_comm_ms": ms(self.bwd_comm_ms[index]),
                 "per_device_reduce_ms": ms(self.reduce_ms[index]),
-                **({} if self.allreduce_ms is None else {"per_device_allreduce_ms": ms(self.allreduce_ms[index])})}
+                **({} if self.allreduce_ms is None else {"per_device_allreduce_ms": ms(self.allreduce_ms[index])}),
+                **({} if self.intra_host_ms is None else
+                   {"per_device_intra_host_comm_ms": ms(self.intra_host_ms[index]),
+                    "per_device_inter_host_comm_ms": ms(self.inter_host_ms[index])})}
 
 
 class Simulator:
@@ -136,13 +156,18 @@ class Simulator:
 
     def __init__(self, tables: TableSet, num_devices: int, cost_models: CostModels, bytes_per_element: int = 4,
                  *, optimizer: str = DEFAULT_OPTIMIZER, data_parallel_tables: Sequence[str] = (),
-                 risk: float | None = None):
+                 risk: float | None = None, topology: Topology | None = None, comm_precision: str = "fp32"):
         self.tables = tables
         self.num_devices = int(num_devices)
         self.cost_models = cost_models
         self.bytes_per_element = int(bytes_per_element)
+        # compute at the weights' precision (``costmodels.precision``); comm at the exchange's element size
+        self.compute_factor, self.cost_precision, self.precision_provenance = compute_scaling(
+            cost_models, precision_of(self.bytes_per_element))
+        self.comm_precision = check_comm_precision(comm_precision)
         self.optimizer = check_optimizer(optimizer)  # its state counts in every memory check
         self.comm = cost_models.comm_for(self.num_devices)
+        self._set_topology(topology)
         self.scale = cost_models.scale(tables.batch_size)
         self._set_data_parallel(data_parallel_tables)
         self._piece_ids: dict[Piece, int] = {}
@@ -159,6 +184,27 @@ class Simulator:
         self._set_spread: dict[tuple[int, ...], float] = {}
         self.model_calls = 0
         self.sets_predicted = 0
+
+    # ------------------------------------------------------------ topology
+    def _set_topology(self, topology: Topology | None) -> None:
+        """Hosts, links, per-device memory and speed (None: identical devices, measured network)."""
+        from .rowwise import local_ranks
+        if topology is not None and topology.num_devices != self.num_devices:
+            raise NeuroShardError(f"topology has {topology.num_devices} devices, the simulator {self.num_devices}")
+        self.topology = topology
+        self.hosts_stated = topology is not None and topology.hosts_stated
+        #: ranks per host of row splits kept on one host (TorchRec's default without hosts)
+        self.local_world_size = topology.local_world_size if self.hosts_stated else local_ranks(self.num_devices)
+        #: devices per host when the topology states hosts (the placers keep such row splits on one host)
+        self.host_size = topology.local_world_size if self.hosts_stated else None
+        self._speed = None if topology is None or topology.relative_speed is None else topology.speeds()
+
+    def memory_limits(self, memory_bytes: int) -> int | np.ndarray:
+        """What the placers compare with: ``memory_bytes``, or (D,) bytes per device when the
+        topology gives per-device memory."""
+        if self.topology is None or self.topology.device_memory_bytes is None:
+            return memory_bytes
+        return self.topology.memory_limits(memory_bytes)
 
     # ------------------------------------------------- data-parallel tables
     def _set_data_parallel(self, names: Sequence[str]) -> None:
@@ -196,12 +242,13 @@ class Simulator:
         """The tables as pieces, those larger than a device split (``rowwise.split_for_memory``,
         as many row blocks as TorchRec runs): computed once per memory and ``row_splits``
         (``shard()`` does it before any algorithm runs), a new list each call."""
-        key = (int(memory_bytes), bool(row_splits))
+        key = (int(np.max(memory_bytes)), bool(row_splits))  # per-device memory: split for the largest device
         if key not in self._memory_splits:
             from .rowwise import split_for_memory
-            self._memory_splits[key] = split_for_memory(self.sharded_pieces(), memory_bytes,
+            self._memory_splits[key] = split_for_memory(self.sharded_pieces(), key[0],
                                                         self.bytes_per_element, row_splits, self.num_devices,
-                                                        optimizer=self.optimizer)
+                                                        optimizer=self.optimizer,
+                                                        local_world_size=self.local_world_size)
         return list(self._memory_splits[key])
 
     def piece_ids(self, pieces: Sequence[Piece]) -> np.ndarray:
@@ -239,6 +286,8 @@ class Simulator:
             self._arrays = {"features": np.stack(self._features) if self._features else
                             np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32),
                             "cols": pieces[:, 4].astype(np.float64),
+                            # a number per column strip (table, first column, width): row blocks share it
+                            "strip": np.unique(pieces[:, [0, 3, 4]], axis=0, return_inverse=True)[1].reshape(-1),
                             "bytes": (pieces[:, 2] * row_bytes(pieces[:, 4], self.bytes_per_element,
                                                                  self.optimizer)).astype(np.float64)}
             grown = np.full(len(self._pieces), np.nan)
@@ -276,7 +325,7 @@ class Simulator:
                 self._set_spread.update(zip(chunk, np.asarray(spread, dtype=np.float64).tolist()))
             else:
                 costs = self.cost_models.compute.predict(features)
-            known.update(zip(chunk, np.asarray(costs, dtype=np.float64).tolist()))
+            known.update(zip(chunk, (np.asarray(costs, dtype=np.float64) * self.compute_factor).tolist()))
             self.model_calls += 1
             self.sets_predicted += len(chunk)
         costs = np.array([known[s] if s else 0.0 for s in sets], dtype=np.float64)
@@ -311,11 +360,14 @@ class Simulator:
         communication term for the whole (candidates, devices) array."""
         num, dev = len(candidates), self.num_devices
         widths = np.zeros((num, dev))
+        reduce_bytes = np.zeros((num, dev)) if self.hosts_stated else None
         set_keys: list[tuple[int, ...]] = []
         for p, (ids, devices) in enumerate(candidates):
             devices = np.asarray(devices, dtype=np.int64)
-            cols = self.cols_of(ids)
-            widths[p] = np.bincount(devices, weights=cols, minlength=dev)
+            if self.hosts_stated:
+                widths[p], reduce_bytes[p] = self._exchange_widths(ids, devices)
+            else:
+                widths[p] = np.bincount(devices, weights=self.cols_of(ids), minlength=dev)
             order = np.lexsort((ids, devices))
             bounds = np.searchsorted(devices[order], np.arange(dev + 1)).tolist()
             sorted_ids = ids[order].tolist()
@@ -323,19 +375,74 @@ class Simulator:
         compute = self.set_costs_ms(set_keys, risk).reshape(num, dev)
         if self.data_parallel_tables:  # every device looks up the replicated tables for its slice
             compute = compute + self.replicated_ms()[0]
-        return self._with_comm(compute, widths)
+        if self._speed is not None:  # a device twice as fast computes in half the time
+            compute = compute / self._speed
+        return self._with_comm(compute, widths, reduce_bytes)
 
-    def _with_comm(self, compute: np.ndarray, widths: np.ndarray) -> Estimate:
+    def _with_comm(self, compute: np.ndarray, widths: np.ndarray, reduce_bytes: np.ndarray | None = None
+                   ) -> Estimate:
         """The estimate of plans whose per-device compute is ``compute`` (P, D), in ms at
         the models' batch size: the communication terms added (forward waiting included)."""
         num, dev = compute.shape
-        bwd = self.comm.predict_backward(widths)
-        ready = compute + bwd
-        fwd = self.comm.predict_forward(widths, ready - ready.max(axis=1, keepdims=True))
-        reduce = np.zeros((num, dev))  # row-wise partial sums are in ``widths`` (module docstring)
+        intra = inter = None
+        if self.hosts_stated:
+            intra, inter = self._exchange_ms(widths)
+            bwd = intra + inter
+            reduce = reduce_bytes / self._bytes_per_ms(self.topology.intra_host_gbps)
+            ready = compute + bwd + reduce
+            fwd = bwd + (ready.max(axis=1, keepdims=True) - ready)
+            intra, inter = 2 * intra * self.scale, 2 * inter * self.scale
+        else:  # the comm models were measured on fp32 exchanges: fewer bytes per column = fewer columns
+            sent = widths * (self._comm_element_bytes() / 4)
+            bwd = self.comm.predict_backward(sent)
+            ready = compute + bwd
+            fwd = self.comm.predict_forward(sent, ready - ready.max(axis=1, keepdims=True))
+            reduce = np.zeros((num, dev))  # row-wise partial sums are in ``widths`` (module docstring)
         # the all-reduce of replicated tables' gradients does not grow with the batch: not scaled
         allreduce = np.full((num, dev), self.replicated_ms()[1]) if self.data_parallel_tables else None
-        return Estimate(compute * self.scale, fwd * self.scale, bwd * self.scale, reduce * self.scale, allreduce)
+        return Estimate(compute * self.scale, fwd * self.scale, bwd * self.scale, reduce * self.scale, allreduce,
+                        intra, inter)
+
+    # ------------------------------------------------- exchange over hosts
+    def _comm_element_bytes(self) -> int:
+        return COMM_ELEMENT_BYTES[self.comm_precision]
+
+    @staticmethod
+    def _bytes_per_ms(gbps: float) -> float:
+        return gbps * 1e6  # GB/s = 10**9 bytes per second
+
+    def _exchange_widths(self, ids: np.ndarray, devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(D,) columns each device sends in the all-to-all and (D,) bytes it reduce-scatters
+        within its host, at the models' batch size. A strip whose ``k > 1`` row blocks lie
+        on one host is table-row-wise: each block sends ``cols / k`` and reduce-scatters
+        ``(k - 1) / k`` of the strip's partial sums; every other piece sends its columns."""
+        cols = self.cols_of(ids)
+        strips, inverse, blocks = np.unique(self._array("strip")[ids], return_inverse=True, return_counts=True)
+        hosts = self.topology.host_of()[devices]
+        low = np.full(len(strips), np.iinfo(np.int64).max)
+        high = np.full(len(strips), -1)
+        np.minimum.at(low, inverse, hosts)
+        np.maximum.at(high, inverse, hosts)
+        k = blocks[inverse].astype(np.float64)
+        one_host = ((blocks > 1) & (low == high))[inverse]
+        sent = np.where(one_host, cols / k, cols)
+        reduced = np.where(one_host, self.cost_models.batch_size * cols * (k - 1) / k, 0.0) * self._comm_element_bytes()
+        return (np.bincount(devices, weights=sent, minlength=self.num_devices),
+                np.bincount(devices, weights=reduced, minlength=self.num_devices))
+
+    def _exchange_ms(self, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(P, D) intra- and inter-host ms of one all-to-all (one direction) of ``widths``
+        columns per device, at the models' batch size: each device sends ``B / D`` samples'
+        columns to every peer and receives the peers' columns for its ``B / D`` samples."""
+        topo, dev = self.topology, self.num_devices
+        share = self.cost_models.batch_size / dev * self._comm_element_bytes()  # bytes per column and peer
+        host = topo.host_of()
+        on_host = np.stack([widths[:, host == h].sum(axis=1) for h in range(topo.num_hosts)], axis=1)[:, host]
+        local = topo.local_world_size
+        intra_bytes = np.maximum(widths * (local - 1), on_host - widths) * share
+        inter_bytes = np.maximum(widths * (dev - local), widths.sum(axis=1, keepdims=True) - on_host) * share
+        return (intra_bytes / self._bytes_per_ms(topo.intra_host_gbps),
+                inter_bytes / self._bytes_per_ms(topo.inter_host_gbps))
 
     # -------------------------------------------------------------- plans
     def pieces_of_plan(self, plan: Plan) -> tuple[list[Piece], np.ndarray]:
@@ -353,9 +460,12 @@ class Simulator:
         pieces, devices = self.pieces_of_plan(plan)
         if compute_ms is None:
             return self.evaluate(pieces, devices[None, :], risk=0.0)
-        cols = self.cols_of(self.piece_ids(pieces))
-        widths = np.bincount(devices, weights=cols, minlength=self.num_devices)[None, :]
+        ids = self.piece_ids(pieces)
         compute = np.asarray(compute_ms, dtype=np.float64)[None, :] / self.scale
+        if self.hosts_stated:
+            widths, reduce_bytes = self._exchange_widths(ids, devices)
+            return self._with_comm(compute, widths[None, :], reduce_bytes[None, :])
+        widths = np.bincount(devices, weights=self.cols_of(ids), minlength=self.num_devices)[None, :]
         return self._with_comm(compute, widths)
 
     def to_shards(self, pieces: Sequence[Piece], devices: np.ndarray) -> list[Shard]:

@@ -1,0 +1,90 @@
+"""The ensemble compute model: members, spread, checkpoint, and a search that charges the spread."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from neuroshard import shard
+from neuroshard.costmodels import load_cost_models
+from neuroshard.costmodels.base import CostModels
+from neuroshard.costmodels.calibrate import calibrate
+from neuroshard.costmodels.ensemble import EnsembleComputeModel
+from neuroshard.errors import NeuroShardError
+from neuroshard.search.simulator import Simulator, whole_pieces
+from neuroshard.tables import Table, TableSet
+
+TABLES = TableSet("ens", [Table(f"t{i}", 2_000 * (i + 1), (16, 32, 64)[i % 3], 0.5 + 3 * (i % 5),
+                                {"zipf_alpha": 0.8 + 0.05 * i}) for i in range(14)], 4096)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_cost_models()
+
+
+@pytest.fixture(scope="module")
+def data(shipped):
+    """Random shard sets of TABLES' pieces, costed by the shipped model with 5% noise."""
+    sim = Simulator(TABLES, 1, shipped)
+    ids = sim.piece_ids([h for p in whole_pieces(TABLES) for h in (p, *p.halve_cols())])
+    rng = np.random.default_rng(0)
+    sets = [sim.features_of(rng.choice(ids, size=int(rng.integers(1, 8)), replace=False)) for _ in range(160)]
+    costs = shipped.compute.predict(sets) * rng.lognormal(0.0, 0.05, len(sets))
+    return sets, costs
+
+
+@pytest.fixture(scope="module")
+def ensemble(data):
+    sets, costs = data
+    return EnsembleComputeModel(3, epochs=40, patience=10, hidden=32, depth=2).fit(sets, costs)
+
+
+def test_members_differ_and_predict_is_their_geometric_mean(ensemble, data):
+    sets, costs = data
+    members = ensemble.predict_members(sets)
+    assert members.shape == (3, len(sets))
+    assert not np.allclose(members[0], members[1])  # other seeds, other bootstrap resamples
+    mean, spread = ensemble.predict_with_spread(sets)
+    assert np.allclose(mean, np.exp(np.log(members).mean(axis=0)))
+    assert np.allclose(spread, np.log(members).std(axis=0)) and np.all(spread >= 0)
+    assert np.median(np.abs(np.log(mean / costs))) < 0.5
+
+
+def test_ensemble_needs_two_members():
+    with pytest.raises(NeuroShardError, match="at least 2 members"):
+        EnsembleComputeModel(1)
+
+
+def test_checkpoint_round_trip_loads_weights_only(ensemble, shipped, data, tmp_path):
+    sets, _ = data
+    path = CostModels(ensemble, shipped.comm, shipped.batch_size, name="ens").save(tmp_path / "ens.pt")
+    torch.load(path, weights_only=True)  # data only: no code runs on load
+    loaded = load_cost_models(path)
+    assert isinstance(loaded.compute, EnsembleComputeModel) and loaded.compute.size == 3
+    assert np.allclose(loaded.compute.predict_members(sets), ensemble.predict_members(sets), rtol=1e-6)
+
+
+def test_search_charges_the_spread_and_the_plan_reports_the_mean(ensemble, shipped):
+    models = CostModels(ensemble, shipped.comm, shipped.batch_size, name="ens")
+    sim = Simulator(TABLES, 3, models)
+    assert sim.risk == 1.0 and Simulator(TABLES, 3, shipped).risk == 0.0
+    ids = sim.piece_ids(whole_pieces(TABLES))
+    sets = [tuple(sorted(ids[i::3].tolist())) for i in range(3)]
+    mean = sim.set_costs_ms(sets, risk=0.0)
+    charged = sim.set_costs_ms(sets)
+    spread = ensemble.spread([sim.features_of(np.array(s)) for s in sets])
+    assert np.allclose(charged, mean * np.exp(spread))
+    plan = shard(TABLES, devices=3, memory="64MiB", cost_models=models)
+    assert plan.provenance["risk"] == 1.0
+    again = Simulator(TABLES, 3, models).evaluate_plan(plan)  # scoring reports the mean
+    assert plan.estimate["max_device_cost_ms"] == pytest.approx(float(again.max_ms[0]), rel=1e-6)
+
+
+def test_calibration_fine_tunes_every_member_or_keeps_the_pretrained(ensemble, shipped):
+    models = CostModels(ensemble, shipped.comm, shipped.batch_size, name="ens")
+    small = TableSet("ens-small", TABLES.tables[:6], 4096)
+    calibrated, report = calibrate(small, models, devices=2, sets=8, epochs=5)
+    assert isinstance(calibrated.compute, EnsembleComputeModel)
+    assert report.kept_pretrained == (calibrated.compute is ensemble)
+    assert report.kept_pretrained == (report.gmae_after > report.gmae_before)
