@@ -3,22 +3,17 @@ from __future__ import annotations
 
 import json
 import math
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-import numpy as np
-
-from .datasets import access as acc
-from .datasets.lookup_cache import cached, sampling_key
+from .access_spec import NUM_BINS, ROW_ORDERS
 from .errors import FormatError
 from .validate import (MAX_BATCH_SIZE, MAX_EMBEDDING_DIM, MAX_LOOKUPS_PER_BATCH, MAX_NUM_EMBEDDINGS,
                        MAX_POOLING_FACTOR, MAX_TABLES, read_json)
 
 TABLES_FORMAT = "neuroshard.tables/v1"
 DEFAULT_BATCH_SIZE = 65536
-ROW_ORDERS = ("scattered", "hottest_first")
 _TABLE_KEYS = ("name", "num_embeddings", "embedding_dim", "pooling_factor", "access")
 
 
@@ -33,7 +28,8 @@ def _is_number(value: Any) -> bool:
 @dataclass
 class Table:
     """One embedding table: ``num_embeddings`` rows of ``embedding_dim`` columns,
-    looked up ``pooling_factor`` times per sample with the given ``access`` distribution."""
+    looked up ``pooling_factor`` times per sample with the given ``access`` distribution.
+    A plain record: sampling its lookups is ``neuroshard.datasets.sampler``'s business."""
 
     name: str
     num_embeddings: int
@@ -83,69 +79,13 @@ class Table:
         out.update(self.extra)
         return out
 
-    # -------------------------------------------------------------- features
+    # ---------------------------------------------------------------- derived
     def size_bytes(self, bytes_per_element: int = 4) -> int:
         return self.num_embeddings * self.embedding_dim * bytes_per_element
 
     @property
     def row_order(self) -> str:
         return self.access.get("row_order", "scattered")
-
-    def _seed(self) -> int:
-        return zlib.crc32(self.name.encode())
-
-    def sample_lookups(self, batch_size: int, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """One batch of lookups: (row ids, lengths per sample), deterministic for a seed
-        (default: derived from the table's name); cached (``datasets.lookup_cache``)."""
-        return cached((*sampling_key(self), "batch", batch_size, seed), lambda: self.draw_lookups(batch_size, seed))
-
-    def draw_lookups(self, batch_size: int, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``sample_lookups`` without the cache (a training step's batch, used once)."""
-        rng = np.random.default_rng(self._seed() if seed is None else seed)
-        if "indices" in self.access:
-            from .datasets.dlrm import recorded_batch
-            return recorded_batch(self, batch_size, rng)
-        num = int(round(batch_size * self.pooling_factor))
-        rows = acc.sample_rows(self.access, self.num_embeddings, num, rng)
-        return rows, acc.lengths_for(num, batch_size, rng)
-
-    def reuse_histograms(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, float]:
-        """(share of distinct rows per reuse bin, share of lookups per bin, mean reuse) in
-        one batch: from the file's histogram when given, else from a sampled batch."""
-        def compute() -> tuple[np.ndarray, np.ndarray, float]:
-            if "reuse_histogram" in self.access:
-                distinct = np.asarray(self.access["reuse_histogram"], dtype=np.float64)
-                distinct = distinct / distinct.sum()
-                lookups, implied = acc.lookup_share_from_distinct(distinct)
-                return distinct, lookups, float(self.access.get("mean_reuse", implied))
-            return acc.reuse_histograms(self.sample_lookups(batch_size)[0])
-        return cached((*sampling_key(self), "hist", batch_size), compute)
-
-    def reuse_histogram(self, batch_size: int) -> np.ndarray:
-        """The 17-bin share of distinct rows per reuse bin in one batch."""
-        return self.reuse_histograms(batch_size)[0]
-
-    def shard(self, row_offset: int, num_rows: int, col_offset: int, num_cols: int,
-              batch_size: int) -> "Table":
-        """The part of this table a shard holds, as a table of its own (rows, width,
-        lookups per sample and reuse as that shard sees them)."""
-        name = self.name if (num_rows, num_cols) == (self.num_embeddings, self.embedding_dim) \
-            else f"{self.name}[{row_offset}:{row_offset + num_rows},{col_offset}:{col_offset + num_cols}]"
-        if num_rows == self.num_embeddings:
-            return Table(name, num_rows, num_cols, self.pooling_factor, dict(self.access), base_dir=self.base_dir)
-
-        def compute() -> tuple[float, np.ndarray, float]:
-            rows = self.sample_lookups(batch_size)[0]
-            inside = rows[(rows >= row_offset) & (rows < row_offset + num_rows)]
-            distinct, _, mean_reuse = acc.reuse_histograms(inside)
-            if inside.size == 0:
-                distinct[0] = 1.0
-                mean_reuse = 1.0
-            return inside.size / batch_size, distinct, mean_reuse
-        pooling, distinct, mean_reuse = cached((*sampling_key(self), "rows", batch_size, row_offset, num_rows),
-                                               compute)
-        access = {"reuse_histogram": [round(float(x), 6) for x in distinct], "mean_reuse": mean_reuse}
-        return Table(name, num_rows, num_cols, float(pooling), access)
 
 
 def _check_access(access: Any, where: str) -> None:
@@ -155,9 +95,9 @@ def _check_access(access: Any, where: str) -> None:
         raise FormatError(f"{where}: field 'access.zipf_alpha' must be a number >= 0, got {access['zipf_alpha']!r}")
     if "reuse_histogram" in access:
         hist = access["reuse_histogram"]
-        if (not isinstance(hist, list) or len(hist) != acc.NUM_BINS
+        if (not isinstance(hist, list) or len(hist) != NUM_BINS
                 or not all(_is_number(x) and x >= 0 for x in hist) or sum(hist) <= 0):
-            raise FormatError(f"{where}: field 'access.reuse_histogram' must be {acc.NUM_BINS} "
+            raise FormatError(f"{where}: field 'access.reuse_histogram' must be {NUM_BINS} "
                               f"numbers >= 0 with a positive sum")
     if "mean_reuse" in access and not (_is_number(access["mean_reuse"]) and access["mean_reuse"] >= 1):
         raise FormatError(f"{where}: field 'access.mean_reuse' must be a number >= 1, got {access['mean_reuse']!r}")
@@ -253,15 +193,3 @@ class TableSet:
     # --------------------------------------------------------------- summary
     def total_bytes(self, bytes_per_element: int = 4) -> int:
         return sum(t.size_bytes(bytes_per_element) for t in self.tables)
-
-    def summary(self, bytes_per_element: int = 4):
-        """One row per table: rows, width, pooling factor, size, mean reuse, share of
-        lookups on rows reused more than ``access.HOT_REUSE`` (32) times (skew). A pandas DataFrame."""
-        import pandas as pd
-        rows = []
-        for t in self.tables:
-            _, lookup_share, mean_reuse = t.reuse_histograms(self.batch_size)
-            rows.append({"table": t.name, "rows": t.num_embeddings, "dim": t.embedding_dim,
-                         "pooling_factor": t.pooling_factor, "size_bytes": t.size_bytes(bytes_per_element),
-                         "mean_reuse": mean_reuse, "hot_lookup_share": float(lookup_share[acc.HOT_FIRST_BIN:].sum())})
-        return pd.DataFrame(rows)

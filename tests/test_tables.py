@@ -5,6 +5,7 @@ import pytest
 
 from neuroshard import FormatError, TableSet
 from neuroshard.datasets import access
+from neuroshard.datasets.sampler import reuse_histograms, shard_table
 
 from conftest import run_cli, tables_dict
 
@@ -80,14 +81,13 @@ def test_describe_prints_summary(tables_file):
 
 def test_histogram_from_zipf_is_deterministic_and_skewed(tables_file):
     a, b = TableSet.read(tables_file), TableSet.read(tables_file)
-    ha, hb = a["t0"].reuse_histogram(512), b["t0"].reuse_histogram(512)
+    ha, hb = reuse_histograms(a["t0"], 512)[0], reuse_histograms(b["t0"], 512)[0]
     assert np.array_equal(ha, hb) and ha.shape == (17,) and abs(ha.sum() - 1) < 1e-9
     # a zipf table reuses its hot rows far more than a uniform table of the same size
-    _, zipf_lookups, zipf_reuse = a["t0"].reuse_histograms(512)
-    uniform = a["t0"].shard(0, 4000, 0, 32, 512)
+    _, zipf_lookups, zipf_reuse = reuse_histograms(a["t0"], 512)
+    uniform = shard_table(a["t0"], 0, 4000, 0, 32, 512)
     uniform.access = {}
-    uniform._cache = {}
-    _, _, uniform_reuse = uniform.reuse_histograms(512)
+    _, _, uniform_reuse = reuse_histograms(uniform, 512)
     assert zipf_reuse > uniform_reuse
     assert zipf_lookups[5:].sum() > 0.2
 
@@ -102,10 +102,41 @@ def test_histogram_access_reproduces_its_histogram():
 def test_row_shard_features_follow_row_order():
     from neuroshard import Table
     hot = Table("hot", 10_000, 16, 4.0, {"zipf_alpha": 1.1, "row_order": "hottest_first"})
-    top = hot.shard(0, 1000, 0, 16, 1024)
-    bottom = hot.shard(9000, 1000, 0, 16, 1024)
+    top = shard_table(hot, 0, 1000, 0, 16, 1024)
+    bottom = shard_table(hot, 9000, 1000, 0, 16, 1024)
     assert top.pooling_factor > 5 * bottom.pooling_factor
     scattered = Table("cold", 10_000, 16, 4.0, {"zipf_alpha": 1.1})
-    halves = [scattered.shard(0, 5000, 0, 16, 1024), scattered.shard(5000, 5000, 0, 16, 1024)]
+    halves = [shard_table(scattered, 0, 5000, 0, 16, 1024), shard_table(scattered, 5000, 5000, 0, 16, 1024)]
     assert abs(halves[0].pooling_factor + halves[1].pooling_factor - 4.0) < 0.05
     assert 0.5 < halves[0].pooling_factor / halves[1].pooling_factor < 2.0
+
+
+def test_table_is_a_record_and_tables_imports_no_pipeline_stage():
+    """``neuroshard.tables`` loads no ``neuroshard.datasets`` code; sampling lives in ``datasets.sampler``."""
+    import subprocess
+    import sys
+    from neuroshard import Table
+    code = "import sys, neuroshard.tables; print(sorted(m for m in sys.modules if m.startswith('neuroshard.datasets')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    assert not any(hasattr(Table, name) for name in ("sample_lookups", "draw_lookups", "reuse_histograms", "shard"))
+
+
+def test_samples_are_those_drawn_before_sampling_left_table():
+    """Digests of batches drawn by ``Table``'s own methods before they moved to ``datasets.sampler``."""
+    import hashlib
+    from neuroshard import Table
+    from neuroshard.datasets import sampler
+
+    def digest(rows, lengths):
+        return hashlib.sha256(np.ascontiguousarray(rows).tobytes() + np.ascontiguousarray(lengths).tobytes()
+                              ).hexdigest()[:16]
+
+    for table, default, seeded, drawn in (
+            (Table("z", 5000, 16, 3.0, {"zipf_alpha": 1.1}), "d2631b4d626410ed", "3eeea506c53386da", "4c83f6e5fc02eff4"),
+            (Table("zh", 5000, 16, 3.0, {"zipf_alpha": 0.8, "row_order": "hottest_first"}), "86671f8c727baee6",
+             "4d7e1056866710c5", "72695228ab9f7d8d"),
+            (Table("u", 700, 8, 2.0), "597446ba3a296637", "dfcbe03704f9791e", "269b78aa03156c66")):
+        assert digest(*sampler.sample_lookups(table, 1024)) == default
+        assert digest(*sampler.sample_lookups(table, 1024, seed=5)) == seeded
+        assert digest(*sampler.draw_lookups(table, 512, seed=9)) == drawn

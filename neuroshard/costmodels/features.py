@@ -1,6 +1,6 @@
 """The feature vector of a shard, named and versioned in one place.
 
-A shard is described as a table of its own (``Table.shard``): its rows, its width,
+A shard is described as a table of its own (``datasets.sampler.shard_table``): its rows, its width,
 its lookups per sample and its reuse histogram as that shard sees them. Cost
 models store ``FEATURE_SCHEMA_VERSION`` and ``FEATURE_NAMES`` with their
 checkpoints and refuse another version.
@@ -11,7 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..datasets.access import NUM_BINS
+from ..access_spec import NUM_BINS
+from ..datasets.sampler import reuse_histograms
 from ..tables import Table
 
 FEATURE_SCHEMA_VERSION = 1
@@ -27,7 +28,7 @@ NUM_FEATURES = len(FEATURE_NAMES)
 
 def table_features(table: Table, batch_size: int) -> np.ndarray:
     """The feature vector (float32, ``NUM_FEATURES``) of one shard or table."""
-    _, lookup_share, mean_reuse = table.reuse_histograms(batch_size)
+    _, lookup_share, mean_reuse = reuse_histograms(table, batch_size)
     head = [float(table.embedding_dim), float(np.log2(table.num_embeddings)), float(table.pooling_factor),
             float(np.log2(table.size_bytes(4))), float(np.log2(max(mean_reuse, 1.0)))]
     return np.concatenate([head, lookup_share]).astype(np.float32)

@@ -10,8 +10,9 @@ from ..validate import MAX_EMBEDDING_DIM, MAX_TABLES, batch_size_int, float_in, 
 def _describe(args: argparse.Namespace) -> int:
     from ..tables import TableSet
     from ..units import format_bytes
+    from .sampler import summary
     tables = TableSet.read(args.tables)
-    df = tables.summary()
+    df = summary(tables)
     print(f"{tables.name}: {len(tables)} tables, {format_bytes(tables.total_bytes())} in fp32, batch size {tables.batch_size}")
     for column, label in (("dim", "width"), ("pooling_factor", "pooling factor"), ("rows", "rows"),
                           ("mean_reuse", "mean reuse"), ("hot_lookup_share", "share of lookups on rows reused >32x")):

@@ -47,6 +47,7 @@ import numpy as np
 from ..errors import NeuroShardError
 from ..tables import Table, TableSet
 from . import access as acc
+from .sampler import lookups_from
 
 log = logging.getLogger(__name__)
 
@@ -219,15 +220,6 @@ def generate(preset: str | Preset, num_tables: int | None = None, seed: int = 0)
     return TableSet(f"{preset.name}-t{count}-s{seed}", tables, batch, extra)
 
 
-def _sample_batch(table: Table, batch_size: int, rng: np.random.Generator) -> np.ndarray:
-    """Row ids of one batch, without filling the table's cache (hundreds of tables)."""
-    if "indices" in table.access:
-        from .dlrm import recorded_batch
-        return recorded_batch(table, batch_size, rng)[0]
-    num = int(round(batch_size * table.pooling_factor))
-    return acc.sample_rows(table.access, table.num_embeddings, num, rng)
-
-
 def calibration_subsample(tables: TableSet, max_tables: int | None) -> list[tuple[Table, float]]:
     """Tables to sample for calibration, each with the number of tables it stands for.
 
@@ -280,7 +272,7 @@ def calibration_report(tables: TableSet, seed: int = 0, max_tables: int | None =
     distinct, lookups = np.zeros(acc.NUM_BINS), np.zeros(acc.NUM_BINS)
     for table, weight in chosen:
         rng = np.random.default_rng([seed, zlib.crc32(table.name.encode())])
-        counts = acc.reuse_counts(_sample_batch(table, tables.batch_size, rng))
+        counts = acc.reuse_counts(lookups_from(table, tables.batch_size, rng)[0])  # uncached: hundreds of tables
         bins = acc.reuse_bin(counts)
         distinct += weight * np.bincount(bins, minlength=acc.NUM_BINS)
         lookups += weight * np.bincount(bins, weights=counts, minlength=acc.NUM_BINS)

@@ -18,7 +18,7 @@ Memory: on CPU the devices share one weights buffer the size of the largest devi
 device. Rows beyond ``row_cap`` are not allocated (lookups fold onto the allocated
 rows, as in training and collection); the cap is reported.
 
-Lookups are each table's batch (``Table.sample_lookups``), the same for every plan,
+Lookups are each table's batch (``datasets.sampler.sample_lookups``), the same for every plan,
 cut to each shard's rows as the training runtime cuts them (``local_lookups``).
 Communication cannot be timed one device at a time: it is the comm models'
 prediction for the measured compute, labelled as modeled.
@@ -35,8 +35,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..datasets.sampler import sample_lookups
 from ..errors import InvalidPlanError, NeuroShardError
-from ..kernels import DEFAULT_MAX_ROWS, FusedEmbedding, FusedInputs, local_lookups, resolve_kernel, weights_numel
+from ..kernels import (DEFAULT_MAX_ROWS, WEIGHTS_PRECISIONS, FusedEmbedding, FusedInputs, local_lookups, precision_of,
+                       resolve_kernel, weights_dtype, weights_numel)
 from ..plan import Plan, Shard
 from ..tables import TableSet
 
@@ -218,7 +220,7 @@ def _device_times(shards: Sequence[Shard], tables: TableSet, batch_size: int, ro
     shapes, inputs = [], []
     for s in shards:
         table = tables[s.table]
-        rows, lengths = table.sample_lookups(batch_size)
+        rows, lengths = sample_lookups(table, batch_size)
         allocated = min(s.num_rows, row_cap)
         shapes.append((allocated, s.num_cols))
         inputs.append(local_lookups(np.asarray(rows, dtype=np.int64), np.asarray(lengths, dtype=np.int64),
@@ -254,11 +256,11 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, rounds
                  warmup_rounds: int = DEFAULT_WARMUP_ROUNDS, repeats: int = DEFAULT_REPEATS,
                  batch_size: int = 4096, row_cap: int = DEFAULT_MAX_ROWS, kernel: str = "auto",
                  backend: str = "cpu", optimizer: str = "exact_sgd", max_memory_bytes: int | None = None,
-                 progress: bool = False) -> tuple[list[list[float]], dict]:
+                 progress: bool = False, weights_precision: str = "fp32") -> tuple[list[list[float]], dict]:
     """Time each device's shards (a list of shard lists, one per device, of any plans)
-    as one fused kernel, the devices taking turns round-robin with the order rotated
-    every round. Returns per device its time (ms) in each measured round (empty for a
-    device without shards), and how the run was made."""
+    as one fused kernel with weights of ``weights_precision``, the devices taking turns
+    round-robin with the order rotated every round. Returns per device its time (ms) in
+    each measured round (empty for a device without shards), and how the run was made."""
     import time
 
     import torch
@@ -274,19 +276,21 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, rounds
     # No warm-up run per turn: every kernel runs once when it is built, and after the
     # cache flush each timed run starts as cold as the first would.
     bench = KernelBenchmark(backend=backend, kernel=kernel, batch_size=batch_size, max_rows=row_cap,
-                            warmup=0, repeats=repeats, max_repeats=repeats, optimizer=optimizer)
+                            warmup=0, repeats=repeats, max_repeats=repeats, optimizer=optimizer,
+                            weights_precision=weights_precision)
+    element_bytes = WEIGHTS_PRECISIONS[weights_precision]
     turns = [_device_times(shards, tables, batch_size, row_cap) for shards in devices]
     capped = len({(s.table, s.row_offset, s.num_rows) for dt in turns
                   for (r, _), s in zip(dt.shapes, dt.shards) if r < s.num_rows})
     need = max((weights_numel(dt.shapes, kernel) for dt in turns if dt.shards), default=0)
     limit = max_memory_bytes if max_memory_bytes is not None else int(MEMORY_SHARE * available_memory_bytes())
-    if need * 4 > limit:
-        raise NeuroShardError(f"the largest device needs {need * 4 / 2**30:.1f} GiB of weights with rows capped at "
+    if need * element_bytes > limit:
+        raise NeuroShardError(f"the largest device needs {need * element_bytes / 2**30:.1f} GiB of weights with rows capped at "
                               f"{row_cap:,}, over the {limit / 2**30:.1f} GiB allowed; lower --row-cap")
     device = torch.device("cuda" if backend == "cuda" else "cpu")
     buffer = None
     if backend == "cpu" and need:
-        buffer = torch.full((need,), 0.01, dtype=torch.float32)  # written once: every page is mapped
+        buffer = torch.full((need,), 0.01, dtype=weights_dtype(weights_precision))  # written once: pages mapped
 
     busy = [dt for dt in turns if dt.shards]
     total_rounds = warmup_rounds + rounds
@@ -302,7 +306,7 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, rounds
             for dt in busy[shift:] + busy[:shift]:
                 if dt.fused is None:
                     dt.fused = FusedEmbedding(dt.shapes, kernel, device, lr=0.01, init=0.01, optimizer=optimizer,
-                                              weights_buffer=buffer)
+                                              weights_buffer=buffer, weights_precision=weights_precision)
                     dt.prepared = dt.fused.prepare(dt.inputs)
                     _run_once(dt.fused, dt.prepared)  # warm-up: first-call allocations are not timed
                 measured = bench.time_fused(dt.fused, dt.prepared)
@@ -320,8 +324,10 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, rounds
     config = {"backend": backend, "hardware": cpu_model() if backend == "cpu" else torch.cuda.get_device_name(),
               "kernel": kernel, "clock": bench.clock, "optimizer": optimizer, "batch_size": batch_size,
               "rounds": rounds, "warmup_rounds": warmup_rounds, "repeats": repeats, "row_cap": row_cap,
-              "capped_shards": capped, "buffer_bytes": need * 4,
+              "capped_shards": capped, "buffer_bytes": need * element_bytes,
               "seconds": round(time.perf_counter() - start, 2)}
+    if weights_precision != "fp32":
+        config["weights_precision"] = weights_precision
     return [list(dt.rounds_ms) for dt in turns], config
 
 
@@ -343,6 +349,9 @@ def measure_plans(plans: Mapping[str, Plan] | Sequence[Plan], tables: TableSet, 
     batch_size = batch_size or models.batch_size
     names = list(plans)
     devices = [plans[n].shards_on(d) for n in names for d in range(plans[n].num_devices)]
+    precisions = {precision_of(p.bytes_per_element) for p in plans.values()} & set(WEIGHTS_PRECISIONS)
+    if len(precisions) == 1:  # the plans' weights precision (int8 and 8-byte plans are timed at fp32)
+        options.setdefault("weights_precision", precisions.pop())
     rounds_ms, config = time_devices(devices, tables, batch_size=batch_size, **options)
     config.update(cost_model=models.name, tables_name=tables.name)
 

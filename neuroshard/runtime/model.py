@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..datasets.sampler import draw_lookups
 from ..exchange import batch_shares
 from ..tables import Table
 
@@ -85,7 +86,7 @@ def make_batch(tables: Sequence[Table], batch_size: int, step: int, seed: int,
     for table in tables:
         # Drawn uncached: a cache would keep every step's batch.
         salt = zlib.crc32(table.name.encode())
-        rows, lengths = table.draw_lookups(batch_size, seed=step_seed(seed, step, salt))
+        rows, lengths = draw_lookups(table, batch_size, seed=step_seed(seed, step, salt))
         lookups[table.name] = (np.asarray(rows, dtype=np.int64), np.asarray(lengths, dtype=np.int64))
     return Batch(dense, labels, lookups)
 
@@ -158,10 +159,13 @@ class ReferenceResult:
 
 
 def train_reference(tables: Sequence[Table], steps: int, batch_size: int, lr: float,
-                    seed: int = 0) -> ReferenceResult:
-    """Train the same DLRM unsharded in this process (full tables, plain SGD): what a
-    sharded run must reproduce."""
+                    seed: int = 0, optimizer: str = "sgd") -> ReferenceResult:
+    """Train the same DLRM unsharded in this process (full tables, plain SGD; another
+    ``optimizer``: fbgemm's fused TBE optimizer on the full tables): what a sharded run
+    must reproduce."""
     tables = list(tables)
+    if optimizer != "sgd":
+        return _train_reference_fused(tables, steps, batch_size, lr, seed, optimizer)
     dense = build_dense(tables, seed)
     weights = [init_rows(t, seed, 0, t.num_embeddings).requires_grad_() for t in tables]
     opt = torch.optim.SGD(dense.parameters(), lr=lr)
@@ -183,3 +187,26 @@ def train_reference(tables: Sequence[Table], steps: int, batch_size: int, lr: fl
                 w.grad = None
         losses.append(float(loss.detach()))
     return ReferenceResult(losses, {t.name: w.detach() for t, w in zip(tables, weights)})
+
+
+def _train_reference_fused(tables: list[Table], steps: int, batch_size: int, lr: float, seed: int,
+                           optimizer: str) -> ReferenceResult:
+    """``train_reference`` with the embeddings as one unsharded fbgemm TBE (every table
+    whole) updated by ``optimizer``."""
+    from ..kernels import FusedEmbedding, local_lookups
+    dense = build_dense(tables, seed)
+    fused = FusedEmbedding([(t.num_embeddings, t.embedding_dim) for t in tables], "fbgemm_tbe", "cpu", lr=lr,
+                           init=[init_rows(t, seed, 0, t.num_embeddings) for t in tables], optimizer=optimizer)
+    opt = torch.optim.SGD(dense.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        batch = make_batch(tables, batch_size, step, seed)
+        per_table = [local_lookups(*batch.lookups[t.name], 0, t.num_embeddings, t.num_embeddings, t.num_embeddings)
+                     for t in tables]
+        pooled = fused.pooled(fused.prepare(per_table))
+        loss = loss_sum(dense(batch.dense, pooled), batch.labels, batch_size)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return ReferenceResult(losses, {t.name: w for t, w in zip(tables, fused.weights())})

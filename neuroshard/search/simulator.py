@@ -27,6 +27,12 @@ cross hosts, each block sending ``1/k`` of the strip's columns. Without a topolo
 one without hosts, the measured models cost the exchange exactly as before. A device's
 relative speed divides its compute.
 
+Precision. ``compute_d`` is for the weights' precision (``bytes_per_element`` 2: fp16): a
+compute model measured at another precision is scaled by the measured ratio of the two
+(``costmodels.precision``). With ``comm_precision`` fp16 or bf16 the exchange moves half
+the bytes: the measured comm models, fitted on fp32 exchanges, are given the widths that
+move as many bytes in fp32 (half), and the topology's bytes use 2 bytes per element.
+
 Search evaluates thousands of candidates, so the simulator takes many at once: one
 compute-model call for every shard set not seen before (set costs are cached, keyed
 by the sorted shard ids), and one call per communication term for the whole
@@ -42,12 +48,15 @@ import numpy as np
 
 from ..costmodels.base import CostModels
 from ..costmodels.features import FEATURE_NAMES, table_features
+from ..costmodels.precision import compute_scaling
 from ..datasets.sampler import shard_table
 from ..errors import NeuroShardError
+from ..kernels import precision_of
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes, shard_bytes
 from ..plan import Plan, Shard
 from ..tables import TableSet
-from ..topology import Topology
+from ..topology import Topology, device_memory
+from ..validate import check_comm_precision
 
 _DIM = FEATURE_NAMES.index("dim")
 _LOG_SIZE = FEATURE_NAMES.index("log2_size_bytes")
@@ -202,9 +211,7 @@ class Simulator:
     def memory_limits(self, memory_bytes: int) -> int | np.ndarray:
         """What the placers compare with: ``memory_bytes``, or (D,) bytes per device when the
         topology gives per-device memory."""
-        if self.topology is None or self.topology.device_memory_bytes is None:
-            return memory_bytes
-        return self.topology.memory_limits(memory_bytes)
+        return device_memory(self.topology, memory_bytes)
 
     # ------------------------------------------------- data-parallel tables
     def _set_data_parallel(self, names: Sequence[str]) -> None:

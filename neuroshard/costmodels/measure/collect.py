@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ...datasets.sampler import shard_table
 from ...errors import NeuroShardError
 from ...units import format_bytes
 from ...io import append_jsonl
@@ -75,7 +76,7 @@ def sample_shard_set(tables: Sequence[Table], rng: np.random.Generator, max_tabl
                 continue
             if width not in fitting:
                 width = int(rng.choice(fitting))
-            shard = table.shard(row_offset, rows, 0, width, batch_size)
+            shard = shard_table(table, row_offset, rows, 0, width, batch_size)
             shard.extra = {**shard.extra, "source_table": table.name}
             shards.append(shard)
             used += shard.size_bytes(4)

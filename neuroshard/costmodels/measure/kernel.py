@@ -16,7 +16,7 @@ default times with the thread's CPU clock (``clock="thread"``): on a machine
 shared with other work, the time the thread spends descheduled is not the
 device's cost. ``clock="wall"`` uses ``time.perf_counter``; on CUDA, CUDA events.
 
-Lookups are ``Table.sample_lookups(batch_size)`` of each shard. Rows beyond
+Lookups are ``datasets.sampler.sample_lookups(shard, batch_size)`` of each shard. Rows beyond
 ``max_rows`` are not allocated: ids are folded (``row % max_rows``), so a
 50-million-row table is timed on a ``max_rows``-row buffer with the same lookups
 per sample and reuse pattern (only its cache-miss rate on cold rows is an
@@ -33,9 +33,10 @@ from typing import Sequence
 
 import numpy as np
 
+from ...datasets.sampler import sample_lookups
 from ...errors import NeuroShardError
 from ...kernels import (BACKENDS, DEFAULT_MAX_ROWS, KERNELS, OPTIMIZERS, FusedEmbedding,  # noqa: F401
-                        FusedInputs, fbgemm_available, resolve_kernel)
+                        FusedInputs, check_weights_precision, fbgemm_available, resolve_kernel)
 from ...tables import Table
 from ..base import few_threads
 
@@ -99,7 +100,7 @@ class KernelBenchmark:
                  warmup: int = 2, repeats: int = DEFAULT_REPEATS, max_repeats: int = DEFAULT_MAX_REPEATS,
                  target_cv: float = 0.05,
                  optimizer: str = "exact_sgd", clock: str = "auto", flush_bytes: int | None = None,
-                 threads: int = 1, seed: int = 0) -> None:
+                 threads: int = 1, seed: int = 0, weights_precision: str = "fp32") -> None:
         self.backend = backend
         self.kernel = resolve_kernel(kernel, backend)
         if backend == "cuda":
@@ -108,6 +109,7 @@ class KernelBenchmark:
                 raise NeuroShardError("backend cuda asked for, but torch sees no CUDA device")
         if optimizer not in OPTIMIZERS:
             raise NeuroShardError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        self.weights_precision = check_weights_precision(weights_precision)
         if clock == "auto":
             clock = "wall" if backend == "cuda" else "thread"
         if clock not in CLOCKS or (backend == "cuda" and clock == "thread"):
@@ -133,11 +135,14 @@ class KernelBenchmark:
         self._flush_buffer = None
 
     def config(self) -> dict:
-        """What a dataset must record to be reproducible on the same hardware."""
+        """What a dataset must record to be reproducible on the same hardware (the weights
+        precision only when not fp32, so fp32 datasets are described as before)."""
+        precision = {} if self.weights_precision == "fp32" else {"weights_precision": self.weights_precision}
         return {"backend": self.backend, "kernel": self.kernel, "batch_size": self.batch_size,
                 "max_rows": self.max_rows, "optimizer": self.optimizer, "clock": self.clock,
                 "threads": self.threads, "warmup": self.warmup, "repeats": self.repeats,
-                "max_repeats": self.max_repeats, "target_cv": self.target_cv, "flush_bytes": self.flush_bytes}
+                "max_repeats": self.max_repeats, "target_cv": self.target_cv, "flush_bytes": self.flush_bytes,
+                **precision}
 
     # ------------------------------------------------------------------ API
     def measure(self, shards: Sequence[Table]) -> ComputeMeasurement:
@@ -154,7 +159,8 @@ class KernelBenchmark:
             with torch.no_grad():
                 lookups, rows = self._inputs(shards)
             fused = FusedEmbedding([(r, t.embedding_dim) for t, r in zip(shards, rows)], self.kernel,
-                                   self._device, lr=0.01, init=0.01, optimizer=self.optimizer)
+                                   self._device, lr=0.01, init=0.01, optimizer=self.optimizer,
+                                   weights_precision=self.weights_precision)
             return self._time(fused, fused.prepare(lookups))
 
     def time_fused(self, fused: FusedEmbedding, inputs: FusedInputs) -> ComputeMeasurement:
@@ -175,7 +181,7 @@ class KernelBenchmark:
         import torch
         lookups, allocated = [], []
         for t in shards:
-            rows, lengths = t.sample_lookups(self.batch_size)
+            rows, lengths = sample_lookups(t, self.batch_size)
             alloc = min(t.num_embeddings, self.max_rows)
             rows = np.asarray(rows, dtype=np.int64)
             if alloc < t.num_embeddings:
