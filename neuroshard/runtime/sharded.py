@@ -7,7 +7,9 @@ communication benchmark times the same code).
 
 A rank's shards run as one ``neuroshard.kernels.FusedEmbedding``, the fused kernel
 the cost data is measured with (fbgemm TBE with exact SGD fused into its backward,
-or the width-grouped ``embedding_bag`` fallback), with rows capped as there.
+or the width-grouped ``embedding_bag`` fallback), with rows capped as there, and with
+the weights precision of the plan (``bytes_per_element`` 2: fp16 weights). The plan's
+``comm_precision`` is what its all-to-all sends.
 """
 from __future__ import annotations
 
@@ -21,10 +23,11 @@ import torch
 import torch.distributed as dist
 
 from ..exchange import PooledExchange
-from ..kernels import DEFAULT_MAX_ROWS, FusedEmbedding, FusedInputs, local_lookups
+from ..kernels import (DEFAULT_MAX_ROWS, WEIGHTS_PRECISIONS, FusedEmbedding, FusedInputs, local_lookups, precision_of)
 from ..plan import Plan, Shard
 from ..tables import Table
 from .model import init_rows
+from .replicated import ReplicatedTables
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +42,12 @@ class PhaseTimes:
     bwd_comm: float = 0.0
     fwd_comm_thread: float = 0.0
     bwd_comm_thread: float = 0.0
+    allreduce: float = 0.0         # the gradient all-reduce of data-parallel tables
+    allreduce_thread: float = 0.0
 
     def reset(self) -> None:
         self.fwd_comm = self.bwd_comm = self.fwd_comm_thread = self.bwd_comm_thread = 0.0
+        self.allreduce = self.allreduce_thread = 0.0
 
 
 def synchronize(device: torch.device) -> None:
@@ -83,10 +89,21 @@ class LocalShard:
     rows: int
 
 
+def trained_precision(plan: Plan) -> str:
+    """The weights precision the runtime trains ``plan`` with: its ``bytes_per_element``'s
+    (fp16 for 2) where a kernel trains it, else fp32 (int8: memory only, as the search says)."""
+    precision = precision_of(plan.bytes_per_element)
+    if precision not in WEIGHTS_PRECISIONS:
+        log.warning("bytes_per_element %d (%s) cannot be trained here: training with fp32 weights",
+                    plan.bytes_per_element, precision)
+        return "fp32"
+    return precision
+
+
 class ShardedEmbeddings:
     """This rank's shards of the plan: lookup (one fused kernel for all of them),
-    exchange, and the SGD update of the shard weights (inside TBE's backward, or
-    ``step()`` for the fallback)."""
+    exchange, and the update of the shard weights with the plan's optimizer (inside
+    TBE's backward, or ``step()`` for the fallback's SGD)."""
 
     def __init__(self, plan: Plan, tables: Sequence[Table], rank: int, world_size: int,
                  batch_size: int, seed: int = 0, row_cap: int = DEFAULT_MAX_ROWS,
@@ -105,18 +122,28 @@ class ShardedEmbeddings:
             weights.append(init_rows(self.tables[s.table], seed, s.row_offset, rows, s.col_offset, s.num_cols))
             self.shards.append(LocalShard(s, rows))
         self.fused = (FusedEmbedding([(ls.rows, ls.shard.num_cols) for ls in self.shards], kernel, self.device,
-                                     lr=lr, init=weights) if self.shards else None)
+                                     lr=lr, init=weights, optimizer=plan.optimizer,
+                                     weights_precision=trained_precision(plan)) if self.shards else None)
         self.exchange = PooledExchange.for_plan(plan, tables, rank, world_size, batch_size, self.device)
         self.times = PhaseTimes()
+        # data-parallel tables: a replica here, looked up for this rank's samples (``replicated``)
+        self.replicated = (ReplicatedTables(plan, tables, rank, world_size, batch_size, seed, row_cap, self.device,
+                                            lr) if plan.data_parallel_tables else None)
+        self._replicated_inputs: list = []
+        self._replicated_pooled: torch.Tensor | None = None
 
     @property
     def table_names(self) -> list[str]:
-        """The tables this rank holds a shard of (the lookups it needs)."""
-        return sorted({ls.shard.table for ls in self.shards})
+        """The tables this rank holds a shard or a replica of (the lookups it needs)."""
+        replicas = self.replicated.table_names if self.replicated is not None else []
+        return sorted({ls.shard.table for ls in self.shards} | set(replicas))
 
     def prepare(self, lookups: dict[str, tuple[np.ndarray, np.ndarray]]) -> FusedInputs | None:
         """Turn a batch's lookups into the fused kernel's inputs: keep the lookups in each
-        shard's row range, make them local, fold them onto the allocated rows."""
+        shard's row range, make them local, fold them onto the allocated rows (the replicated
+        tables' inputs, this rank's samples, are kept for ``lookup``)."""
+        if self.replicated is not None:
+            self._replicated_inputs = self.replicated.prepare(lookups)
         if self.fused is None:
             return None
         per_shard = []
@@ -137,22 +164,36 @@ class ShardedEmbeddings:
         return self.fused.kernel if self.fused is not None else None
 
     def lookup(self, inputs: FusedInputs | None) -> torch.Tensor:
-        """Pooled outputs of this rank's shards for the global batch, side by side (B, W_rank)."""
+        """Pooled outputs of this rank's shards for the global batch, side by side (B, W_rank);
+        the replicated tables are looked up too (for this rank's samples, kept for the exchange)."""
+        if self.replicated is not None:
+            self._replicated_pooled = self.replicated.lookup(self._replicated_inputs)
         if self.fused is None:  # a rank without shards still takes part in the exchange
             return torch.zeros(self.batch_size, 0, device=self.device, requires_grad=True)
         return self.fused.pooled(inputs)
 
     def exchange_pooled(self, pooled: torch.Tensor) -> torch.Tensor:
-        """The all-to-all (autograd-aware): this rank's slice of the batch, all tables."""
-        return PooledAllToAll.apply(pooled, self.exchange, self.times)
+        """The all-to-all (autograd-aware): this rank's slice of the batch, all tables (the
+        replicated ones added from this rank's own lookup)."""
+        features = PooledAllToAll.apply(pooled, self.exchange, self.times)
+        if self.replicated is not None:
+            features = self.replicated.add_to(features, self._replicated_pooled)
+        return features
 
     def step(self) -> None:
-        """Finish the update of the shard weights after the backward."""
+        """Finish the update of the shard weights after the backward; the replicated tables'
+        gradients are all-reduced (timed in ``times.allreduce``) and applied."""
         if self.fused is not None:
             self.fused.step()
+        if self.replicated is not None:
+            wall, thread = self.replicated.step()
+            self.times.allreduce += wall
+            self.times.allreduce_thread += thread
 
     def shard_weights(self) -> list[tuple[Shard, np.ndarray]]:
-        """(shard, weights) of every shard this rank holds, read back from the kernel."""
+        """(shard, weights) of every shard this rank holds, read back from the kernel, and of
+        every replica (as a whole-table shard)."""
+        replicas = self.replicated.table_weights() if self.replicated is not None else []
         if self.fused is None:
-            return []
-        return [(ls.shard, w.numpy()) for ls, w in zip(self.shards, self.fused.weights())]
+            return replicas
+        return [(ls.shard, w.numpy()) for ls, w in zip(self.shards, self.fused.weights())] + replicas

@@ -9,13 +9,18 @@ One step on rank ``r`` (batch split across ranks, dense part data-parallel):
 3. dense forward/backward on this rank's slice (DistributedDataParallel), not timed
    as embedding cost;
 4. backward communication: reverse all-to-all of the embedding gradients;
-5. compute (backward): embedding backward and the SGD update of the shard weights.
+5. compute (backward): embedding backward and the update of the shard weights with
+   the plan's optimizer (``plan.optimizer``, fused into fbgemm's TBE backward).
 
 A rank's shards run as one fused kernel (``--kernel``, ``auto`` picking what the
 kernel benchmark picks), and compute is timed as the benchmark times it: on CPU
 with the thread's CPU clock (``compute_ms``; the wall-clock figure is kept as
 ``compute_wall_ms``), on CUDA with synchronised wall time. Communication is wall
 time (it includes waiting, which is part of its cost).
+
+Data-parallel tables (``plan.data_parallel_tables``, ``replicated``) are looked up by
+every rank for its own slice in step 1 and join the features after step 2; in step 5
+their gradient is all-reduced (``allreduce_ms``, not part of compute) and applied.
 
 Gradients are summed, not averaged, across ranks (each rank's loss is its share
 of the global mean), so a sharded run reproduces the unsharded one exactly.
@@ -40,7 +45,7 @@ import torch.distributed as dist
 
 from ..errors import InvalidPlanError, NeuroShardError
 from ..faults import Fault, training_fault
-from ..kernels import DEFAULT_MAX_ROWS, resolve_kernel
+from ..kernels import DEFAULT_MAX_ROWS, check_trainable_optimizer, resolve_kernel
 from ..plan import Plan
 from ..tables import Table, TableSet
 from .launch import (BACKWARD, BUILT, FINISHING, FORWARD_EXCHANGE, INPUTS, JOINED, WorkerContext, launch,
@@ -102,6 +107,9 @@ def check_run(plan: Plan, tables: TableSet, devices: int) -> None:
         raise InvalidPlanError(f"plan needs {plan.num_devices} devices, only {devices} given")
     if devices < 1:
         raise NeuroShardError(f"--devices must be at least 1, got {devices}")
+    if plan.data_parallel_tables and plan.optimizer != "sgd":
+        raise InvalidPlanError(f"data-parallel table '{plan.data_parallel_tables[0]}': the runtime trains replicated "
+                               f"tables with sgd only, the plan's optimizer is {plan.optimizer}")
 
 
 def check_config(config: RunConfig) -> None:
@@ -125,7 +133,9 @@ def run(config: RunConfig) -> RunResult | None:
     check_config(config)
     for plan in config.plans:
         check_run(plan, TableSet("tables", list(config.tables)), config.world_size)
-    resolve_kernel(config.kernel, _device_kind(config.backend))  # refuse a bad kernel before starting
+    kernel = resolve_kernel(config.kernel, _device_kind(config.backend))  # refuse a bad kernel before starting
+    for plan in config.plans:  # and an optimizer it cannot train with
+        check_trainable_optimizer(plan.optimizer, kernel, _device_kind(config.backend))
     config = replace(config, fault=training_fault(config.fault))  # the test seam, read once here
     env = torchrun_env()
     if env is not None:
@@ -230,11 +240,14 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
         wctx.heartbeat(step_progress(step, FINISHING))
 
         times: PhaseTimes = emb.times
-        compute_wall = (t1 - t0) + (t4 - t3 - times.bwd_comm)
-        compute = compute_wall if clock_name == "wall" else (c1 - c0) + (c4 - c3 - times.bwd_comm_thread)
+        compute_wall = (t1 - t0) + (t4 - t3 - times.bwd_comm - times.allreduce)
+        compute = compute_wall if clock_name == "wall" else (c1 - c0) + (c4 - c3 - times.bwd_comm_thread
+                                                                         - times.allreduce_thread)
         records.append({"compute_ms": 1e3 * compute, "compute_wall_ms": 1e3 * compute_wall,
                         "fwd_comm_ms": 1e3 * times.fwd_comm, "bwd_comm_ms": 1e3 * times.bwd_comm,
                         "dense_ms": 1e3 * (t3 - t2), "step_ms": 1e3 * (t4 - t0), "plan": which})
+        if emb.replicated is not None:  # data-parallel tables: their gradient all-reduce
+            records[-1]["allreduce_ms"] = 1e3 * times.allreduce
         total = loss.detach().clone()
         dist.all_reduce(total)
         losses.append(float(total))

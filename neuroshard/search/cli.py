@@ -4,10 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..cli_options import STDOUT, add_input, add_output, write_output
-from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, int_in, memory_size, seed_int
+from ..cli_options import STDOUT, add_comm_precision, add_input, add_output, add_topology_options, write_output
+from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, int_in, seed_int
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
+from ..topology import memory_list
 from .registry import ALGORITHMS
+from .replicate import DATA_PARALLEL_CHOICES, DEFAULT_DATA_PARALLEL
 
 ALGORITHM_CHOICES = ALGORITHMS  # the registry's names (listing them imports no algorithm)
 
@@ -33,10 +35,14 @@ def _search(args: argparse.Namespace) -> int:
     from .api import shard
     if args.output != STDOUT:
         check_output(args.output, [args.tables, args.cost_model], "plan file")
+    from ..topology import topology_from_options
     tables = TableSet.read(args.tables)
+    topology = topology_from_options(args.topology, args.devices, args.local_world_size, args.intra_host_gbps,
+                                     args.inter_host_gbps)
     plan = shard(tables, devices=args.devices, memory=args.memory, algorithm=args.algorithm,
                  calibrate=args.calibrate, cost_models=args.cost_model, bytes_per_element=args.bytes_per_element,
-                 seed=args.seed, optimizer=args.optimizer,
+                 seed=args.seed, optimizer=args.optimizer, data_parallel=args.data_parallel,
+                 comm_precision=args.comm_precision, topology=topology,
                  **dict(args.param or []))
     say = write_output(args.output, json.dumps(plan.validate().to_dict(), indent=1) + "\n")
     say(plan.format_summary())
@@ -80,8 +86,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_input(p, "tables", "tables file (JSON, neuroshard.tables/v1)")
     p.add_argument("-d", "--devices", type=device_count, required=True,
                    help=f"number of devices (at most {MAX_DEVICES})")
-    p.add_argument("-m", "--memory", type=memory_size, required=True,
-                   help="memory per device for embeddings, e.g. 16GiB, 16GB, bytes")
+    p.add_argument("-m", "--memory", type=memory_list, default=None,
+                   help="memory per device for embeddings, e.g. 16GiB, 16GB, bytes, or a comma list with one "
+                        "size per device (required unless the --topology file gives it)")
     p.add_argument("-a", "--algorithm", choices=ALGORITHM_CHOICES, default="neuroshard",
                    help="search algorithm (default: neuroshard); measured-greedy times every table on this "
                         "machine, so run it on the hardware the plan is for")
@@ -92,10 +99,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "`neuroshard calibrate`, with SETS random sets, default 200; a few minutes, cached per machine, "
                    "checkpoint and tables)")
     p.add_argument("--bytes-per-element", type=bytes_per_element_int, default=4,
-                   help="bytes per weight counted in memory (default: 4)")
+                   help="bytes per weight: 4 fp32, 2 fp16 (costed at fp16 and trained so by the runtime), 1 int8 "
+                        "(memory only, costed as fp32) (default: 4)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=DEFAULT_OPTIMIZER,
                    help="embedding optimizer whose state counts in memory with the weights: none for sgd, rows x 4 "
                         "bytes for rowwise-adagrad, 1x the weights for adagrad, 2x for adam (default: sgd)")
+    p.add_argument("--data-parallel", choices=DATA_PARALLEL_CHOICES, default=DEFAULT_DATA_PARALLEL,
+                   help="auto: the neuroshard search may replicate small, hot tables on every device (their "
+                        "gradients all-reduced) when the cost models find it cheaper; never: shard every table "
+                        f"(default: {DEFAULT_DATA_PARALLEL})")
+    add_comm_precision(p)
+    add_topology_options(p)
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--param", type=_param, action="append", metavar="KEY=VALUE",
                    help="algorithm parameter, e.g. beam_width=4 (repeatable)")
@@ -112,8 +126,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="placement device: rank:R/cuda:(R mod local world size) or rank:R/cpu "
                         "(default: cuda when this machine's torch has CUDA, else cpu)")
     p.add_argument("--local-world-size", type=device_count, default=None, metavar="N",
-                   help="ranks per host, for cuda device numbers and table-row-wise/grid shards (default: "
-                        "TorchRec's: 8, or the world size when it is not a multiple of 8)")
+                   help="ranks per host, for cuda device numbers and table-row-wise/grid shards (default: the "
+                        "plan's topology's, else TorchRec's: 8, or the world size when it is not a multiple of 8)")
     p.add_argument("--compute-kernel", default="fused", help="TorchRec compute kernel (default: fused)")
     add_output(p, "file to write (- for standard output)", required=True, metavar="OUT.json")
     p.set_defaults(func=_export)

@@ -1,0 +1,145 @@
+"""Data-parallel (replicated) tables: the plan field, memory, the simulator's cost terms,
+the search's decision, and training on real gloo processes equal to the unsharded model."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from neuroshard.costmodels import analytic_cost_models
+from neuroshard.errors import FormatError, InvalidPlanError
+from neuroshard.kernels import fbgemm_available
+from neuroshard.plan import Plan, Shard
+from neuroshard.runtime.model import init_rows, train_reference
+from neuroshard.runtime.trainer import RunConfig, run
+from neuroshard.search import shard
+from neuroshard.search.replicate import allreduce_ms
+from neuroshard.search.simulator import Simulator
+from neuroshard.tables import Table, TableSet
+
+STEPS, BATCH, LR = 3, 48, 5.0
+KERNEL = "fbgemm_tbe" if fbgemm_available() else "embedding_bag"
+TABLES = [Table("t0", 300, 16, 3.0, {"zipf_alpha": 1.1}), Table("t1", 200, 8, 1.0),
+          Table("t2", 250, 16, 2.0, {"zipf_alpha": 0.9}), Table("hot", 40, 8, 6.0)]
+
+
+def _plan(devices: int, replicated=("hot", "t1")) -> Plan:
+    """t0 row-wise over all devices, t2 table-wise, the rest replicated."""
+    t0 = TABLES[0]
+    cuts = np.linspace(0, t0.num_embeddings, devices + 1).astype(int)
+    shards = [Shard("t0", int(a), int(b - a), 0, 16, d) for d, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))]
+    shards.append(Shard("t2", 0, 250, 0, 16, devices - 1))
+    shards += [Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, 0) for t in TABLES
+               if t.name not in replicated and t.name not in ("t0", "t2")]
+    return Plan(list(TABLES), shards, devices, 10**6, data_parallel_tables=list(replicated)).validate()
+
+
+def test_plan_round_trip_and_old_plans_unchanged(tmp_path):
+    plan = _plan(2)
+    path = plan.write(tmp_path / "plan.json")
+    data = json.loads(path.read_text())
+    assert data["data_parallel_tables"] == ["hot", "t1"]
+    again = Plan.read(path)
+    assert again.data_parallel_tables == ["hot", "t1"] and again.to_dict() == plan.to_dict()
+    assert again.sharding_type("hot") == "data_parallel" and again.sharding_type("t0") == "row_wise"
+    assert "data-parallel tables" in again.format_summary()
+    # a plan without replicated tables writes no such key
+    plain = Plan([Table("a", 10, 4, 1.0)], [Shard("a", 0, 10, 0, 4, 0)], 1, 10**3)
+    assert "data_parallel_tables" not in plain.to_dict()
+    assert Plan.from_dict(plain.to_dict()).data_parallel_tables == []
+
+
+def test_replicated_tables_take_their_full_size_on_every_device():
+    plan = _plan(3)
+    replicated = (40 * 8 + 200 * 8) * 4
+    sharded = [sum(s.size_bytes() for s in plan.shards_on(d)) for d in range(3)]
+    assert plan.memory_used_bytes() == [b + replicated for b in sharded]
+    tight = Plan(plan.tables, plan.shards, 3, max(sharded) + replicated - 1, data_parallel_tables=["hot", "t1"])
+    with pytest.raises(InvalidPlanError, match="device 2: shards need"):
+        tight.validate()
+
+
+@pytest.mark.parametrize("data,match", [
+    ({"data_parallel_tables": "hot"}, "field 'data_parallel_tables' must be a list of table names"),
+    ({"data_parallel_tables": [3]}, "field 'data_parallel_tables' must be a list of table names"),
+])
+def test_bad_field_is_refused(data, match):
+    with pytest.raises(FormatError, match=match):
+        Plan.from_dict({**_plan(2).to_dict(), **data}, source="p.json")
+
+
+def test_listed_and_sharded_or_unknown_tables_are_refused():
+    plan = _plan(2)
+    both = Plan(plan.tables, plan.shards + [Shard("hot", 0, 40, 0, 8, 1)], 2, 10**6, data_parallel_tables=["hot"])
+    assert any("table 'hot' is data-parallel" in p for p in both.problems())
+    unknown = Plan(plan.tables, plan.shards, 2, 10**6, data_parallel_tables=["hot", "t1", "nope"])
+    with pytest.raises(InvalidPlanError, match="data-parallel table 'nope' is not among"):
+        unknown.validate()
+    # a revision-2 reader's rule: a table without shards and not replicated is invalid
+    missing = Plan(plan.tables, plan.shards, 2, 10**6, data_parallel_tables=["hot"])
+    assert any("table 't1' has no shard" in p for p in missing.problems())
+
+
+def _tables() -> TableSet:
+    return TableSet("dp", [Table("hot", 500, 16, 60.0), Table("big", 400_000, 64, 2.0), Table("mid", 50_000, 32, 4.0),
+                           Table("m2", 80_000, 32, 3.0), Table("m3", 20_000, 64, 1.0)], 4096)
+
+
+def test_simulator_charges_local_compute_and_the_allreduce():
+    """Per device: the sharded tables' terms as without replication, plus the replicated
+    table's compute at batch B/D and a ring all-reduce of its fp32 gradient."""
+    tables, models, devices = _tables(), analytic_cost_models(), 4
+    plain = Simulator(tables, devices, models)
+    replicated = Simulator(tables, devices, models, data_parallel_tables=["hot"])
+    pieces = [p for p in replicated.memory_split(2**30)]
+    assert {p.table for p in pieces} == {1, 2, 3, 4}  # the hot table is no piece
+    placement = np.array([0, 1, 2, 3])[None, :]
+    with_dp, without = replicated.evaluate(pieces, placement), plain.evaluate(pieces, placement)
+    hot_alone = plain.single_costs_ms([plain.memory_split(2**30)[0]])[0]  # whole batch, one device
+    np.testing.assert_allclose(with_dp.compute_ms, without.compute_ms + hot_alone / devices, rtol=1e-9)
+    np.testing.assert_allclose(with_dp.fwd_comm_ms, without.fwd_comm_ms, rtol=1e-9)
+    np.testing.assert_allclose(with_dp.bwd_comm_ms, without.bwd_comm_ms, rtol=1e-9)
+    one, per_peer, per_byte = models.comm.reduce_coef
+    by_hand = one + per_peer * 3 + per_byte * 2 * 3 / 4 * (500 * 16 * 4)
+    np.testing.assert_allclose(with_dp.allreduce_ms, by_hand, rtol=1e-9)
+    assert allreduce_ms(Simulator(tables, 1, models), 1e6) == 0.0
+    np.testing.assert_allclose(with_dp.total_ms, without.total_ms + hot_alone / devices + by_hand, rtol=1e-9)
+    assert without.allreduce_ms is None and "per_device_allreduce_ms" not in without.to_dict()
+    assert with_dp.to_dict()["per_device_allreduce_ms"] == [round(by_hand, 6)] * devices
+
+
+def test_search_replicates_a_small_hot_table_not_a_big_one():
+    tables, models = _tables(), analytic_cost_models()
+    never = shard(tables, devices=4, memory="256MiB", cost_models=models)
+    assert never.data_parallel_tables == [] and "data_parallel" not in never.provenance
+    assert shard(tables, devices=4, memory="256MiB", cost_models=models, data_parallel="never").to_dict()["shards"] \
+        == never.to_dict()["shards"]
+    auto = shard(tables, devices=4, memory="256MiB", cost_models=models, data_parallel="auto")
+    assert auto.data_parallel_tables == ["hot"]
+    assert auto.estimate["max_device_cost_ms"] < never.estimate["max_device_cost_ms"]
+    assert auto.provenance["data_parallel"]["tables"] == ["hot"]
+    assert not auto.shards_of("hot") and auto.sharding_type("big") != "data_parallel"
+    # memory counts the replica on every device, and a re-score reproduces the estimate
+    from neuroshard.search.score import score_plan
+    assert score_plan(auto, tables, models).estimate["max_device_cost_ms"] == auto.estimate["max_device_cost_ms"]
+    # a big table, however hot, is not replicated
+    hot_big = TableSet("dp", [Table("hot", 2_000_000, 64, 60.0)] + list(_tables())[1:], 4096)
+    plan = shard(hot_big, devices=4, memory="1GiB", cost_models=models, data_parallel="auto")
+    assert plan.data_parallel_tables == []
+
+
+@pytest.mark.parametrize("devices", [2, 3])
+def test_replicated_training_matches_unsharded(devices):
+    """Row-wise, table-wise and replicated tables together on 2-3 gloo processes: the
+    losses and every weight equal to the unsharded model's (1e-5)."""
+    reference = train_reference(TABLES, STEPS, BATCH, LR)
+    plan = _plan(devices)
+    result = run(RunConfig(plan, list(TABLES), devices, steps=STEPS, batch_size=BATCH, lr=LR, kernel=KERNEL,
+                           collect_weights=True, timeout_s=90))
+    np.testing.assert_allclose(result.losses, reference.losses, rtol=0, atol=1e-5)
+    for t in TABLES:
+        want, got = reference.weights[t.name].numpy(), result.weights[t.name]
+        assert np.abs(want - init_rows(t, 0, 0, t.num_embeddings).numpy()).max() > 1e-3  # training moved them
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert all("allreduce_ms" in r for rank in result.records for r in rank)
