@@ -77,3 +77,36 @@ def write_output(path: str | Path, text: str) -> Callable[..., None]:
     from .io import atomic_write_text
     atomic_write_text(path, text)
     return print
+
+
+def add_weights_precision(p: argparse.ArgumentParser) -> None:
+    """``--weights-precision``: the element type of the embedding weights a kernel is timed with."""
+    p.add_argument("--weights-precision", default="fp32", choices=("fp32", "fp16", "int8"),
+                   help="element type of the embedding weights timed: fp32 or fp16 (int8 is refused: "
+                        "fbgemm-gpu-cpu cannot train it on CPU) (default fp32)")
+
+
+def add_comm_precision(p: argparse.ArgumentParser) -> None:
+    """``--comm-precision``: the element type the all-to-all of pooled embeddings sends."""
+    from .validate import COMM_PRECISIONS
+    p.add_argument("--comm-precision", default="fp32", choices=COMM_PRECISIONS,
+                   help="element type of the pooled embeddings and their gradients in the all-to-all: fp16 and "
+                        "bf16 halve its bytes (default fp32)")
+
+
+def add_topology_options(p: argparse.ArgumentParser) -> None:
+    """``--topology FILE`` and the flags that state or replace its hosts and links
+    (``neuroshard.topology``; the GPU-cluster defaults fill in what is left out)."""
+    from .topology import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS
+    from .validate import device_count, positive_float
+    p.add_argument("--topology", default=None, metavar="FILE",
+                   help="topology file (neuroshard.topology/v1): devices per host, link bandwidths, per-device "
+                        "memory and relative speed (default: identical devices on the measured network)")
+    p.add_argument("--local-world-size", type=device_count, default=None, metavar="N",
+                   help="devices per host: the all-to-all is then costed over the links below, split into its "
+                        "intra- and inter-host parts")
+    p.add_argument("--intra-host-gbps", type=positive_float, default=None, metavar="GB/S",
+                   help=f"bandwidth within a host, GB/s (default with hosts: {DEFAULT_INTRA_HOST_GBPS:g}, NVLink)")
+    p.add_argument("--inter-host-gbps", type=positive_float, default=None, metavar="GB/S",
+                   help=f"bandwidth per device across hosts, GB/s (default with hosts: {DEFAULT_INTER_HOST_GBPS:g}, "
+                        f"one 100 Gbit/s NIC per GPU)")

@@ -159,13 +159,13 @@ class ReferenceResult:
 
 
 def train_reference(tables: Sequence[Table], steps: int, batch_size: int, lr: float,
-                    seed: int = 0, optimizer: str = "sgd") -> ReferenceResult:
+                    seed: int = 0, optimizer: str = "sgd", weights_precision: str = "fp32") -> ReferenceResult:
     """Train the same DLRM unsharded in this process (full tables, plain SGD; another
-    ``optimizer``: fbgemm's fused TBE optimizer on the full tables): what a sharded run
-    must reproduce."""
+    ``optimizer`` or fp16 ``weights_precision``: one fbgemm TBE of the full tables with that
+    optimizer and precision): what a sharded run must reproduce."""
     tables = list(tables)
-    if optimizer != "sgd":
-        return _train_reference_fused(tables, steps, batch_size, lr, seed, optimizer)
+    if optimizer != "sgd" or weights_precision != "fp32":
+        return _train_reference_fused(tables, steps, batch_size, lr, seed, optimizer, weights_precision)
     dense = build_dense(tables, seed)
     weights = [init_rows(t, seed, 0, t.num_embeddings).requires_grad_() for t in tables]
     opt = torch.optim.SGD(dense.parameters(), lr=lr)
@@ -190,13 +190,14 @@ def train_reference(tables: Sequence[Table], steps: int, batch_size: int, lr: fl
 
 
 def _train_reference_fused(tables: list[Table], steps: int, batch_size: int, lr: float, seed: int,
-                           optimizer: str) -> ReferenceResult:
+                           optimizer: str, weights_precision: str = "fp32") -> ReferenceResult:
     """``train_reference`` with the embeddings as one unsharded fbgemm TBE (every table
-    whole) updated by ``optimizer``."""
+    whole) of ``weights_precision`` updated by ``optimizer``."""
     from ..kernels import FusedEmbedding, local_lookups
     dense = build_dense(tables, seed)
     fused = FusedEmbedding([(t.num_embeddings, t.embedding_dim) for t in tables], "fbgemm_tbe", "cpu", lr=lr,
-                           init=[init_rows(t, seed, 0, t.num_embeddings) for t in tables], optimizer=optimizer)
+                           init=[init_rows(t, seed, 0, t.num_embeddings) for t in tables], optimizer=optimizer,
+                           weights_precision=weights_precision)
     opt = torch.optim.SGD(dense.parameters(), lr=lr)
     losses = []
     for step in range(steps):

@@ -12,8 +12,10 @@ from ..errors import NeuroShardError
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer
 from ..plan import Plan
 from ..tables import Table, TableSet
-from ..validate import (MAX_LOOKUPS_PER_BATCH, MAX_TABLES, check_batch_size, check_bytes_per_element, check_devices,
-                        check_int, check_memory, check_seed)
+from ..topology import device_memory, resolve_topology
+from ..kernels import WEIGHTS_PRECISIONS, precision_of
+from ..validate import (MAX_LOOKUPS_PER_BATCH, MAX_TABLES, check_batch_size, check_bytes_per_element, check_comm_precision,
+                        check_devices, check_int, check_memory, check_seed)
 from .baselines import best_packing_greedy  # noqa: F401  (public here: the fuzz experiment uses it)
 from .registry import ALGORITHMS, GREEDY_ALGORITHMS, get_algorithm, make_params  # noqa: F401
 from .rowwise import check_feasible, runnable_row_splits
@@ -31,8 +33,9 @@ COST_OPTIMIZER = "sgd"
 estimates are for it whatever ``optimizer`` the memory check counts the state of."""
 
 COST_PRECISION = "fp32"
-"""The element type the cost models' kernels were timed with: estimates are for it whatever
-``bytes_per_element`` the memory check uses."""
+"""The element type the shipped cost models' kernels were timed with. Estimates are for the
+plan's weights precision where a measured ratio carries them there (fp16, ``costmodels.precision``),
+else (int8, 8 bytes) for the models' precision: the plan's provenance says which."""
 
 
 def search_placement(sim: Simulator, memory_bytes: int, algorithm: str = "neuroshard", seed: int = 0,
@@ -87,10 +90,11 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
     """A validated plan carrying the simulator's estimate (with the batch size it is for)
     and the search's provenance. Row-split tables are first laid out as TorchRec runs
     them (``rowwise.runnable_row_splits``: blocks in rank order, else re-cut or joined)."""
-    room = memory_bytes - replicated_bytes(sim, sim.data_parallel_tables)  # what the shards may use
+    room = sim.memory_limits(memory_bytes) - replicated_bytes(sim, sim.data_parallel_tables)  # what shards may use
     pieces, devices = runnable_row_splits(
         placement.pieces, placement.devices, sim.num_devices, sim.bytes_per_element, room,
-        lambda pieces, devices: float(sim.evaluate(pieces, devices[None, :]).max_ms[0]), optimizer=sim.optimizer)
+        lambda pieces, devices: float(sim.evaluate(pieces, devices[None, :]).max_ms[0]), optimizer=sim.optimizer,
+        local_world_size=sim.local_world_size)
     placement = Placement(pieces, devices, placement.cost_ms, placement.details)
     estimate = sim.evaluate(placement.pieces, placement.devices[None, :], risk=0.0).to_dict()  # the mean
     estimate["batch_size"] = sim.tables.batch_size
@@ -108,23 +112,28 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
     provenance["neuroshard_version"] = __version__
     if sim.risk:  # an ensemble: the search charged mean x exp(risk x spread) per device set
         provenance["risk"] = sim.risk
-    if sim.bytes_per_element != 4:  # memory counted at this precision, costs still estimated for fp32 kernels
-        provenance["cost_precision"] = COST_PRECISION
+    if sim.bytes_per_element != 4 or sim.cost_precision != COST_PRECISION:  # what the estimate's compute is for
+        provenance["cost_precision"] = sim.cost_precision
+        provenance.update(sim.precision_provenance)
     if sim.optimizer != DEFAULT_OPTIMIZER:  # its state counts in memory; costs are the SGD-measured kernels'
         provenance["cost_optimizer"] = COST_OPTIMIZER
+    if sim.topology is not None:  # the cluster the plan is for (also in the plan's topology field)
+        provenance["topology"] = sim.topology.describe()
     if "data_parallel" in placement.details:  # data_parallel="auto": what was replicated, and why
         provenance["data_parallel"] = placement.details["data_parallel"]
     if "fallback" in placement.details:  # the search could not pack: a baseline's plan, and why
         provenance["fallback"] = placement.details["fallback"]
     plan = Plan(list(sim.tables.tables), sim.to_shards(placement.pieces, placement.devices), sim.num_devices,
                 memory_bytes, sim.bytes_per_element, sim.tables.name, estimate, provenance, optimizer=sim.optimizer,
-                data_parallel_tables=list(sim.data_parallel_tables))
+                data_parallel_tables=list(sim.data_parallel_tables), topology=sim.topology,
+                comm_precision=sim.comm_precision)
     return plan.validate()
 
 
-def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algorithm: str = "neuroshard",
+def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list | None, algorithm: str = "neuroshard",
           cost_models: Any = None, bytes_per_element: int = 4, seed: int = 0, calibrate: bool | int = False,
-          *, optimizer: str = DEFAULT_OPTIMIZER, data_parallel: str = DEFAULT_DATA_PARALLEL, **params: Any) -> Plan:
+          *, optimizer: str = DEFAULT_OPTIMIZER, data_parallel: str = DEFAULT_DATA_PARALLEL, topology: Any = None,
+          comm_precision: str = "fp32", **params: Any) -> Plan:
     """Search a sharding plan for ``tables`` over ``devices`` devices of ``memory`` each
     (bytes, or a size like ``"16GiB"``) with ``algorithm`` (one of ``ALGORITHMS``),
     against ``cost_models`` (a ``CostModels``, a checkpoint path, or None for the
@@ -136,13 +145,18 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algor
     ``optimizer`` (``optimizers.OPTIMIZERS``) counts its state in every shard's memory.
     ``data_parallel="auto"`` lets the NeuroShard search replicate small hot tables on every
     device when the simulator finds that cheaper (``replicate``); ``"never"`` (the default)
-    shards every table."""
+    shards every table.
+    ``topology`` (a ``Topology``, a ``neuroshard.topology/v1`` file or its object) states hosts,
+    links, per-device memory and speed; ``memory`` may list one size per device.
+    ``bytes_per_element`` 2 means fp16 weights, costed at fp16 (``costmodels.precision``);
+    ``comm_precision`` (fp32, fp16, bf16) is what the all-to-all sends: fp16/bf16 halve its bytes."""
     tables = as_table_set(tables)
     devices = check_devices(devices)
     bytes_per_element = check_bytes_per_element(bytes_per_element)
     seed = check_seed(seed)
     optimizer = check_optimizer(optimizer)
     data_parallel = check_data_parallel(data_parallel)
+    comm_precision = check_comm_precision(comm_precision)
     get_algorithm(algorithm)  # an unknown name fails before any work
     replicating = data_parallel == "auto" and algorithm in REPLICATING_ALGORITHMS
     forced = forced_tables(tables)
@@ -150,11 +164,12 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algor
         raise NeuroShardError(f"table '{forced[0]}' allows only data_parallel sharding (its constraints): search "
                               f"with data_parallel='auto' (--data-parallel auto) and algorithm "
                               f"{' or '.join(REPLICATING_ALGORITHMS)}")
-    memory_bytes = check_memory(memory)
+    topology, memory_bytes = resolve_topology(topology, devices, memory)
+    limits = device_memory(topology, memory_bytes)  # per device when the topology says so
     row_splits = params.get("row_splits", True)
     if not isinstance(row_splits, bool):
         raise NeuroShardError(f"parameter row_splits must be true or false, got {row_splits!r}")
-    check_feasible(tables, devices, memory_bytes, bytes_per_element, row_splits, optimizer)
+    check_feasible(tables, devices, limits, bytes_per_element, row_splits, optimizer)
     if len(tables) * devices >= LARGE_TASK:  # say so before minutes without output
         log.warning("a large task (%d tables on %d devices): the %s search may take minutes", len(tables), devices,
                     algorithm)
@@ -162,19 +177,22 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str, algor
     if calibrate is not False:
         from ..costmodels.calibrate import DEFAULT_SETS, calibrated_models
         sets = DEFAULT_SETS if calibrate is True else check_int(calibrate, "calibrate (random sets)", 8, 100000)
-        models = calibrated_models(tables, models, devices=devices, sets=sets)
-    if bytes_per_element != 4:
-        log.warning("bytes_per_element=%d sizes the shards in memory, but the cost models were measured on %s "
-                    "kernels: the cost estimates (and the search's choices) are for %s", bytes_per_element,
-                    COST_PRECISION, COST_PRECISION)
-    sim = Simulator(tables, devices, models, bytes_per_element, optimizer=optimizer)
+        precision = precision_of(bytes_per_element)  # timed at the plan's precision where a kernel trains it
+        options = {"weights_precision": precision} if precision in WEIGHTS_PRECISIONS and precision != "fp32" else {}
+        models = calibrated_models(tables, models, devices=devices, sets=sets, **options)
+    sim = Simulator(tables, devices, models, bytes_per_element, optimizer=optimizer, topology=topology,
+                    comm_precision=comm_precision)
+    if sim.cost_precision != precision_of(bytes_per_element):
+        log.warning("bytes_per_element=%d sizes the shards in memory, but no measured ratio carries the cost "
+                    "models' %s kernels to %s: the cost estimates (and the search's choices) are for %s",
+                    bytes_per_element, sim.cost_precision, precision_of(bytes_per_element), sim.cost_precision)
     sim.memory_split(memory_bytes, row_splits)  # once, before any algorithm: every one starts from these pieces
     start = time.perf_counter()
     if replicating:
         sim, placement = search_with_replication(
-            sim, memory_bytes, lambda s, room: search_placement(s, room, algorithm, seed, **params))
+            sim, limits, lambda s, room: search_placement(s, room, algorithm, seed, **params))
     else:
-        placement = search_placement(sim, memory_bytes, algorithm, seed, **params)
+        placement = search_placement(sim, limits, algorithm, seed, **params)
     elapsed = time.perf_counter() - start
     log.info("%s: %d shards, simulated %.4f ms, %.2f s", algorithm, len(placement.pieces), placement.cost_ms, elapsed)
     return make_plan(sim, placement, memory_bytes, algorithm, elapsed)

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 
-from ...cli_options import add_input, add_output
+from ...cli_options import add_input, add_output, add_weights_precision
 from ...errors import NeuroShardError
 from ...kernels import DEFAULT_MAX_ROWS, KERNELS, OPTIMIZERS
 from ...validate import (MAX_DEVICES, batch_size_int, float_in, int_in, memory_size, nonneg_float, positive_float,
                          positive_int, probability, seed_int)
+from .collect import SET_SOURCES
 from .kernel import CLOCKS, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS
 
 
@@ -27,7 +28,8 @@ def _compute(args: argparse.Namespace) -> int:
         seed=args.seed, row_split_prob=args.row_split_prob, backend=args.backend, kernel=args.kernel,
         max_rows=args.max_rows, warmup=args.warmup, repeats=args.repeats, max_repeats=args.max_repeats,
         target_cv=args.target_cv, optimizer=args.optimizer, clock=args.clock, progress=not args.no_progress,
-        flush_bytes=args.flush_bytes, max_minutes=args.max_minutes)
+        flush_bytes=args.flush_bytes, max_minutes=args.max_minutes, weights_precision=args.weights_precision,
+        sets=args.sets)
     print(f"{args.out}: measured {measured} shard sets now ({args.samples} asked for in all)")
     return 0
 
@@ -65,6 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dims", default="4..128", help="width ladder: 4..128 (halving) or a list 16,32,64")
     p.add_argument("--seed", type=seed_int, default=0, help="sample i is drawn from seed+i (default 0)")
     p.add_argument("--row-split-prob", type=probability, default=0.2, help="share of shards that are row slices")
+    p.add_argument("--sets", choices=SET_SOURCES, default="random",
+                   help="random augmented sets (default), or devices of plans searched on random tasks of the "
+                        "tables (4-16 devices, 5-40 tables per device): the sets the search asks about")
     p.add_argument("--backend", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--kernel", default="auto", choices=("auto", *KERNELS), help="fused kernel (default auto)")
     p.add_argument("--max-rows", type=positive_int, default=DEFAULT_MAX_ROWS, help="rows allocated at most per shard; "
@@ -72,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--optimizer", default="exact_sgd", choices=OPTIMIZERS, help="(default exact_sgd)")
     p.add_argument("--clock", default="auto", choices=("auto", *CLOCKS),
                    help="auto (thread CPU time on cpu, CUDA events on cuda), thread or wall (default auto)")
+    add_weights_precision(p)
     p.add_argument("--warmup", type=int_in(0, 10000), default=2)
     p.add_argument("--repeats", type=int_in(1, 10000), default=DEFAULT_REPEATS,
                    help=f"timed repeats at least (default {DEFAULT_REPEATS})")
