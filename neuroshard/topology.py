@@ -1,0 +1,260 @@
+"""The cluster a plan is for: hosts, their links, and devices that may differ.
+
+A ``Topology`` says how many devices share a host (``local_world_size``), the bandwidth
+of the links within a host and across hosts, and, per device, its memory and relative
+speed. It is read from a ``neuroshard.topology/v1`` file (``docs/formats.md``) or built
+from ``neuroshard search`` flags, and a plan records it in its ``topology`` field.
+
+* No topology: every device is alike on one flat network, the network the
+  communication models measured (estimates exactly as without this module).
+* Hosts stated (``local_world_size``): the all-to-all is costed as bytes over the
+  stated bandwidths, split into its intra- and inter-host parts (``Simulator``);
+  table-row-wise shards reduce on the fast links within a host.
+* Per-device memory: a list, one entry per device; the plan's ``device_memory_bytes``
+  is its largest entry. Relative speed divides a device's predicted compute.
+
+Defaults for a GPU cluster are TorchRec's planner constants (``torchrec.distributed.
+planner.constants``): ``INTRA_NODE_BANDWIDTH`` 600 GB/s (NVLink of an 8-GPU A100 host) and
+``CROSS_NODE_BANDWIDTH`` 12.5 GB/s (one 100 Gbit/s NIC per GPU), and 8 GPUs per host.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .errors import FormatError, NeuroShardError
+from .validate import check_devices, check_memory, check_number, read_json
+
+TOPOLOGY_FORMAT = "neuroshard.topology/v1"
+#: GB/s (10**9 bytes per second) within a host: TorchRec's INTRA_NODE_BANDWIDTH (NVLink)
+DEFAULT_INTRA_HOST_GBPS = 600.0
+#: GB/s per device across hosts: TorchRec's CROSS_NODE_BANDWIDTH (one 100 Gbit/s NIC per GPU)
+DEFAULT_INTER_HOST_GBPS = 12.5
+#: devices per host of a common GPU server (and TorchRec's default LOCAL_WORLD_SIZE)
+DEFAULT_LOCAL_WORLD_SIZE = 8
+#: most GB/s a link may be given (a typo guard: 100 TB/s)
+MAX_GBPS = 1e5
+#: slowest and fastest relative device speed accepted
+SPEED_RANGE = (0.01, 100.0)
+_KEYS = ("local_world_size", "intra_host_gbps", "inter_host_gbps", "device_memory_bytes", "relative_speed")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """``num_devices`` devices, ``local_world_size`` per host (None: one host, the network
+    the communication models measured); link bandwidths in GB/s; per-device memory
+    (bytes) and relative speed (1.0 = the measured device), None when all alike."""
+
+    num_devices: int
+    local_world_size: int | None = None
+    intra_host_gbps: float | None = None
+    inter_host_gbps: float | None = None
+    device_memory_bytes: tuple[int, ...] | None = None
+    relative_speed: tuple[float, ...] | None = None
+
+    @property
+    def hosts_stated(self) -> bool:
+        """Whether hosts and links are given: communication is then costed from the bandwidths."""
+        return self.local_world_size is not None
+
+    @property
+    def num_hosts(self) -> int:
+        return self.num_devices // self.local_world_size if self.hosts_stated else 1
+
+    def host_of(self) -> np.ndarray:
+        """(D,) host number of every device (ranks ``h*L .. h*L+L-1`` on host ``h``)."""
+        return np.arange(self.num_devices) // (self.local_world_size or self.num_devices)
+
+    def memory_limits(self, memory_bytes: int) -> np.ndarray:
+        """(D,) memory of every device (``memory_bytes`` each when not given per device)."""
+        if self.device_memory_bytes is None:
+            return np.full(self.num_devices, float(memory_bytes))
+        return np.array(self.device_memory_bytes, dtype=np.float64)
+
+    def speeds(self) -> np.ndarray:
+        """(D,) relative speed of every device."""
+        return np.ones(self.num_devices) if self.relative_speed is None else np.array(self.relative_speed)
+
+    def to_dict(self) -> dict:
+        """The plan's ``topology`` object: the fields that are set."""
+        out: dict = {}
+        for key in _KEYS:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def describe(self) -> str:
+        """One line for ``plan show`` and the search's output."""
+        from .units import format_bytes
+        parts = []
+        if self.hosts_stated:
+            parts.append(f"{self.num_hosts} host{'s' if self.num_hosts > 1 else ''} x {self.local_world_size} "
+                         f"devices, {self.intra_host_gbps:g} GB/s within a host, {self.inter_host_gbps:g} GB/s "
+                         f"per device across hosts")
+        else:
+            parts.append(f"{self.num_devices} devices on one host (measured network)")
+        if self.device_memory_bytes is not None:
+            parts.append("memory " + _runs([format_bytes(m) for m in self.device_memory_bytes]))
+        if self.relative_speed is not None:
+            parts.append("relative speed " + _runs([f"{s:g}" for s in self.relative_speed]))
+        return "; ".join(parts)
+
+    @classmethod
+    def from_dict(cls, data: Any, num_devices: int | None = None, source: str = "topology") -> "Topology":
+        """A topology from a file's or a plan's object (``num_devices`` from the plan or the
+        command when the object does not say); one-line FormatError naming the field."""
+        if not isinstance(data, Mapping):
+            raise FormatError(f"{source}: a topology must be a JSON object")
+        if "format" in data and data["format"] != TOPOLOGY_FORMAT:
+            raise FormatError(f"{source}: field 'format' is {data['format']!r}; this version of neuroshard "
+                              f"reads {TOPOLOGY_FORMAT!r}")
+        given = data.get("num_devices")
+        if given is not None:
+            given = _field(check_devices, given, source, "num_devices")
+            if num_devices is not None and given != num_devices:
+                raise FormatError(f"{source}: field 'num_devices' is {given}, but the plan or command has "
+                                  f"{num_devices} devices")
+        devices = num_devices if num_devices is not None else given
+        if devices is None:
+            raise FormatError(f"{source}: field 'num_devices' is missing")
+        return make_topology(devices, data.get("local_world_size"), data.get("intra_host_gbps"),
+                             data.get("inter_host_gbps"), data.get("device_memory_bytes"),
+                             data.get("relative_speed"), source, error=FormatError)
+
+    @classmethod
+    def read(cls, path: str | Path, num_devices: int | None = None) -> "Topology":
+        path = Path(path)
+        return cls.from_dict(read_json(path, "topology file"), num_devices, str(path))
+
+
+def _runs(values: Sequence[str]) -> str:
+    """``a, a, b`` as ``2x a, 1x b`` (per-device lists stay short in a summary)."""
+    out: list[list] = []
+    for v in values:
+        if out and out[-1][1] == v:
+            out[-1][0] += 1
+        else:
+            out.append([1, v])
+    return ", ".join(v if n == 1 else f"{n}x {v}" for n, v in out)
+
+
+def _field(check, value: Any, source: str, key: str, error: type = FormatError) -> Any:
+    try:
+        return check(value)
+    except NeuroShardError as exc:
+        raise error(f"{source}: field '{key}': {exc}") from None
+
+
+def make_topology(num_devices: int, local_world_size: Any = None, intra_host_gbps: Any = None,
+                  inter_host_gbps: Any = None, device_memory_bytes: Any = None, relative_speed: Any = None,
+                  source: str = "topology", error: type = NeuroShardError) -> Topology:
+    """A checked ``Topology``. Stating any link (or ``local_world_size``) states hosts: what
+    is left out takes the GPU-cluster defaults (``DEFAULT_*``; one host of all devices
+    when only bandwidths are given). Memory: one size for all or one per device."""
+    check_devices(num_devices, "num_devices")
+    hosts = any(v is not None for v in (local_world_size, intra_host_gbps, inter_host_gbps))
+    if hosts:
+        local = num_devices if local_world_size is None else _field(
+            lambda v: check_devices(v, "value"), local_world_size, source, "local_world_size", error)
+        if num_devices % local:
+            raise error(f"{source}: field 'local_world_size' ({local} devices per host) must divide the "
+                        f"{num_devices} devices")
+        intra, inter = (DEFAULT_INTRA_HOST_GBPS if intra_host_gbps is None else intra_host_gbps,
+                        DEFAULT_INTER_HOST_GBPS if inter_host_gbps is None else inter_host_gbps)
+        intra, inter = (_field(lambda v: check_number(v, "value", 0.0, MAX_GBPS, low_open=True), v, source, k, error)
+                        for v, k in ((intra, "intra_host_gbps"), (inter, "inter_host_gbps")))
+    else:
+        local = intra = inter = None
+    memory = None
+    if device_memory_bytes is not None:
+        sizes = device_memory_bytes if isinstance(device_memory_bytes, list) else [device_memory_bytes]
+        if isinstance(device_memory_bytes, list) and len(sizes) != num_devices:
+            raise error(f"{source}: field 'device_memory_bytes' lists {len(sizes)} devices, the plan or command "
+                        f"has {num_devices}")
+        sizes = [_field(check_memory, m, source, "device_memory_bytes", error) for m in sizes]
+        if len(sizes) == 1:
+            sizes *= num_devices
+        memory = tuple(sizes) if len(set(sizes)) > 1 else None
+    speed = None
+    if relative_speed is not None:
+        if not (isinstance(relative_speed, list) and len(relative_speed) == num_devices):
+            raise error(f"{source}: field 'relative_speed' must list one number per device ({num_devices}), "
+                        f"got {relative_speed!r}"[:300])
+        speed = tuple(_field(lambda v: check_number(v, "value", *SPEED_RANGE), s, source, "relative_speed", error)
+                      for s in relative_speed)
+        speed = None if all(s == 1.0 for s in speed) else speed
+    return Topology(num_devices, local, intra, inter, memory, speed)
+
+
+def device_memory(topology: Topology | None, memory_bytes: int) -> int | np.ndarray:
+    """What the placers compare with: ``memory_bytes``, or (D,) bytes per device when the
+    topology gives per-device memory."""
+    if topology is None or topology.device_memory_bytes is None:
+        return memory_bytes
+    return topology.memory_limits(memory_bytes)
+
+
+def resolve_topology(topology: Any, num_devices: int, memory: Any) -> tuple[Topology | None, int | None]:
+    """``shard()``'s ``topology`` and ``memory`` arguments as (Topology or None, memory of the
+    largest device). ``topology``: None, a ``Topology``, a dict (a file's object) or a path;
+    ``memory``: a size, a list of sizes (one per device), or None when the topology has it."""
+    if isinstance(topology, (str, Path)):
+        topology = Topology.read(topology, num_devices)
+    elif isinstance(topology, Mapping):
+        topology = Topology.from_dict(topology, num_devices)
+    elif topology is not None and not isinstance(topology, Topology):
+        raise NeuroShardError(f"topology must be a Topology, a topology file or its object, "
+                              f"got {type(topology).__name__}")
+    if isinstance(topology, Topology) and topology.num_devices != num_devices:
+        raise NeuroShardError(f"topology has {topology.num_devices} devices, but devices={num_devices}")
+    if memory is None:
+        if topology is None or topology.device_memory_bytes is None:
+            raise NeuroShardError("memory is missing: give the device memory (or per-device memory in the topology)")
+        return topology, max(topology.device_memory_bytes)
+    if isinstance(memory, (list, tuple)):
+        base = topology or Topology(num_devices)
+        topology = make_topology(num_devices, base.local_world_size, base.intra_host_gbps, base.inter_host_gbps,
+                                 list(memory), list(base.relative_speed) if base.relative_speed else None, "memory (--memory)")
+        if topology.device_memory_bytes is None:  # a list of equal sizes
+            return (None if topology == Topology(num_devices) else topology), check_memory(memory[0])
+        return topology, max(topology.device_memory_bytes)
+    memory_bytes = check_memory(memory)
+    if topology is not None and topology.device_memory_bytes is not None:
+        raise NeuroShardError("memory is given twice: as one size and per device in the topology; give one")
+    return (None if topology == Topology(num_devices) else topology), memory_bytes
+
+
+def memory_list(text: str) -> int | list[int]:
+    """argparse ``type=`` for ``--memory``: one size (``16GiB``) or a comma list, one per device."""
+    import argparse
+    try:
+        if "," in text:
+            return [check_memory(part.strip()) for part in text.split(",")]
+        return check_memory(text)
+    except NeuroShardError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+memory_list.__name__ = "a memory size or a comma list of sizes"
+
+
+def topology_from_options(path: str | None, num_devices: int, local_world_size: int | None,
+                          intra_host_gbps: float | None, inter_host_gbps: float | None) -> Topology | None:
+    """The topology of ``--topology FILE`` with ``--local-world-size`` / ``--intra-host-gbps`` /
+    ``--inter-host-gbps`` replacing the file's fields; None when none is given."""
+    if path is None and all(v is None for v in (local_world_size, intra_host_gbps, inter_host_gbps)):
+        return None
+    base = Topology.read(path, num_devices) if path is not None else Topology(num_devices)
+    source = path or "topology options (--local-world-size, --intra-host-gbps, --inter-host-gbps)"
+    return make_topology(num_devices,
+                         local_world_size if local_world_size is not None else base.local_world_size,
+                         intra_host_gbps if intra_host_gbps is not None else base.intra_host_gbps,
+                         inter_host_gbps if inter_host_gbps is not None else base.inter_host_gbps,
+                         list(base.device_memory_bytes) if base.device_memory_bytes else None,
+                         list(base.relative_speed) if base.relative_speed else None, source,
+                         error=FormatError if path is not None else NeuroShardError)
+
