@@ -74,7 +74,7 @@ def main() -> None:
     record = {"fp16": {"compute_ratio_to_fp32": round(geo, 4), "quartiles": [round(q1, 4), round(q3, 4)],
                        "sets": len(df), "rounds": args.rounds, "kernel": benches["fp32"].kernel,
                        "batch_size": DEFAULT_CPU_BATCH_SIZE, "machine": cpu_model(),
-                       "command": "python experiments/precision_ratio.py " + " ".join(sys.argv[1:]),
+                       "command": " ".join(["python experiments/precision_ratio.py", *sys.argv[1:]]),
                        "created": dt.date.today().isoformat()}}
     SCALING_FILE.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {SCALING_FILE}")

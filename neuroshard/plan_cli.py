@@ -23,6 +23,10 @@ def show_torchrec_export(path: str) -> bool:
         what = (f"a TorchRec sharding export ({TORCHREC_FORMAT}) of '{data.get('tables_name', '?')}', not a plan "
                 f"file")
         where = (f"{data.get('local_world_size', '?')} per host, compute device {data.get('compute_device', '?')}; ")
+        qcomms = data.get("qcomms")
+        if isinstance(qcomms, dict):  # TorchRec's QCommsConfig (search.export.qcomms_config)
+            where += (f"qcomms forward {qcomms.get('forward_precision')}, backward "
+                      f"{qcomms.get('backward_precision')}; ")
     elif "format" not in data:
         try:  # TorchRec's plan as JSON ParameterSharding records?
             table_records(data, path)

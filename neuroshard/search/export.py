@@ -22,8 +22,13 @@ is refused with a one-line ``NeuroShardError`` naming it, never exported wrong:
   size, ranks ``h*L .. h*L+L-1``), blocks of ``ceil(rows / L)``.
 * ``grid_shard``: column strips, each cut into ``L`` such row blocks on one host's
   ranks in order (TorchRec routes a grid's ids like table-row-wise).
+* ``data_parallel``: a table of the plan's ``data_parallel_tables``, replicated on all
+  ranks (``ranks`` 0..W-1, no ``sharding_spec``, TorchRec's ``dense`` compute kernel).
 
 Placements are ``rank:R/cuda:(R mod L)`` (one GPU per local rank) or ``rank:R/cpu``.
+A plan whose ``comm_precision`` is not fp32 adds ``"qcomms": {"forward_precision": P,
+"backward_precision": P}`` (TorchRec's ``CommType`` values); ``qcomms_config`` turns it
+into TorchRec's ``QCommsConfig``, which the sharder takes as a codecs registry.
 ``to_parameter_shardings`` builds the real TorchRec objects (``ParameterSharding`` with
 an ``EnumerableShardingSpec`` of ``ShardMetadata``) and checks that the shards tile
 each table.
@@ -40,6 +45,9 @@ TORCHREC_FORMAT = "neuroshard.torchrec-sharding/v1"
 COMPUTE_DEVICES = ("cuda", "cpu")
 #: TorchRec's own default local world size (``torchrec.distributed.comm.get_local_size``)
 TORCHREC_LOCAL_SIZE = 8
+DATA_PARALLEL = "data_parallel"
+#: TorchRec's compute kernel for replicated tables (``EmbeddingComputeKernel.DENSE``)
+DATA_PARALLEL_KERNEL = "dense"
 
 
 def default_compute_device() -> str:
@@ -131,17 +139,24 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
     """The plan as per-table ParameterSharding records (plain JSON), each one TorchRec
     runs exactly; NeuroShardError naming the first table it cannot.
     ``compute_device`` defaults to ``default_compute_device()``, ``local_world_size``
-    (ranks per host) to ``default_local_world_size``."""
+    (ranks per host) to the plan's topology's, else ``default_local_world_size``."""
     compute_device = compute_device or default_compute_device()
     if compute_device not in COMPUTE_DEVICES:
         raise NeuroShardError(f"compute device must be one of {COMPUTE_DEVICES}, got {compute_device!r}")
     plan.validate()
     world = plan.num_devices
-    local = default_local_world_size(world) if local_world_size is None else local_world_size
+    local = local_world_size
+    if local is None:
+        topology = plan.topology
+        local = topology.local_world_size if topology and topology.hosts_stated else default_local_world_size(world)
     if not (isinstance(local, int) and 1 <= local and world % local == 0):
         raise NeuroShardError(f"local world size must divide the world size {world}, got {local_world_size!r}")
     records = {}
     for table in plan.tables:
+        if table.name in plan.data_parallel_tables:
+            records[table.name] = {"sharding_type": DATA_PARALLEL, "compute_kernel": DATA_PARALLEL_KERNEL,
+                                   "ranks": list(range(world))}
+            continue
         kind, shards = torchrec_layout(plan, table.name, local)
         records[table.name] = {
             "sharding_type": kind,
@@ -150,8 +165,30 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
             "sharding_spec": [{"shard_offsets": [s.row_offset, s.col_offset], "shard_sizes": [s.num_rows, s.num_cols],
                                "placement": _placement(s.device, compute_device, local)} for s in shards],
         }
-    return {"format": TORCHREC_FORMAT, "tables_name": plan.tables_name, "world_size": world,
-            "local_world_size": local, "compute_device": compute_device, "tables": records}
+    out = {"format": TORCHREC_FORMAT, "tables_name": plan.tables_name, "world_size": world,
+           "local_world_size": local, "compute_device": compute_device, "tables": records}
+    if plan.comm_precision != "fp32":  # pooled embeddings forward and their gradients backward
+        out["qcomms"] = {"forward_precision": plan.comm_precision, "backward_precision": plan.comm_precision}
+    return out
+
+
+def qcomms_config(exported: dict) -> Any:
+    """TorchRec's ``QCommsConfig`` for an exported document's ``qcomms`` (None when it has
+    none: fp32 communication). Use it as
+    ``EmbeddingBagCollectionSharder(qcomm_codecs_registry=get_qcomm_codecs_registry(config))``."""
+    qcomms = exported.get("qcomms")
+    if qcomms is None:
+        return None
+    from .torchrec_planner import require_torchrec
+    require_torchrec()
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig
+    known = {t.value for t in CommType}
+    for key in ("forward_precision", "backward_precision"):
+        if not isinstance(qcomms, dict) or qcomms.get(key) not in known:
+            raise NeuroShardError(f"qcomms: field '{key}' must be one of {', '.join(sorted(known))}, "
+                                  f"got {qcomms.get(key) if isinstance(qcomms, dict) else qcomms!r}")
+    return QCommsConfig(forward_precision=CommType(qcomms["forward_precision"]),
+                        backward_precision=CommType(qcomms["backward_precision"]))
 
 
 def to_parameter_shardings(exported: dict, table_sizes: dict[str, tuple[int, int]] | None = None) -> dict[str, Any]:
@@ -171,6 +208,10 @@ def to_parameter_shardings(exported: dict, table_sizes: dict[str, tuple[int, int
     for name, record in exported["tables"].items():
         if record["sharding_type"] not in known:
             raise NeuroShardError(f"table '{name}': TorchRec has no sharding type {record['sharding_type']!r}")
+        if record["sharding_type"] == DATA_PARALLEL:  # replicated: no sharding spec
+            out[name] = ParameterSharding(sharding_type=DATA_PARALLEL, compute_kernel=record["compute_kernel"],
+                                          ranks=list(record["ranks"]), sharding_spec=None)
+            continue
         metadata = [ShardMetadata(shard_offsets=list(s["shard_offsets"]), shard_sizes=list(s["shard_sizes"]),
                                   placement=s["placement"]) for s in record["sharding_spec"]]
         spec = EnumerableShardingSpec(metadata)  # refuses overlapping shards

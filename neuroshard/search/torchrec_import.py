@@ -16,7 +16,7 @@ Accepted, as Python objects or JSON:
 
 A shard's device is its placement's rank; empty shards (TorchRec gives ranks past
 the last row block 0 rows) are left out. Tables replicated on every rank
-(``data_parallel``, no shards) are refused: a plan places each table once.
+(``data_parallel``, no shards) become the plan's ``data_parallel_tables``.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from ..tables import Table, TableSet
 from .export import TORCHREC_FORMAT
 
 _RANK = re.compile(r"^rank:(\d+)(/.*)?$")
+DATA_PARALLEL = "data_parallel"
 
 
 def _is_int(x: Any) -> bool:
@@ -103,9 +104,12 @@ def shards_of_record(name: str, record: Mapping, where: str = "<torchrec plan>")
     """One table's shards from its JSON record (FormatError naming the table when malformed)."""
     here = f"{where}: table '{name}'"
     spec = record.get("sharding_spec")
+    if record.get("sharding_type") == DATA_PARALLEL:  # replicated on every rank: no shards
+        if spec:
+            raise FormatError(f"{here} is data_parallel (replicated on every rank) but lists shards")
+        return []
     if spec is None:
-        raise FormatError(f"{here} is {record.get('sharding_type')!r} with no shards (replicated on every rank); "
-                          f"a plan places each table once")
+        raise FormatError(f"{here} is {record.get('sharding_type')!r} with no shards")
     if not isinstance(spec, list) or not spec:
         raise FormatError(f"{here}: 'sharding_spec' must be a non-empty list of shards")
     ranks = record.get("ranks") or []
@@ -141,6 +145,19 @@ def shards_from_torchrec(source: Any, where: str = "<torchrec plan>") -> tuple[l
     return [s for name, record in records.items() for s in shards_of_record(name, record, where)], world
 
 
+def _comm_precision(source: Any, where: str) -> str:
+    """The plan's ``comm_precision`` from an export's ``qcomms`` (fp32 without one)."""
+    from ..validate import COMM_PRECISIONS
+    qcomms = source.get("qcomms") if isinstance(source, dict) else None
+    if qcomms is None:
+        return "fp32"
+    precision = qcomms.get("forward_precision") if isinstance(qcomms, dict) else None
+    if precision not in COMM_PRECISIONS or qcomms.get("backward_precision") != precision:
+        raise FormatError(f"{where}: field 'qcomms' must give one of {', '.join(COMM_PRECISIONS)} as both "
+                          f"forward_precision and backward_precision, got {qcomms!r}")
+    return precision
+
+
 def plan_from_torchrec(source: Any, tables: TableSet | list[Table], num_devices: int | None = None,
                        memory_bytes: int | None = None, bytes_per_element: int = 4,
                        where: str = "<torchrec plan>", provenance: dict | None = None) -> Plan:
@@ -150,20 +167,25 @@ def plan_from_torchrec(source: Any, tables: TableSet | list[Table], num_devices:
     from ..errors import InvalidPlanError
     if not isinstance(tables, TableSet):
         tables = TableSet("tables", list(tables))
-    shards, world = shards_from_torchrec(source, where)
-    mine = {s.table for s in shards}
+    records, world = table_records(source, where)
+    shards = [s for name, record in records.items() for s in shards_of_record(name, record, where)]
+    replicated = {name for name, record in records.items() if record.get("sharding_type") == DATA_PARALLEL}
+    mine = {s.table for s in shards} | replicated
     theirs = {t.name for t in tables}
     if mine != theirs:
         raise InvalidPlanError(f"{where} does not match tables '{tables.name}': tables without shards "
                                f"{sorted(theirs - mine)[:3]}, shards of unknown tables {sorted(mine - theirs)[:3]}")
-    top = max(s.device for s in shards) + 1
+    ranks = {name: list(records[name].get("ranks") or []) for name in sorted(replicated)}
+    top = max([s.device for s in shards] + [r for rs in ranks.values() for r in rs if _is_int(r)], default=0) + 1
     devices = num_devices or world or top
     if top > devices:
         raise InvalidPlanError(f"{where}: a shard is on rank {top - 1}, outside {devices} devices")
-    used = [0] * devices
-    for s in shards:
-        used[s.device] += s.size_bytes(bytes_per_element)
-    memory = memory_bytes or max(max(used), 1)
-    plan = Plan(list(tables), shards, devices, memory, bytes_per_element, tables.name,
-                provenance={"algorithm": "torchrec-import", **(provenance or {})})
+    for name, rs in ranks.items():  # replicated on every rank, as the runtime runs it
+        if rs and rs != list(range(devices)):
+            raise FormatError(f"{where}: table '{name}' is data_parallel on ranks {rs[:8]}, not on all {devices} "
+                              f"ranks 0..{devices - 1}")
+    plan = Plan(list(tables), shards, devices, 1, bytes_per_element, tables.name,
+                provenance={"algorithm": "torchrec-import", **(provenance or {})}, data_parallel_tables=[t.name for t in tables if t.name in replicated],
+                comm_precision=_comm_precision(source, where))
+    plan.device_memory_bytes = memory_bytes or max(max(plan.memory_used_bytes()), 1)  # replicas included
     return plan.validate()
