@@ -11,13 +11,14 @@ import numpy as np
 from .errors import FormatError, InvalidPlanError, NeuroShardError
 from .optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer, shard_bytes
 from .tables import Table, TableSet, _is_int, _is_number
+from .topology import Topology
 from .validate import COMM_PRECISIONS, MAX_BYTES_PER_ELEMENT, MAX_DEVICES, MAX_MEMORY_BYTES, MAX_TABLES, read_json
 
 PLAN_FORMAT = "neuroshard.plan/v1"
 _SHARD_KEYS = ("table", "row_offset", "num_rows", "col_offset", "num_cols", "device")
 _PLAN_KEYS = ("format", "tables_name", "num_devices", "device_memory_bytes", "bytes_per_element",
               "tables", "shards", "estimate", "provenance", "optimizer", "data_parallel_tables",
-              "comm_precision")
+              "comm_precision", "topology")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Plan:
     optimizer: str = DEFAULT_OPTIMIZER  # embedding optimizer: its state counts in memory (``optimizers``)
     data_parallel_tables: list[str] = field(default_factory=list)  # replicated on every device, no shards
     comm_precision: str = "fp32"  # element type the pooled-embedding all-to-all sends (COMM_PRECISIONS)
+    topology: Topology | None = None  # hosts, links, per-device memory and speed (None: identical, one network)
 
     # ---------------------------------------------------------------- access
     def table(self, name: str) -> Table:
@@ -91,6 +93,12 @@ class Plan:
         in memory: the full table everywhere)."""
         return [Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, d) for t in self.tables
                 if t.name in self.data_parallel_tables for d in range(self.num_devices)]
+
+    def memory_limits(self) -> list[int]:
+        """Memory of every device: the topology's per-device list, else ``device_memory_bytes``."""
+        if self.topology is not None and self.topology.device_memory_bytes is not None:
+            return list(self.topology.device_memory_bytes)
+        return [self.device_memory_bytes] * self.num_devices
 
     def memory_used_bytes(self) -> list[int]:
         used = [0] * self.num_devices
@@ -146,10 +154,10 @@ class Plan:
         if self.optimizer not in OPTIMIZERS:
             return out + [f"unknown optimizer {self.optimizer!r} (choose from {', '.join(OPTIMIZERS)})"]
         state = "" if self.optimizer == DEFAULT_OPTIMIZER else f" with {self.optimizer} state"
-        for d, used in enumerate(self.memory_used_bytes()):
-            if used > self.device_memory_bytes:
-                out.append(f"device {d}: shards need {used} bytes{state}, over its {self.device_memory_bytes} "
-                           f"by {used - self.device_memory_bytes}")
+        out.extend(_topology_problems(self))
+        for d, (used, limit) in enumerate(zip(self.memory_used_bytes(), self.memory_limits())):
+            if used > limit:
+                out.append(f"device {d}: shards need {used} bytes{state}, over its {limit} by {used - limit}")
         return out
 
     def validate(self) -> "Plan":
@@ -225,10 +233,18 @@ class Plan:
         if comm_precision not in COMM_PRECISIONS:
             raise FormatError(f"{source}: field 'comm_precision' must be one of {', '.join(COMM_PRECISIONS)}, "
                               f"got {comm_precision!r}")
+        topology = None
+        if data.get("topology") is not None:
+            topology = Topology.from_dict(data["topology"], data["num_devices"], f"{source}: field 'topology'")
+            if topology.device_memory_bytes is not None and max(topology.device_memory_bytes) != data["device_memory_bytes"]:
+                raise FormatError(f"{source}: field 'device_memory_bytes' must be the largest entry of "
+                                  f"'topology.device_memory_bytes' ({max(topology.device_memory_bytes)}), "
+                                  f"got {data['device_memory_bytes']}")
         extra = {k: v for k, v in data.items() if k not in _PLAN_KEYS}
         return cls(tables, shards, data["num_devices"], data["device_memory_bytes"], bpe,
                    str(data.get("tables_name", "tables")), data.get("estimate"), data.get("provenance"), extra,
-                   optimizer=optimizer, data_parallel_tables=list(replicated), comm_precision=comm_precision)
+                   optimizer=optimizer, data_parallel_tables=list(replicated), comm_precision=comm_precision,
+                   topology=topology)
 
     def to_dict(self) -> dict:
         out: dict = {"format": PLAN_FORMAT, "tables_name": self.tables_name, "num_devices": self.num_devices,
@@ -241,6 +257,8 @@ class Plan:
             out["data_parallel_tables"] = list(self.data_parallel_tables)
         if self.comm_precision != "fp32":  # absent at fp32: such a plan reads as before revision 3
             out["comm_precision"] = self.comm_precision
+        if self.topology is not None:  # absent without one: such a plan reads as before revision 3
+            out["topology"] = self.topology.to_dict()
         if self.estimate is not None:
             out["estimate"] = self.estimate
         if self.provenance is not None:
@@ -268,6 +286,7 @@ class Plan:
         rows = []
         costs = (self.estimate or {}).get("per_device_cost_ms")
         memory = self.memory_used_bytes()
+        limits = self.memory_limits()
         for d in range(self.num_devices):
             shards = self.shards_on(d)
             used = memory[d]  # data-parallel tables included
@@ -275,8 +294,8 @@ class Plan:
                           for s in shards if s.table in by_name)
             row = {"device": d, "shards": len(shards), "tables": len({s.table for s in shards}),
                    "width": sum(s.num_cols for s in shards), "lookups/sample": round(lookups, 2),
-                   "memory_used": used, "memory_limit": self.device_memory_bytes,
-                   "memory_%": round(100.0 * used / self.device_memory_bytes, 1)}
+                   "memory_used": used, "memory_limit": limits[d],
+                   "memory_%": round(100.0 * used / limits[d], 1)}
             if costs is not None and d < len(costs):
                 row["cost_ms"] = round(float(costs[d]), 3)
             rows.append(row)
@@ -303,9 +322,24 @@ class Plan:
                      f"{', '.join(self.data_parallel_tables)}")
         if self.comm_precision != "fp32":
             head += f"\ncommunication precision: {self.comm_precision} (pooled embeddings and gradients, all-to-all)"
+        if self.topology is not None:
+            head += f"\ntopology: {self.topology.describe()}"
         if self.estimate and "max_device_cost_ms" in self.estimate:
             head += f"\nestimated max device cost: {self.estimate['max_device_cost_ms']:.3f} ms/iteration"
         return head + "\n" + df.to_string(index=False)
+
+
+def _topology_problems(plan: Plan) -> list[str]:
+    """A topology that does not describe the plan's devices."""
+    topo = plan.topology
+    if topo is None:
+        return []
+    if topo.num_devices != plan.num_devices:
+        return [f"the topology has {topo.num_devices} devices, the plan {plan.num_devices}"]
+    if topo.device_memory_bytes is not None and max(topo.device_memory_bytes) != plan.device_memory_bytes:
+        return [f"device_memory_bytes ({plan.device_memory_bytes}) is not the largest per-device memory of the "
+                f"topology ({max(topo.device_memory_bytes)})"]
+    return []
 
 
 def _tiling_problems(table: Table, shards: Sequence[Shard]) -> list[str]:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .placer import greedy_place
-from .rowwise import local_ranks, place_with_splits, split_rows, strip_groups
+from .rowwise import place_with_splits, split_rows, strip_groups
 from .registry import SearchFunction
 from .simulator import Piece, Placement, Simulator, whole_pieces
 
@@ -54,7 +54,7 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
     table_blocks = {}  # row blocks per table: the same for all its strips (a regular grid, see rowwise)
     for strip, blocks in start_strips.items():
         table_blocks[strip.table] = max(blocks, table_blocks.get(strip.table, 1))
-    valid_rows = sorted({local_ranks(sim.num_devices), sim.num_devices})
+    valid_rows = sorted({sim.local_world_size, sim.num_devices})
     table_costs = sim.single_costs_ms(whole_pieces(sim.tables))
     searched = [int(t) for t in np.argsort(-table_costs, kind="stable")[:params.max_tables]]
     mean_width = sim.total_dim / sim.num_devices
@@ -79,7 +79,7 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
         ids = sim.piece_ids(pieces)
         return greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.num_devices, memory_bytes,
                             widths=sim.cols_of(ids), caps=np.array([cap], dtype=np.float64),
-                            groups=strip_groups(pieces))[0]
+                            groups=strip_groups(pieces), host_size=sim.host_size)[0]
 
     sampler = optuna.samplers.TPESampler(seed=seed)
     verbosity = optuna.logging.get_verbosity()
@@ -105,7 +105,8 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
     if best is None:  # no trial packed: fall back to the unsplit state with extra memory splits
         log.info("no Bayesian trial fit in memory; placing with extra memory splits")
         best = place_with_splits(start, lambda pieces: _feasible(sim, pieces, greedy(pieces, math.inf)), bpe,
-                                 num_devices=sim.num_devices, optimizer=sim.optimizer)
+                                 num_devices=sim.num_devices, optimizer=sim.optimizer,
+                                 local_world_size=sim.local_world_size)
     best.details = {"parameters": {**asdict(params), "seed": seed}, "simulated_cost_ms": best.cost_ms,
                     "best_trial": study.best_trial.params if study.best_value < 1e30 else None}
     return best

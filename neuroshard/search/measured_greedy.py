@@ -47,7 +47,7 @@ class MeasuredGreedyParams:
 def _units(sim: Simulator, memory_bytes: int) -> list[Piece]:
     """Every table, those over half a device cut into the fewest equal row blocks that fit
     in half a device (column halves first only when a single row is still too large)."""
-    bpe, half = sim.bytes_per_element, memory_bytes / 2
+    bpe, half = sim.bytes_per_element, float(np.max(memory_bytes)) / 2  # per-device memory: the largest
     out = []
     for piece in whole_pieces(sim.tables):
         size = piece.size_bytes(bpe, sim.optimizer)

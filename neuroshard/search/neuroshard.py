@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import InfeasibleError, NeuroShardError
 from .baselines import GREEDY_KEYS, best_packing_greedy, greedy_by_key
 from .placer import greedy_place
-from .rowwise import halve_strip_cols, local_ranks, place_with_splits, split_table_rows, strip_groups
+from .rowwise import halve_strip_cols, place_with_splits, split_table_rows, strip_groups
 from .simulator import Piece, Placement, Simulator
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,8 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
     bpe = sim.bytes_per_element
     start = sim.memory_split(memory_bytes, params.row_splits)
     best = place_with_splits(start, lambda pieces: place_many(sim, [pieces], memory_bytes, params)[0],
-                             bpe, params.row_splits, num_devices=sim.num_devices, optimizer=sim.optimizer)
+                             bpe, params.row_splits, num_devices=sim.num_devices, optimizer=sim.optimizer,
+                             local_world_size=sim.local_world_size)
     beam, seen, stale = [best], {tuple(best.pieces)}, 0
     for step in range(params.depth):
         children = []
@@ -133,18 +134,20 @@ def refine(sim: Simulator, placement: Placement, memory_bytes: int, steps: int) 
 
 
 def split_children(sim: Simulator, pieces: list[Piece], params: NeuroShardParams) -> list[list[Piece]]:
-    """States one split away: the column strips of the top-n pieces by size and by cost
-    halved along columns, the tables of the top-n by cost re-cut into more row blocks:
-    one host's ranks, then all ranks, as TorchRec runs them (whole strips and tables:
-    see ``rowwise``)."""
+    """States one split away, for each of the top-n pieces by size and by cost: its
+    column strip halved along columns, and (on equal footing: a hot table's lookups
+    spread only over row blocks) its table re-cut into more row blocks: one host's
+    ranks, then all ranks, as TorchRec runs them (whole strips and tables: see
+    ``rowwise``)."""
     sizes = sim.sizes_bytes(pieces)
     costs = sim.single_costs_ms(pieces)
     by_size = [int(i) for i in np.argsort(-sizes, kind="stable")[:params.top_n]]
     by_cost = [int(i) for i in np.argsort(-costs, kind="stable")[:params.top_n]]
-    children = [halve_strip_cols(pieces, i) for i in dict.fromkeys(by_size + by_cost)]
+    candidates = list(dict.fromkeys(by_size + by_cost))
+    children = [halve_strip_cols(pieces, i) for i in candidates]
     if params.row_splits:
-        valid = sorted({local_ranks(sim.num_devices), sim.num_devices})  # the row splits TorchRec runs
-        children += [split_table_rows(pieces, i, valid_parts=valid) for i in by_cost]
+        valid = sorted({sim.local_world_size, sim.num_devices})  # the row splits TorchRec runs
+        children += [split_table_rows(pieces, i, valid_parts=valid) for i in candidates]
     unique = {tuple(c): c for c in children if c is not None}
     return list(unique.values())
 
@@ -165,7 +168,8 @@ def place_many(sim: Simulator, states: list[list[Piece]], memory_bytes: int,
     for s, pieces in enumerate(states):
         ids = sim.piece_ids(pieces)
         devices = greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.num_devices, memory_bytes,
-                               widths=sim.cols_of(ids), caps=caps, groups=strip_groups(pieces))
+                               widths=sim.cols_of(ids), caps=caps, groups=strip_groups(pieces),
+                               host_size=sim.host_size)
         distinct = {row.tobytes(): row for row in devices if row[0] >= 0}  # identical placements once
         candidates += [(ids, row) for row in distinct.values()]
         owners += [s] * len(distinct)

@@ -8,12 +8,14 @@ import numpy as np
 
 def greedy_place(keys: np.ndarray, sizes_bytes: np.ndarray, num_devices: int, memory_bytes: int,
                  widths: np.ndarray | None = None, caps: np.ndarray | None = None,
-                 groups: np.ndarray | None = None) -> np.ndarray:
+                 groups: np.ndarray | None = None, host_size: int | None = None) -> np.ndarray:
     """For every width cap at once (``caps``; None: one run without a cap): pieces in order
     of falling ``keys``, each on the device with the lowest sum of keys that has memory for
     it and ``widths`` headroom under the cap (ignoring the cap when no device meets it).
     Pieces of one group (``groups``, the row blocks of one column strip,
-    ``rowwise.strip_groups``; -1 for none) go to distinct devices where memory allows.
+    ``rowwise.strip_groups``; -1 for none) go to distinct devices where memory allows;
+    with ``host_size`` (devices per host), a group of that many blocks stays on the host
+    of its first block where memory allows (table-row-wise).
     Returns (len(caps), pieces) devices; a row of -1 where memory runs out."""
     keys = np.asarray(keys, dtype=np.float64)
     sizes_bytes = np.asarray(sizes_bytes, dtype=np.float64)
@@ -30,10 +32,19 @@ def greedy_place(keys: np.ndarray, sizes_bytes: np.ndarray, num_devices: int, me
     failed = np.zeros(grid, dtype=bool)
     groups = np.full(len(keys), -1, dtype=np.int64) if groups is None else np.asarray(groups)
     taken = np.zeros((grid, int(groups.max(initial=-1)) + 1, num_devices), dtype=bool)  # group already on device
+    on_host = np.zeros(0, dtype=bool)  # per group: kept on one host
+    if host_size is not None and host_size < num_devices:
+        on_host = np.bincount(groups[groups >= 0], minlength=taken.shape[1]) == host_size
+        host = np.arange(num_devices) // host_size
     for s in np.argsort(-keys, kind="stable").tolist():
         fits = free >= sizes_bytes[s]
         if groups[s] >= 0:
             apart = fits & ~taken[:, groups[s]]
+            if on_host.size and on_host[groups[s]]:  # the host of the group's first block, once placed
+                started = taken[:, groups[s]].any(axis=1, keepdims=True)
+                first_host = host[taken[:, groups[s]].argmax(axis=1)][:, None]
+                same = apart & (~started | (host[None, :] == first_host))
+                apart = np.where(same.any(axis=1, keepdims=True), same, apart)
             fits = np.where(apart.any(axis=1, keepdims=True), apart, fits)
         allowed = fits & (headroom >= widths[s])
         ok = allowed.any(axis=1)

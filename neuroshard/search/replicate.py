@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+import numpy as np
+
 from ..errors import InfeasibleError, NeuroShardError
 
 if TYPE_CHECKING:
@@ -111,7 +113,7 @@ def candidates(sim: "Simulator", memory_bytes: int) -> list[str]:
     out = []
     for t in sim.tables:
         size = replicated_bytes(sim, [t.name])
-        if may_replicate(t) and size <= memory_bytes / 2 and t.pooling_factor > 0:
+        if may_replicate(t) and size <= np.min(memory_bytes) / 2 and t.pooling_factor > 0:  # per-device: smallest
             out.append((-t.pooling_factor * t.embedding_dim / size, t.name))
     return [name for _, name in sorted(out)][:MAX_CANDIDATES]
 
@@ -139,7 +141,7 @@ def choose_data_parallel(sim: "Simulator", memory_bytes: int, seed: int = 0) -> 
             continue
         trial = chosen + [name]
         room = memory_bytes - replicated_bytes(sim, trial)
-        cost = greedy_cost_ms(sim.with_data_parallel(trial), room, seed) if room > 0 else float("inf")
+        cost = greedy_cost_ms(sim.with_data_parallel(trial), room, seed) if np.all(room > 0) else float("inf")
         log.debug("replicate %s: greedy %.4f ms (best so far %.4f ms)", trial, cost, best)
         if cost < best - 1e-9:
             chosen, best = trial, cost

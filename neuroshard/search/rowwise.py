@@ -47,7 +47,8 @@ def check_feasible(tables: TableSet, num_devices: int, memory_bytes: int, bytes_
     """Raise InfeasibleError, saying by how much, when no plan can exist (weights and
     ``optimizer``'s state)."""
     total = sum(shard_bytes(t.num_embeddings, t.embedding_dim, bytes_per_element, optimizer) for t in tables)
-    capacity = num_devices * memory_bytes
+    capacity = float(np.sum(memory_bytes)) if np.ndim(memory_bytes) else num_devices * memory_bytes
+    memory_bytes = float(np.max(memory_bytes))  # per-device memory: a shard must fit the largest device
     if total > capacity:
         raise InfeasibleError(
             f"tables '{tables.name}' need {format_bytes(total)}{_with_state(optimizer)} but {num_devices} devices x "
@@ -166,7 +167,7 @@ def align_row_blocks(pieces: Sequence[Piece], devices: np.ndarray, bytes_per_ele
         elif len(set(current.tolist())) == len(members):
             moved = devices.copy()
             moved[members] = np.sort(current)
-            if np.bincount(moved, weights=sizes, minlength=int(moved.max()) + 1).max() <= memory_bytes:
+            if fits_memory(moved, sizes, memory_bytes):
                 devices = moved
     kept = [(p, int(d)) for j, (p, d) in enumerate(zip(pieces, devices.tolist())) if j not in drop]
     placed = sorted(kept + joined)
@@ -189,19 +190,25 @@ def strip_groups(pieces: Sequence[Piece]) -> np.ndarray:
     return out
 
 
+def fits_memory(devices: np.ndarray, sizes: np.ndarray, memory_bytes: int | np.ndarray) -> bool:
+    """Whether pieces of ``sizes`` on ``devices`` fit every device's memory (one figure for
+    all, or (D,) per device)."""
+    used = np.bincount(devices, weights=sizes, minlength=np.size(memory_bytes))
+    return bool(np.all(used <= memory_bytes))
+
+
 def local_ranks(num_devices: int) -> int:
     """Ranks per host TorchRec assumes by default: 8, or all when not a multiple of 8."""
     return 8 if num_devices % 8 == 0 else num_devices
 
 
-def _runnable(strips: dict[tuple[int, int], list[tuple[Piece, int]]], num_devices: int) -> bool:
+def _runnable(strips: dict[tuple[int, int], list[tuple[Piece, int]]], num_devices: int, local: int) -> bool:
     """Whether one table's strips (blocks in row order with their devices) are a layout
     TorchRec runs: unsplit strips, or every strip in ``L`` blocks on one host's ranks in
-    order, or one strip in ``W`` blocks on ranks 0..W-1 (``L`` = ``local_ranks``)."""
+    order, or one strip in ``W`` blocks on ranks 0..W-1 (``L`` ranks per host)."""
     counts = {len(b) for b in strips.values()}
     if counts == {1}:
         return True
-    local = local_ranks(num_devices)
     for blocks in strips.values():
         devices = [d for _, d in blocks]
         if len(strips) == 1 and devices == list(range(num_devices)):
@@ -213,7 +220,8 @@ def _runnable(strips: dict[tuple[int, int], list[tuple[Piece, int]]], num_device
 
 def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_devices: int, bytes_per_element: int,
                         memory_bytes: int, cost: Callable[[list[Piece], np.ndarray], float],
-                        optimizer: str = DEFAULT_OPTIMIZER) -> tuple[list[Piece], np.ndarray]:
+                        optimizer: str = DEFAULT_OPTIMIZER, local_world_size: int | None = None
+                        ) -> tuple[list[Piece], np.ndarray]:
     """Pieces and devices where every row-split table is laid out as TorchRec runs it.
     After ``align_row_blocks``, a table that is still not (blocks of one strip on
     repeated devices or on ranks TorchRec does not use, strips cut differently) gets the
@@ -222,13 +230,13 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
     or joined (each strip on the device holding most of it). When none fits it stays
     as it is, and the exporter refuses it."""
     pieces, devices = align_row_blocks(pieces, devices, bytes_per_element, memory_bytes, optimizer)
-    local = local_ranks(num_devices)
+    local = local_world_size or local_ranks(num_devices)
     for table in sorted({p.table for p in pieces}):
         mine = [j for j, p in enumerate(pieces) if p.table == table]
         strips: dict[tuple[int, int], list[tuple[Piece, int]]] = {}
         for j in sorted(mine, key=lambda j: pieces[j].row_offset):
             strips.setdefault((pieces[j].col_offset, pieces[j].num_cols), []).append((pieces[j], int(devices[j])))
-        if _runnable(strips, num_devices):
+        if _runnable(strips, num_devices, local):
             continue
         others = set(range(len(pieces))) - set(mine)
         rest = [(pieces[j], int(devices[j])) for j in sorted(others)]
@@ -248,7 +256,7 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
                 recut += list(zip(cut, ranks))
             if recut is not None:
                 candidates.append(recut)
-        free = np.full(num_devices, float(memory_bytes))
+        free = np.full(num_devices, 1.0) * memory_bytes
         for p, d in rest:
             free[d] -= p.size_bytes(bytes_per_element, optimizer)
         for (col, cols), blocks in sorted(strips.items(), key=lambda kv: -kv[0][1]):  # widest first
@@ -268,7 +276,7 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
             cand_pieces = [p for p, _ in placed]
             cand_devices = np.array([d for _, d in placed], dtype=np.int64)
             sizes = np.array([p.size_bytes(bytes_per_element, optimizer) for p in cand_pieces], dtype=np.float64)
-            if np.bincount(cand_devices, weights=sizes, minlength=num_devices).max() <= memory_bytes:
+            if fits_memory(cand_devices, sizes, memory_bytes):
                 options.append((cost(cand_pieces, cand_devices), cand_pieces, cand_devices))
         if options:
             _, pieces, devices = min(options, key=lambda o: o[0])
@@ -277,10 +285,11 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
 
 def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_element: int,
                      row_splits: bool = True, num_devices: int | None = None,
-                     optimizer: str = DEFAULT_OPTIMIZER) -> list[Piece]:
+                     optimizer: str = DEFAULT_OPTIMIZER, local_world_size: int | None = None) -> list[Piece]:
     """Split every piece larger than a device: column halves while possible, then the
     fewest row blocks that fit; with ``num_devices``, as many as TorchRec runs (one
-    host's ranks, or all ranks) when that many are enough."""
+    host's ranks, ``local_world_size`` or TorchRec's default, or all ranks) when that
+    many are enough."""
     out: list[Piece] = []
     todo = list(pieces)
     while todo:
@@ -294,7 +303,8 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_eleme
             max_rows = max(1, memory_bytes // row_bytes(piece.num_cols, bytes_per_element, optimizer))
             parts = math.ceil(piece.num_rows / max_rows)
             if num_devices is not None:
-                parts = min((p for p in (local_ranks(num_devices), num_devices) if p >= parts), default=parts)
+                local = local_world_size or local_ranks(num_devices)
+                parts = min((p for p in (local, num_devices) if p >= parts), default=parts)
             out.extend(split_rows(piece, parts))
         else:
             raise InfeasibleError(f"a shard of table #{piece.table} ({piece.num_rows} rows x {piece.num_cols} "
@@ -304,13 +314,15 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_eleme
 
 
 def halve_largest(pieces: Sequence[Piece], bytes_per_element: int, row_splits: bool = True,
-                  num_devices: int | None = None, optimizer: str = DEFAULT_OPTIMIZER) -> list[Piece] | None:
+                  num_devices: int | None = None, optimizer: str = DEFAULT_OPTIMIZER,
+                  local_world_size: int | None = None) -> list[Piece] | None:
     """The pieces with the largest splittable one's strip halved along columns, else its
     table re-cut into twice the row blocks; None when nothing can be split further."""
     for i in sorted(range(len(pieces)), key=lambda i: -pieces[i].size_bytes(bytes_per_element, optimizer)):
         split = halve_strip_cols(pieces, i)
         if split is None and row_splits and num_devices is not None:  # TorchRec's block counts first
-            split = split_table_rows(pieces, i, valid_parts=sorted({local_ranks(num_devices), num_devices}))
+            local = local_world_size or local_ranks(num_devices)
+            split = split_table_rows(pieces, i, valid_parts=sorted({local, num_devices}))
         if split is None and row_splits:
             split = split_table_rows(pieces, i)
         if split is not None:
@@ -320,7 +332,8 @@ def halve_largest(pieces: Sequence[Piece], bytes_per_element: int, row_splits: b
 
 def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], PlacedT | None],
                       bytes_per_element: int, row_splits: bool = True, max_rounds: int = 256,
-                      num_devices: int | None = None, optimizer: str = DEFAULT_OPTIMIZER) -> PlacedT:
+                      num_devices: int | None = None, optimizer: str = DEFAULT_OPTIMIZER,
+                      local_world_size: int | None = None) -> PlacedT:
     """``place(pieces)``; while it cannot pack the pieces into memory, halve the largest
     piece and try again. InfeasibleError when splitting does not help."""
     current = list(pieces)
@@ -330,7 +343,7 @@ def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], Pl
             if round_:
                 log.info("packed after %d extra memory splits (%d shards)", round_, len(current))
             return placed
-        smaller = halve_largest(current, bytes_per_element, row_splits, num_devices, optimizer)
+        smaller = halve_largest(current, bytes_per_element, row_splits, num_devices, optimizer, local_world_size)
         if smaller is None:
             break
         current = smaller

@@ -80,15 +80,27 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
     data_type = {2: DataType.FP16, 1: DataType.INT8}.get(sim.bytes_per_element, DataType.FP32)
     configs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
                                   feature_names=[f"{t.name}__feature"], data_type=data_type) for t in sim.tables]
-    constraints = {t.name: ParameterConstraints(sharding_types=list(SHARDING_TYPES),
+    # with hosts, TorchRec's table-row-wise too (row blocks on one host's ranks)
+    types = list(SHARDING_TYPES) + (["table_row_wise"] if sim.host_size else [])
+    constraints = {t.name: ParameterConstraints(sharding_types=types,
                                                 pooling_factors=[max(t.pooling_factor, 1e-3)]) for t in sim.tables}
-    caps = {"hbm_cap": memory_bytes} if compute_device == "cuda" else {"ddr_cap": memory_bytes, "hbm_cap": 0}
+    limits = np.broadcast_to(np.asarray(memory_bytes, dtype=np.int64), (sim.num_devices,))  # per device
+    largest = int(limits.max())
+    caps = {"hbm_cap": largest} if compute_device == "cuda" else {"ddr_cap": largest, "hbm_cap": 0}
+    if sim.host_size:  # our topology's hosts and links (TorchRec's bandwidths are bytes per ms)
+        caps.update(local_world_size=sim.host_size, intra_host_bw=sim.topology.intra_host_gbps * 1e6,
+                    inter_host_bw=sim.topology.inter_host_gbps * 1e6)
     with _quiet_torchrec():
         module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
         # TorchRec's storage estimate counts the optimizer's state from the parameters' optimizer class
         apply_optimizer_in_backward(getattr(trec_optim, TORCHREC_OPTIMIZERS[sim.optimizer]), module.parameters(),
                                     {"lr": 0.01})
         topology = Topology(world_size=sim.num_devices, compute_device=compute_device, **caps)
+        for device, limit in zip(topology.devices, limits.tolist()):  # heterogeneous memory
+            if compute_device == "cuda":
+                device.storage.hbm = limit
+            else:
+                device.storage.ddr = limit
         planner = EmbeddingShardingPlanner(topology=topology, batch_size=sim.tables.batch_size,
                                            constraints=constraints, debug=False,
                                            storage_reservation=FixedPercentageStorageReservation(0.0))
@@ -96,7 +108,7 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
             plan = planner.plan(module, [EmbeddingBagCollectionSharder()])
         except PlannerError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise InfeasibleError(f"TorchRec's planner found no plan in {format_bytes(memory_bytes)} per device "
+            raise InfeasibleError(f"TorchRec's planner found no plan in {format_bytes(largest)} per device "
                                   f"(it also counts optimizer state and buffers, often 2-3x the weights): "
                                   f"{first[:200]}") from None
 
@@ -107,7 +119,7 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
     devices_arr = np.array(devices, dtype=np.int64)
     cost = float(sim.evaluate(pieces, devices_arr[None, :]).max_ms[0])
     return Placement(pieces, devices_arr, cost,
-                     {"parameters": {"compute_device": compute_device, "sharding_types": list(SHARDING_TYPES)},
+                     {"parameters": {"compute_device": compute_device, "sharding_types": types},
                       "simulated_cost_ms": cost})
 
 
