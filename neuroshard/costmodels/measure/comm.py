@@ -88,7 +88,8 @@ def _run_sample(rank: int, world: int, task: dict, device) -> dict:
     batch = sum(b)
     w_me = int(widths[rank])
     sync = (lambda: torch.cuda.synchronize()) if device.type == "cuda" else (lambda: None)
-    exchange = PooledExchange.for_widths([int(w) for w in widths], rank, world, batch, device)
+    exchange = PooledExchange.for_widths([int(w) for w in widths], rank, world, batch, device,
+                                         task.get("comm_precision", "fp32"))
     pooled = torch.ones(batch, w_me, device=device)                 # this device's shards, whole batch
     grad = torch.ones(b[rank], exchange.output_width, device=device)  # gradient of its samples' features
     red_in = torch.ones(batch * reduce_width, device=device)
@@ -242,9 +243,12 @@ class CommBenchmark:
     # ------------------------------------------------------------------ API
     def measure(self, widths: Sequence[int], skews_ms: Sequence[float] | None = None,
                 reduce_width: int = 0, timeout_s: float | None = None,
-                _exit_early: int | None = None) -> CommMeasurement:
-        """Per-device forward, backward and reduce times (ms, medians) of one sample; a device
-        that dies or stays silent past ``timeout_s`` (default: the benchmark's) raises."""
+                _exit_early: int | None = None, comm_precision: str = "fp32") -> CommMeasurement:
+        """Per-device forward, backward and reduce times (ms, medians) of one sample, the
+        exchange sending ``comm_precision``; a device that dies or stays silent past
+        ``timeout_s`` (default: the benchmark's) raises."""
+        from ...validate import check_comm_precision
+        check_comm_precision(comm_precision)
         if not self._procs:
             raise NeuroShardError("the communication benchmark is not running (use it as a context manager)")
         d = self.num_devices
@@ -255,7 +259,8 @@ class CommBenchmark:
         if min(widths) < 0 or min(skews) < 0 or reduce_width < 0:
             raise NeuroShardError("widths, skews and reduce_width must be >= 0")
         task = {"widths": widths, "skews_ms": skews, "reduce_width": int(reduce_width),
-                "batch_size": self.batch_size, "warmup": self.warmup, "repeats": self.repeats}
+                "batch_size": self.batch_size, "warmup": self.warmup, "repeats": self.repeats,
+                "comm_precision": comm_precision}
         if _exit_early is not None:
             task["exit_early"] = _exit_early
         for rank, conn in enumerate(self._conns):
