@@ -33,6 +33,9 @@ from .kernel import KernelBenchmark
 
 log = logging.getLogger(__name__)
 
+#: where ``collect compute`` draws shard sets from: random augmented sets, or devices of searched plans
+SET_SOURCES = ("random", "plans")
+
 
 def parse_dims(text: str) -> list[int]:
     """``"4..128"`` -> [4, 8, 16, 32, 64, 128]; ``"16,32,64"`` -> [16, 32, 64]."""
@@ -111,9 +114,10 @@ def _progress(total: int, initial: int, desc: str):
 def collect_compute(tables_path: str | Path, samples: int, out: str | Path, *, max_tables: int = 8,
                     memory_bytes: int = 1 << 30, batch_size: int = 4096, dims: Sequence[int] = (4, 8, 16, 32, 64, 128),
                     seed: int = 0, row_split_prob: float = 0.2, progress: bool = True,
-                    max_minutes: float | None = None, **bench_kwargs) -> int:
+                    max_minutes: float | None = None, sets: str = "random", **bench_kwargs) -> int:
     """Measure shard sets ``0..samples-1`` into ``out/compute.jsonl`` (stopping cleanly after
-    ``max_minutes`` if given; a rerun continues); returns how many were measured now."""
+    ``max_minutes`` if given; a rerun continues); returns how many were measured now.
+    ``sets="plans"``: devices of searched plans instead of random sets (``plan_sets``)."""
     from ...validate import MAX_STEPS, check_batch_size, check_int, check_memory, check_number, check_seed
     check_int(samples, "samples", 1, MAX_STEPS)
     check_int(max_tables, "max tables per device", 1, 1024)
@@ -121,6 +125,8 @@ def collect_compute(tables_path: str | Path, samples: int, out: str | Path, *, m
     check_batch_size(batch_size)
     check_seed(seed)
     check_number(row_split_prob, "row split probability", 0.0, 1.0)
+    if sets not in SET_SOURCES:
+        raise NeuroShardError(f"unknown shard-set source {sets!r}; choose one of {', '.join(SET_SOURCES)}")
     if not dims or not all(isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= 2**14 for w in dims):
         raise NeuroShardError(f"widths must be integers in [1, {2**14}], got {list(dims)!r}")
     tables_path = Path(tables_path)
@@ -130,10 +136,18 @@ def collect_compute(tables_path: str | Path, samples: int, out: str | Path, *, m
     config = {**bench.config(), "memory_bytes": memory_bytes, "max_tables_per_device": max_tables,
               "dims": list(dims), "seed": seed, "row_split_prob": row_split_prob,
               "tables": tables_path.name, "tables_sha256": _file_sha256(tables_path)}
+    if sets == "plans":
+        from ..calibrate import MAX_SET_BYTES
+        from .plan_sets import PlanSetSampler
+        config["sets"] = sets
+        plan_set = PlanSetSampler(tables.tables, batch_size, seed, MAX_SET_BYTES, bench.max_rows)
 
     def measure(i: int) -> tuple[dict, dict]:
-        rng = np.random.default_rng(seed + i)
-        shards = sample_shard_set(tables.tables, rng, max_tables, memory_bytes, batch_size, dims, row_split_prob)
+        if sets == "plans":
+            shards = plan_set(i)
+        else:
+            rng = np.random.default_rng(seed + i)
+            shards = sample_shard_set(tables.tables, rng, max_tables, memory_bytes, batch_size, dims, row_split_prob)
         m = bench.measure(shards)
         record = {"sample": i, "batch_size": batch_size, "kernel": m.kernel,
                   "shards": [s.to_dict() for s in shards], "cost_ms": round(m.cost_ms, 5),

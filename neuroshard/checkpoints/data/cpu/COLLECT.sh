@@ -40,3 +40,9 @@ PY
 neuroshard collect compute $D/compute-wide/tables.json --samples 3000 -o $D/compute-wide \
   --max-tables-per-device 40 --memory 3GiB --dims 4..128 --row-split-prob 0.3 --seed 0 \
   --repeats 3 --max-repeats 5 --max-minutes 95
+
+# 5. (2026-11-23) The sets the search asks about: devices of plans searched (NeuroShard and the greedy
+#    baselines, shipped models) on random 4/8/16-device tasks of the same wide tables (5-40 tables per
+#    device, memory 1.2-1.5x the tables); weights allocated per set at most 3 GiB (rows capped).
+neuroshard collect compute $D/compute-wide/tables.json --sets plans --samples 2000 -o $D/compute-plans \
+  --memory 64GiB --seed 0 --repeats 3 --max-repeats 5 --max-minutes 50
