@@ -53,7 +53,7 @@ COLUMNS = ["family", "devices", "task", "tables", "memory_bytes", "algorithm", "
            "ratio_to_best_baseline", "balance", "estimated_max_compute_ms", "estimate_gmae", "estimate_spearman",
            "max_total_ms", "search_time_s", "a2a_bytes_per_device", "a2a_ratio_to_best_baseline", "shards",
            "aa_ratio", "measure_seconds", "hardware", "calibration_s", "estimate_gmae_calibrated",
-           "estimate_spearman_calibrated"]
+           "estimate_spearman_calibrated", "estimate_gmae_also", "estimate_spearman_also"]
 
 
 def algorithms(include_torchrec: bool) -> list[str]:
@@ -77,6 +77,12 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
     """Plan the task with every algorithm, measure all plans in one interleaved run."""
     plans, rows = {}, []
     calibrated = None
+    others = {}  # label -> models: every plan's estimate error is also reported under each
+    if args.also_model:
+        other = load_cost_models(args.also_model)
+        label = f"neuroshard@{Path(args.also_model).stem}"
+        plans[label] = shard(tables, devices=devices, memory=memory, cost_models=other, seed=index)
+        others["also"] = other
     if args.calibrate:
         from neuroshard.costmodels.calibrate import calibrate
         start = time.perf_counter()
@@ -85,6 +91,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
         start = time.perf_counter() - start
         plans[CALIBRATED] = shard(tables, devices=devices, memory=memory, cost_models=calibrated, seed=index)
         plans[CALIBRATED].provenance["calibration_s"] = start
+        others["calibrated"] = calibrated
     for algo in algorithms(args.torchrec):
         params = {"n_trials": args.bayes_trials} if algo == "bayes" else {}
         if algo == "measured-greedy":
@@ -110,11 +117,11 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                      "a2a_bytes_per_device": a2a_bytes_per_device(p.plan, tables.batch_size),
                      "shards": len(p.plan.shards), "failed": "",
                      "calibration_s": p.plan.provenance.get("calibration_s", float("nan"))})
-        if calibrated is not None:
-            sim = plan_simulator(p.plan, tables, result.config["batch_size"], calibrated)
+        for label, other in others.items():
+            sim = plan_simulator(p.plan, tables, result.config["batch_size"], other)
             estimated = sim.evaluate_plan(p.plan).compute_ms[0]
-            rows[-1]["estimate_gmae_calibrated"] = estimate_gmae(estimated, p.compute_ms)
-            rows[-1]["estimate_spearman_calibrated"] = estimate_spearman(estimated, p.compute_ms)
+            rows[-1][f"estimate_gmae_{label}"] = estimate_gmae(estimated, p.compute_ms)
+            rows[-1][f"estimate_spearman_{label}"] = estimate_spearman(estimated, p.compute_ms)
     measured = {r["algorithm"]: r["max_compute_ms"] for r in rows if not r.get("failed")}
     best = min((measured[b] for b in baselines(args.torchrec) if b in measured), default=float("nan"))
     best_bytes = min((r["a2a_bytes_per_device"] for r in rows if r["algorithm"] in baselines(args.torchrec)
@@ -152,9 +159,10 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                         "a2a_MB_per_device": float(g["a2a_bytes_per_device"].mean() / 1e6),
                         "a2a_ratio": float(np.exp(np.log(g["a2a_ratio_to_best_baseline"]).mean())),
                         "no_plan": failed})
-            if g["estimate_gmae_calibrated"].notna().any():
-                out[-1].update(estimate_gmae_calibrated=float(g["estimate_gmae_calibrated"].mean()),
-                               estimate_spearman_calibrated=float(g["estimate_spearman_calibrated"].mean()))
+            for label in ("also", "calibrated"):
+                if f"estimate_gmae_{label}" in g and g[f"estimate_gmae_{label}"].notna().any():
+                    out[-1][f"estimate_gmae_{label}"] = float(g[f"estimate_gmae_{label}"].mean())
+                    out[-1][f"estimate_spearman_{label}"] = float(g[f"estimate_spearman_{label}"].mean())
     summary = pd.DataFrame(out)
     aa = df[df["algorithm"] == "A/A"]
     if len(aa):
@@ -198,6 +206,9 @@ def main() -> None:
     parser.add_argument("--bayes-trials", type=int, default=48)
     parser.add_argument("--cost-model", default=None, help="checkpoint (default: the shipped one)")
     parser.add_argument("--no-torchrec", dest="torchrec", action="store_false")
+    parser.add_argument("--also-model", default=None, metavar="MODEL.pt",
+                        help="also plan each task with NeuroShard against this checkpoint ('neuroshard@<name>'), "
+                             "and report every plan's estimate error under it (estimate_*_also)")
     parser.add_argument("--calibrate", action="store_true",
                         help="also calibrate the cost models on each task (neuroshard calibrate) and plan it with "
                              "NeuroShard against them ('neuroshard-calibrated'); errors of both models reported")
