@@ -100,7 +100,7 @@ def test_simulator_charges_local_compute_and_the_allreduce():
     np.testing.assert_allclose(with_dp.compute_ms, without.compute_ms + hot_alone / devices, rtol=1e-9)
     np.testing.assert_allclose(with_dp.fwd_comm_ms, without.fwd_comm_ms, rtol=1e-9)
     np.testing.assert_allclose(with_dp.bwd_comm_ms, without.bwd_comm_ms, rtol=1e-9)
-    one, per_peer, per_byte = models.comm.reduce_coef
+    one, per_peer, per_byte = models.comm.coefs[2]
     by_hand = one + per_peer * 3 + per_byte * 2 * 3 / 4 * (500 * 16 * 4)
     np.testing.assert_allclose(with_dp.allreduce_ms, by_hand, rtol=1e-9)
     assert allreduce_ms(Simulator(tables, 1, models), 1e6) == 0.0
@@ -143,3 +143,15 @@ def test_replicated_training_matches_unsharded(devices):
         assert np.abs(want - init_rows(t, 0, 0, t.num_embeddings).numpy()).max() > 1e-3  # training moved them
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     assert all("allreduce_ms" in r for rank in result.records for r in rank)
+
+
+def test_export_and_import_keep_replicated_tables():
+    from neuroshard.search.export import torchrec_sharding
+    from neuroshard.search.torchrec_import import plan_from_torchrec
+    plan = _plan(2)
+    doc = json.loads(json.dumps(torchrec_sharding(plan, compute_device="cpu")))
+    assert doc["tables"]["hot"] == {"sharding_type": "data_parallel", "compute_kernel": "dense", "ranks": [0, 1]}
+    assert doc["tables"]["t0"]["sharding_type"] == "row_wise"
+    back = plan_from_torchrec(doc, TableSet("dp", TABLES))
+    assert set(back.data_parallel_tables) == {"hot", "t1"} and set(back.shards) == set(plan.shards)
+    assert back.memory_used_bytes() == plan.memory_used_bytes()

@@ -44,8 +44,11 @@ def _plan(kind: str) -> Plan:
         "row_wise": [*_rows(a, [0, 1]), *_rows(b, [0, 1]), *_rows(c, [0, 1]), Shard("d", 0, 40, 0, 12, 1)],
         "grid": [*_rows(a, [0, 1], 0, 8), *_rows(a, [0, 1], 8, 8), *_rows(c, [0, 1], 0, 4),
                  *_rows(c, [0, 1], 4, 12), Shard("b", 0, 57, 0, 8, 1), *_rows(d, [0, 1])],
+        # b replicated on both ranks (TorchRec's data_parallel), the others sharded
+        "data_parallel": [Shard("a", 0, 101, 0, 16, 1), *_rows(c, [0, 1]), Shard("d", 0, 40, 0, 12, 0)],
     }[kind]
-    return Plan(list(TABLES), shards, WORLD, 10**6).validate()
+    replicated = ["b"] if kind == "data_parallel" else []
+    return Plan(list(TABLES), shards, WORLD, 10**6, data_parallel_tables=replicated).validate()
 
 
 def _exported(plan: Plan, local_world_size: int | None = None) -> dict:
@@ -114,6 +117,9 @@ def _compare(rank: int, tables: list[Table], doc: dict) -> dict:
             super().__init__()
             self.ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
 
+        def forward(self, kjt: KeyedJaggedTensor):
+            return self.ebc(kjt)
+
     model = Model()
     apply_optimizer_in_backward(torch.optim.SGD, model.ebc.parameters(), {"lr": LR})
     sizes = {t.name: (t.num_embeddings, t.embedding_dim) for t in tables}
@@ -121,18 +127,24 @@ def _compare(rank: int, tables: list[Table], doc: dict) -> dict:
     dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD),
                                    device=torch.device("cpu"), plan=plan,
                                    sharders=[EmbeddingBagCollectionSharder()])
+    def local_parts(value) -> list[tuple[int, int, torch.Tensor]]:
+        """(row offset, column offset, tensor) of this rank's shards; a data-parallel table's
+        state is its whole replica."""
+        if isinstance(value, torch.Tensor) and not hasattr(value, "local_shards"):
+            return [(0, 0, value)]
+        return [(*s.metadata.shard_offsets, s.tensor) for s in value.local_shards()]
+
     for key, value in dmp.state_dict().items():  # the reference's weights into the shards
         name = key.split("ebc.", 1)[1]
-        for shard in value.local_shards():
-            (r0, c0), (nr, nc) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-            shard.tensor.detach().copy_(full[name][r0:r0 + nr, c0:c0 + nc])
+        for r0, c0, part in local_parts(value):
+            part.detach().copy_(full[name][r0:r0 + part.shape[0], c0:c0 + part.shape[1]])
 
     def reference_pooled(kjt: KeyedJaggedTensor) -> torch.Tensor:
         result = reference(kjt).to_dict()
         return torch.cat([result[f] for f in features], dim=1)
 
     def sharded_pooled(kjt: KeyedJaggedTensor) -> torch.Tensor:
-        result = dmp.module.ebc(kjt)
+        result = dmp(kjt)  # through DMP's data-parallel wrapper (DDP), which all-reduces replicated tables
         result = (result.wait() if hasattr(result, "wait") else result).to_dict()
         return torch.cat([result[f] for f in features], dim=1)
 
@@ -141,6 +153,10 @@ def _compare(rank: int, tables: list[Table], doc: dict) -> dict:
     fwd = float((pooled - reference_pooled(kjt)).abs().max())
     # one step: TorchRec averages the gradients of both ranks' batches (as DDP does)
     (pooled * grad_weights(rank)).sum().backward()
+    # replicated tables keep their gradient (DDP averaged it) for the dense optimizer, as in TorchRec training
+    dense = [p for p in dmp.parameters() if p.grad is not None]
+    if dense:
+        torch.optim.SGD(dense, lr=LR).step()
     ref_opt = torch.optim.SGD(reference.parameters(), lr=LR)
     ref_opt.zero_grad()
     loss = sum((reference_pooled(batch(r, 0)) * grad_weights(r)).sum() for r in range(WORLD)) / WORLD
@@ -150,9 +166,8 @@ def _compare(rank: int, tables: list[Table], doc: dict) -> dict:
     for key, value in dmp.state_dict().items():
         name = key.split("ebc.", 1)[1]
         ref = reference.state_dict()[name]
-        for shard in value.local_shards():
-            (r0, c0), (nr, nc) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-            weights = max(weights, float((shard.tensor - ref[r0:r0 + nr, c0:c0 + nc]).abs().max()))
+        for r0, c0, part in local_parts(value):
+            weights = max(weights, float((part - ref[r0:r0 + part.shape[0], c0:c0 + part.shape[1]]).abs().max()))
     kjt = batch(rank, 1)
     with torch.no_grad():
         after = float((sharded_pooled(kjt) - reference_pooled(kjt)).abs().max())
@@ -216,31 +231,35 @@ def _searched_plans() -> list[Plan]:
 
 def _torchrec_made() -> tuple[list, dict]:
     """A plan TorchRec's sharding helpers make for 2 ranks, through `plan import` and export."""
-    from torchrec.distributed.sharding_plan import (column_wise, construct_module_sharding_plan, grid_shard,
-                                                    row_wise, table_row_wise, table_wise)
+    from torchrec.distributed.sharding_plan import (column_wise, construct_module_sharding_plan, data_parallel,
+                                                    grid_shard, row_wise, table_row_wise, table_wise)
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from neuroshard.search.torchrec_import import plan_from_torchrec
     tables = [Table("tw", 50, 8, 1.0), Table("cw", 41, 16, 1.0), Table("rw", 77, 8, 1.0), Table("twrw", 65, 12, 1.0),
-              Table("grid", 99, 256, 1.0)]
+              Table("grid", 99, 256, 1.0), Table("dp", 30, 8, 1.0)]
     ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim,
                                                             num_embeddings=t.num_embeddings,
                                                             feature_names=[f"f_{t.name}"]) for t in tables],
                                  device=torch.device("meta"))
     made = construct_module_sharding_plan(
         ebc, {"tw": table_wise(rank=1), "cw": column_wise(ranks=[1, 0]), "rw": row_wise(),
-              "twrw": table_row_wise(host_index=0), "grid": grid_shard(host_indexes=[0, 0])},
+              "twrw": table_row_wise(host_index=0), "grid": grid_shard(host_indexes=[0, 0]),
+              "dp": data_parallel()},
         local_size=WORLD, world_size=WORLD, device_type="cpu")
     plan = plan_from_torchrec(made, TableSet("made", tables))
+    assert plan.data_parallel_tables == ["dp"]
     return _spec(tables), _exported(plan)
 
 
 def test_exported_plans_run_exactly_in_torchrec():
-    """Table-, column-, row-wise, table-row-wise and grid plans, plans of our searches and a
-    TorchRec-made plan: the same numbers as the unsharded model, to float tolerance."""
+    """Table-, column-, row-wise, table-row-wise, grid and data-parallel plans, plans of our
+    searches and a TorchRec-made plan: the same numbers as the unsharded model, to float
+    tolerance."""
     spec = _spec(TABLES)
-    cases = {kind: (spec, _exported(_plan(kind))) for kind in ("table_wise", "column_wise", "row_wise", "grid")}
+    cases = {kind: (spec, _exported(_plan(kind)))
+             for kind in ("table_wise", "column_wise", "row_wise", "grid", "data_parallel")}
     cases["table_row_wise"] = (spec, _retyped(_exported(_plan("row_wise")), "table_row_wise"))
     seen = set()
     for i, plan in enumerate(_searched_plans()):

@@ -114,8 +114,13 @@ def test_bad_torchrec_plans_are_one_line_errors(tmp_path):
         {"shard_offsets": [50, 0], "shard_sizes": [50, 16], "placement": "rank:1/cpu"},
         {"shard_offsets": [100, 0], "shard_sizes": [0, 16], "placement": "rank:2/cpu"}]}}
     assert len(plan_from_torchrec(empty, tables, num_devices=3).shards) == 2  # TorchRec's empty last block
-    with pytest.raises(FormatError, match="replicated"):
-        plan_from_torchrec({"a": {"sharding_type": "data_parallel", "ranks": [0, 1], "sharding_spec": None}}, tables)
+    # TorchRec's data_parallel (revision 3): the plan's replicated table
+    replicated = plan_from_torchrec({"a": {"sharding_type": "data_parallel", "ranks": [0, 1], "sharding_spec": None}},
+                                    tables)
+    assert replicated.data_parallel_tables == ["a"] and replicated.num_devices == 2 and not replicated.shards
+    assert replicated.device_memory_bytes == 100 * 16 * 4  # the whole table on each rank
+    with pytest.raises(FormatError, match="table 'a' is data_parallel on ranks \\[1\\], not on all 2"):
+        plan_from_torchrec({"a": {"sharding_type": "data_parallel", "ranks": [1]}}, tables, num_devices=2)
     with pytest.raises(InvalidPlanError, match="not covered"):
         plan_from_torchrec({"a": {**good["a"], "sharding_spec": [{**good["a"]["sharding_spec"][0],
                                                                    "shard_sizes": [90, 16]}]}}, tables)

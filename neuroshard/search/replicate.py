@@ -10,8 +10,9 @@ all-reduce before the update. Per device, the simulator adds::
     allreduce = one + peers x (D - 1) + ms_per_byte x 2 (D - 1) / D x sum(rows x dim x 4)
 
 with the constants of the comm model's fitted row-wise reduction (``AnalyticCommModel``
-``reduce_coef``: a call, per peer, per byte; the analytic part of a neural comm model),
-the same on every device. Replication pays when a table is small and looked up a lot:
+``coefs[2]``: a call, per peer, per byte; the analytic part of a neural comm model),
+the same on every device; with a topology that states hosts, the ring's bytes over its
+slowest link (inter-host when there are several hosts) instead. Replication pays when a table is small and looked up a lot:
 its compute spreads evenly and its columns leave the all-to-all, for one all-reduce of
 a small table.
 
@@ -80,16 +81,23 @@ def replicated_bytes(sim: "Simulator", names: Sequence[str]) -> int:
 
 
 def allreduce_ms(sim: "Simulator", gradient_bytes: float) -> float:
-    """Ring all-reduce of ``gradient_bytes`` over the simulator's devices, in ms, from the
-    comm model's fitted reduction constants (call, per peer, per byte)."""
+    """Ring all-reduce of ``gradient_bytes`` over the simulator's devices, in ms: with a
+    topology that states hosts, the ring's bytes over its slowest link (the inter-host
+    bandwidth when there are several hosts); else the comm model's fitted reduction
+    constants (call, per peer, per byte)."""
     from ..costmodels.analytic import AnalyticCommModel
     devices = sim.num_devices
     if devices < 2 or gradient_bytes <= 0:
         return 0.0
+    ring_bytes = 2.0 * (devices - 1) / devices * gradient_bytes
+    topology = getattr(sim, "topology", None)
+    if topology is not None and topology.hosts_stated:
+        gbps = topology.inter_host_gbps if topology.num_hosts > 1 else topology.intra_host_gbps
+        return float(ring_bytes / (gbps * 1e6))  # GB/s = 1e6 bytes per ms
     model = sim.cost_models.comm
     analytic = model if isinstance(model, AnalyticCommModel) else getattr(model, "analytic", None)
-    one, per_peer, per_byte = (analytic.reduce_coef if analytic is not None else AnalyticCommModel.REDUCE_DEFAULTS)
-    return float(one + per_peer * (devices - 1) + per_byte * 2.0 * (devices - 1) / devices * gradient_bytes)
+    one, per_peer, per_byte = (analytic.coefs[2] if analytic is not None else AnalyticCommModel.REDUCE_DEFAULTS)
+    return float(one + per_peer * (devices - 1) + per_byte * ring_bytes)
 
 
 def replicated_costs_ms(sim: "Simulator") -> tuple[float, float]:
