@@ -154,6 +154,16 @@ BAD_PLANS: dict[str, tuple[bytes | str | dict, str]] = {
     "estimate_max": (_plan_dict(estimate={"max_device_cost_ms": "fast"}), "estimate.max_device_cost_ms"),
     "estimate_per": (_plan_dict(estimate={"per_device_cost_ms": ["a", 1]}), "estimate.per_device_cost_ms"),
     "provenance": (_plan_dict(provenance="me"), "field 'provenance'"),
+    "comm_precision": (_plan_dict(comm_precision="fp8"), "field 'comm_precision'"),
+    "comm_precision_number": (_plan_dict(comm_precision=16), "field 'comm_precision'"),
+    "dp_str": (_plan_dict(data_parallel_tables="t0"), "field 'data_parallel_tables'"),
+    "dp_numbers": (_plan_dict(data_parallel_tables=[0]), "field 'data_parallel_tables'"),
+}
+# well-formed plans that are invalid: data-parallel tables unknown, or both replicated and sharded
+_DP_SHARDED = _plan_dict(data_parallel_tables=[tables_dict()["tables"][0]["name"]])
+INVALID_PLANS: dict[str, tuple[dict, str]] = {
+    "dp_unknown": (_plan_dict(data_parallel_tables=["nope"]), "data-parallel table 'nope' is not among"),
+    "dp_sharded": (_DP_SHARDED, f"table '{_DP_SHARDED['tables'][0]['name']}' is data-parallel"),
 }
 
 
@@ -179,6 +189,8 @@ def files(tmp_path_factory) -> Path:
         _write(root / f"bad-{name}.json", content)
     for name, (content, _) in BAD_PLANS.items():
         _write(root / f"badplan-{name}.json", content)
+    for name, (content, _) in INVALID_PLANS.items():
+        _write(root / f"invalid-{name}.json", content)
     # A table whose recorded indices file is missing: named with its tables file and table.
     _write(root / "bad-indices-missing.json", _table(access={"indices": "nowhere.pt"}))
     (root / "dir").mkdir()
@@ -240,6 +252,9 @@ for _name in ("utf16", "latin1", "pf_1e5"):
                                      "--test", _f("te.json")], 2, BAD_TABLES[_name][1]))
 for _name, (_, _text) in BAD_PLANS.items():
     CASES.append((f"validate-{_name}", ["plan", "validate", _f(f"badplan-{_name}.json")], 2, _text))
+for _name, (_, _text) in INVALID_PLANS.items():
+    CASES.append((f"export-{_name}", ["export", _f(f"invalid-{_name}.json"), "-o", _f("ex.json")], 2, _text))
+    CASES.append((f"train-plan-{_name}", ["train", "--plan", _f(f"invalid-{_name}.json"), "--tables", T], 2, _text))
 for _name in ("utf16", "deep", "devices_huge", "estimate_max"):
     CASES.append((f"show-{_name}", ["plan", "show", _f(f"badplan-{_name}.json")], 2, f"badplan-{_name}.json"))
     CASES.append((f"train-plan-{_name}", ["train", "--plan", _f(f"badplan-{_name}.json"), "--tables", T], 2,
@@ -272,6 +287,12 @@ CASES += [
     ("search-bpe-0", [*SEARCH, "--bytes-per-element", "0", *OUT], 2, "--bytes-per-element"),
     ("search-bpe-huge", [*SEARCH, "--bytes-per-element", "4096", *OUT], 2, "--bytes-per-element"),
     ("search-algorithm", [*SEARCH, "-a", "magic", *OUT], 2, "--algorithm"),
+    ("search-comm-precision", [*SEARCH, "--comm-precision", "fp8", *OUT], 2, "--comm-precision"),
+    ("search-data-parallel", [*SEARCH, "--data-parallel", "sometimes", *OUT], 2, "--data-parallel"),
+    ("collect-weights-precision-int8", [*COLLECT, "--weights-precision", "int8"], 2, "int8 cannot be trained"),
+    ("collect-weights-precision-word", [*COLLECT, "--weights-precision", "half"], 2, "--weights-precision"),
+    ("calibrate-weights-precision-int8", ["calibrate", T, "-o", _f("cal.pt"), "--weights-precision", "int8"], 2,
+     "int8 cannot be trained"),
     ("search-param-form", [*SEARCH, "--param", "beam_width", *OUT], 2, "KEY=VALUE"),
     ("search-param-key", [*SEARCH, "--param", "=3", *OUT], 2, "KEY=VALUE"),
     ("search-param-unknown", [*SEARCH, "--param", "beam=3", *OUT], 2, "unknown parameter"),
@@ -469,7 +490,11 @@ API_CASES = [
     ("memory-bool", dict(memory=True), "memory"),
     ("memory-list", dict(memory=[1]), "memory"),
     ("algorithm", dict(algorithm="magic"), "algorithm"),
+    ("comm-precision", dict(comm_precision="fp8"), "comm_precision"),
+    ("comm-precision-none", dict(comm_precision=None), "comm_precision"),
     ("algorithm-none", dict(algorithm=None), "algorithm"),
+    ("data-parallel", dict(data_parallel="sometimes"), "data_parallel must be one of never, auto"),
+    ("data-parallel-bool", dict(data_parallel=True), "data_parallel"),
     ("row-splits-str", dict(row_splits="False"), "row_splits"),
     ("beam-bool", dict(beam_width=True), "beam_width"),
     ("cap-str", dict(max_cap_factor="x"), "max_cap_factor"),
