@@ -155,3 +155,25 @@ def test_export_and_import_keep_replicated_tables():
     back = plan_from_torchrec(doc, TableSet("dp", TABLES))
     assert set(back.data_parallel_tables) == {"hot", "t1"} and set(back.shards) == set(plan.shards)
     assert back.memory_used_bytes() == plan.memory_used_bytes()
+
+
+def _constrained(kinds: list[str]) -> TableSet:
+    """The task with the hot table's ``constraints.sharding_types`` set (the tables file's
+    per-table constraints, read through the attribute the search reads)."""
+    tables = _tables()
+    object.__setattr__(tables[0], "constraints", {"sharding_types": kinds})
+    return tables
+
+
+def test_constraints_decide_whether_a_table_may_or_must_be_replicated():
+    from neuroshard.errors import NeuroShardError
+    models = analytic_cost_models()
+    kept = shard(_constrained(["table_wise", "column_wise"]), devices=4, memory="256MiB", cost_models=models,
+                 data_parallel="auto")
+    assert kept.data_parallel_tables == [] and kept.shards_of("hot")
+    forced = shard(_constrained(["data_parallel"]), devices=4, memory="256MiB", cost_models=models,
+                   data_parallel="auto")
+    assert forced.data_parallel_tables == ["hot"] and "sharded" not in forced.provenance["data_parallel"][
+        "simulated_cost_ms"]
+    with pytest.raises(NeuroShardError, match="table 'hot' allows only data_parallel sharding"):
+        shard(_constrained(["data_parallel"]), devices=4, memory="256MiB", cost_models=models)
