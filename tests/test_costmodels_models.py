@@ -104,7 +104,7 @@ def test_analytic_compute_fit_beats_its_defaults(compute_data):
     model = AnalyticComputeModel(batch_size=1024)
     before = gmae(model.predict(compute_data.sets), compute_data.costs_ms)
     after = gmae(model.fit(compute_data.sets, compute_data.costs_ms).predict(compute_data.sets), compute_data.costs_ms)
-    assert after < before and (model.coef >= 0).all()
+    assert after < before and (model.coef_ >= 0).all()
 
 
 def test_analytic_comm_defaults_follow_bytes_and_waiting():

@@ -39,6 +39,14 @@ _LOG_REUSE = FEATURE_NAMES.index("log2_mean_reuse")
 DEFAULT_BATCH_SIZE = 4096  # the CPU measurement default (measure.kernel.DEFAULT_CPU_BATCH_SIZE)
 
 
+def _constants(values, count: int, name: str) -> np.ndarray:
+    """Stored constants as an array, checked for their count."""
+    coef = np.asarray(values, dtype=np.float64)
+    if coef.shape != (count,):
+        raise ValueError(f"'{name}' must hold {count} numbers, got shape {coef.shape}")
+    return coef
+
+
 def _fit_relative_nnls(design: np.ndarray, target: np.ndarray) -> np.ndarray:
     """Non-negative constants minimising the squared *relative* error of design @ c vs target."""
     target = np.asarray(target, dtype=np.float64)
@@ -51,7 +59,8 @@ def _fit_relative_nnls(design: np.ndarray, target: np.ndarray) -> np.ndarray:
 
 
 class AnalyticComputeModel(ComputeCostModel):
-    """Bytes over bandwidth plus overheads (TorchRec-style), constants fitted by NNLS."""
+    """Bytes over bandwidth plus overheads (TorchRec-style), constants fitted by NNLS
+    (``coef_``; unfitted, it predicts with ``DEFAULTS``)."""
 
     name = "analytic"
     TERMS = ("kernel_ms", "per_table_ms", "lookup_ms_per_byte", "output_ms_per_byte",
@@ -60,10 +69,17 @@ class AnalyticComputeModel(ComputeCostModel):
     DEFAULTS = (0.05, 0.01, 5e-7, 1.2e-7, 3e-7, 5e-7)
 
     def __init__(self, batch_size: int = DEFAULT_BATCH_SIZE, cache_bytes: float = 2**23):
-        self.batch_size = int(batch_size)
-        self.cache_bytes = float(cache_bytes)
-        self.coef = np.array(self.DEFAULTS, dtype=np.float64)
-        self.fitted = False
+        self.batch_size = batch_size
+        self.cache_bytes = cache_bytes
+
+    @property
+    def fitted(self) -> bool:
+        return hasattr(self, "coef_")
+
+    @property
+    def coef(self) -> np.ndarray:
+        """The fitted constants, or the defaults before ``fit``."""
+        return self.coef_ if self.fitted else np.array(self.DEFAULTS, dtype=np.float64)
 
     def design(self, sets: Sequence[np.ndarray]) -> np.ndarray:
         """(num_sets, len(TERMS)) physical quantities each constant multiplies."""
@@ -72,30 +88,31 @@ class AnalyticComputeModel(ComputeCostModel):
         dim, pool = shards[:, _DIM].astype(np.float64), shards[:, _POOL].astype(np.float64)
         lookup_bytes = b * pool * dim * 4.0
         distinct_bytes = lookup_bytes / np.exp2(shards[:, _LOG_REUSE].astype(np.float64))
-        cold = (np.exp2(shards[:, _LOG_SIZE].astype(np.float64)) > self.cache_bytes).astype(np.float64)
+        cold = (np.exp2(shards[:, _LOG_SIZE].astype(np.float64)) > float(self.cache_bytes)).astype(np.float64)
         per_shard = np.stack([np.ones_like(dim), lookup_bytes, b * dim * 4.0, distinct_bytes, distinct_bytes * cold], 1)
         sums = set_sums(per_shard, index, num_sets)
         nonempty = (sums[:, 0] > 0).astype(np.float64)
         return np.column_stack([nonempty, sums])
 
     def fit(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray) -> "AnalyticComputeModel":
-        self.coef = _fit_relative_nnls(self.design(sets), costs_ms)
-        self.fitted = True
+        self.coef_ = _fit_relative_nnls(self.design(sets), costs_ms)
         log.info("analytic compute constants: %s", dict(zip(self.TERMS, self.coef.round(12))))
         return self
 
     def predict(self, sets: Sequence[np.ndarray]) -> np.ndarray:
         return self.design(sets) @ self.coef
 
-    def state_dict(self) -> dict:
-        return {"batch_size": self.batch_size, "cache_bytes": self.cache_bytes,
-                "coef": [float(c) for c in self.coef], "fitted": self.fitted}
+    def fitted_state(self) -> dict:
+        return {"coef": self.coef_.tolist()} if self.fitted else {}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.batch_size = int(state["batch_size"])
-        self.cache_bytes = float(state["cache_bytes"])
-        self.coef = np.asarray(state["coef"], dtype=np.float64)
-        self.fitted = bool(state["fitted"])
+    def load_fitted_state(self, state: dict) -> None:
+        if "coef" in state:
+            self.coef_ = _constants(state["coef"], len(self.TERMS), "coef")
+
+    @classmethod
+    def upgrade_v1(cls, state: dict) -> dict:
+        return {"hparams": {"batch_size": state["batch_size"], "cache_bytes": state["cache_bytes"]},
+                **({"coef": state["coef"]} if state["fitted"] else {})}
 
 
 #: the last axis of ``comm_terms``, by name
@@ -141,11 +158,18 @@ class AnalyticCommModel(CommCostModel):
     REDUCE_DEFAULTS = (0.05, 0.03, 1e-6)
 
     def __init__(self, batch_size: int = DEFAULT_BATCH_SIZE):
-        self.batch_size = int(batch_size)
-        self.fwd_coef = np.array(self.FWD_DEFAULTS)
-        self.bwd_coef = np.array(self.BWD_DEFAULTS)
-        self.reduce_coef = np.array(self.REDUCE_DEFAULTS)
-        self.fitted = False
+        self.batch_size = batch_size
+
+    @property
+    def fitted(self) -> bool:
+        return hasattr(self, "fwd_coef_")
+
+    @property
+    def coefs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(forward, backward, reduce) constants: fitted, or the defaults before ``fit``."""
+        if self.fitted:
+            return self.fwd_coef_, self.bwd_coef_, self.reduce_coef_
+        return np.array(self.FWD_DEFAULTS), np.array(self.BWD_DEFAULTS), np.array(self.REDUCE_DEFAULTS)
 
     def fit(self, samples: CommSamples | Sequence[CommSamples]) -> "AnalyticCommModel":
         groups = as_comm_groups(samples)
@@ -153,33 +177,37 @@ class AnalyticCommModel(CommCostModel):
                                                 wait_ms(g.skews_ms)[..., None]], -1).reshape(-1, 6) for g in groups])
         bwd_x = np.concatenate([comm_terms(g.widths, self.batch_size).reshape(-1, 5) for g in groups])
         reducing = [g.reducing() for g in groups if (g.reduce_width > 0).any()]
-        self.fwd_coef = _fit_relative_nnls(fwd_x, np.concatenate([g.fwd_ms.ravel() for g in groups]))
-        self.bwd_coef = _fit_relative_nnls(bwd_x, np.concatenate([g.bwd_ms.ravel() for g in groups]))
-        if reducing:  # else keep the default reduction constants
+        self.fwd_coef_ = _fit_relative_nnls(fwd_x, np.concatenate([g.fwd_ms.ravel() for g in groups]))
+        self.bwd_coef_ = _fit_relative_nnls(bwd_x, np.concatenate([g.bwd_ms.ravel() for g in groups]))
+        self.reduce_coef_ = np.array(self.REDUCE_DEFAULTS)  # kept where no reduction was measured
+        if reducing:
             red_x = np.concatenate([reduce_terms(g.reduce_width, g.num_devices, self.batch_size) for g in reducing])
-            self.reduce_coef = _fit_relative_nnls(red_x, np.concatenate([g.reduce_ms_per_sample for g in reducing]))
-        self.fitted = True
-        log.info("analytic comm constants: fwd %s bwd %s reduce %s", self.fwd_coef, self.bwd_coef, self.reduce_coef)
+            self.reduce_coef_ = _fit_relative_nnls(red_x, np.concatenate([g.reduce_ms_per_sample for g in reducing]))
+        log.info("analytic comm constants: fwd %s bwd %s reduce %s", *self.coefs)
         return self
 
     def predict_forward(self, widths: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
-        return comm_terms(widths, self.batch_size) @ self.fwd_coef[:5] + self.fwd_coef[5] * wait_ms(skews_ms)
+        fwd = self.coefs[0]
+        return comm_terms(widths, self.batch_size) @ fwd[:5] + fwd[5] * wait_ms(skews_ms)
 
     def predict_backward(self, widths: np.ndarray) -> np.ndarray:
-        return comm_terms(widths, self.batch_size) @ self.bwd_coef
+        return comm_terms(widths, self.batch_size) @ self.coefs[1]
 
     def predict_reduce(self, reduce_width: np.ndarray, num_devices: int) -> np.ndarray:
         reduce_width = np.asarray(reduce_width, dtype=np.float64)
-        return (reduce_terms(reduce_width, num_devices, self.batch_size) @ self.reduce_coef) * (reduce_width > 0)
+        return (reduce_terms(reduce_width, num_devices, self.batch_size) @ self.coefs[2]) * (reduce_width > 0)
 
-    def state_dict(self) -> dict:
-        return {"batch_size": self.batch_size, "fwd_coef": [float(c) for c in self.fwd_coef],
-                "bwd_coef": [float(c) for c in self.bwd_coef], "reduce_coef": [float(c) for c in self.reduce_coef],
-                "fitted": self.fitted}
+    _COEFS = (("fwd_coef", FWD_DEFAULTS), ("bwd_coef", BWD_DEFAULTS), ("reduce_coef", REDUCE_DEFAULTS))
 
-    def load_state_dict(self, state: dict) -> None:
-        self.batch_size = int(state["batch_size"])
-        self.fwd_coef = np.asarray(state["fwd_coef"], dtype=np.float64)
-        self.bwd_coef = np.asarray(state["bwd_coef"], dtype=np.float64)
-        self.reduce_coef = np.asarray(state["reduce_coef"], dtype=np.float64)
-        self.fitted = bool(state["fitted"])
+    def fitted_state(self) -> dict:
+        return {name: getattr(self, name + "_").tolist() for name, _ in self._COEFS} if self.fitted else {}
+
+    def load_fitted_state(self, state: dict) -> None:
+        if "fwd_coef" in state:
+            for name, defaults in self._COEFS:
+                setattr(self, name + "_", _constants(state[name], len(defaults), name))
+
+    @classmethod
+    def upgrade_v1(cls, state: dict) -> dict:
+        fitted = {name: state[name] for name, _ in cls._COEFS} if state["fitted"] else {}
+        return {"hparams": {"batch_size": state["batch_size"]}, **fitted}

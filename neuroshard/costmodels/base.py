@@ -1,7 +1,10 @@
 """The interface every cost model follows, and the bundle search uses.
 
-Every model has the same verbs (scikit-learn style): ``fit``, ``predict``,
-``evaluate`` (see ``metrics``), ``save``/``load`` through ``CostModels``.
+Every model is a scikit-learn estimator (``CostModel``): hyper-parameters are the
+constructor's arguments (``get_params``, ``sklearn.base.clone``), ``fit`` sets the
+fitted state (attributes ending in ``_``), and the verbs are the same for all:
+``fit``, ``predict``, ``evaluate`` (see ``metrics``), ``save``/``load`` through
+``CostModels``.
 
 * A **compute** model maps a *set* of shards run as one fused kernel on one device
   to its forward+backward time in ms. Input: a list of feature arrays, one
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
+from sklearn.base import BaseEstimator
 
 from ..errors import NeuroShardError
 
@@ -126,7 +130,44 @@ def as_comm_groups(samples: "CommSamples | Sequence[CommSamples]") -> list[CommS
 
 
 # ------------------------------------------------------------------ interfaces
-class ComputeCostModel(ABC):
+class CostModel(BaseEstimator):
+    """What every cost model shares. ``state_dict`` is plain data a checkpoint holds
+    (tensors, numbers, strings, lists, dicts): ``{"hparams": get_params(), **fitted state}``;
+    ``from_state_dict`` builds the model from it through its constructor."""
+
+    def fitted_state(self) -> dict:
+        """The fitted state as plain data (empty when not fitted)."""
+        return {}
+
+    def load_fitted_state(self, state: dict) -> None:
+        """Set the fitted state from ``fitted_state``'s dict."""
+
+    @classmethod
+    def upgrade_v1(cls, state: dict) -> dict:
+        """A state written by checkpoint format v1, in this version's layout."""
+        return state
+
+    @property
+    def hparams(self) -> dict:
+        """The hyper-parameters (``get_params()``)."""
+        return self.get_params(deep=False)
+
+    def state_dict(self) -> dict:
+        return {"hparams": self.hparams, **self.fitted_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.set_params(**state["hparams"])
+        self.load_fitted_state(state)
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> "CostModel":
+        """The model ``state_dict`` describes, built by its constructor."""
+        model = cls(**state["hparams"])
+        model.load_state_dict(state)
+        return model
+
+
+class ComputeCostModel(CostModel, ABC):
     """Shard set -> fused forward+backward kernel time (ms)."""
 
     name = "compute"
@@ -144,14 +185,8 @@ class ComputeCostModel(ABC):
         from .metrics import cost_metrics
         return cost_metrics(self.predict(sets), np.asarray(costs_ms), **kwargs)
 
-    def state_dict(self) -> dict:
-        return {}
 
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-
-class CommCostModel(ABC):
+class CommCostModel(CostModel, ABC):
     """Per-device all-to-all widths -> per-device communication times (ms), any device count."""
 
     name = "comm"
@@ -177,12 +212,6 @@ class CommCostModel(ABC):
         """Metrics per direction (``fwd``, ``bwd``, ``reduce``) over all devices of all samples."""
         from .metrics import comm_metrics
         return comm_metrics(self, as_comm_groups(samples), **kwargs)
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
 
 
 class CommAtDevices:

@@ -1,10 +1,14 @@
 """One checkpoint file per ``CostModels`` bundle: ``torch.save`` of a plain dict.
 
 The dict holds the feature schema (``FEATURE_SCHEMA_VERSION``, ``FEATURE_NAMES``),
-each model's class name and state (weights, normalisation, hyper-parameters), the
-hardware fingerprint of the measurements (``meta.json``), the batch size, a summary
-of the training data and the held-out metrics. It loads with
-``torch.load(weights_only=True)``: only tensors, numbers, strings, lists and dicts.
+each model's class name and ``state_dict`` (``hparams``: the constructor's arguments;
+then the fitted state: weights with their normalisation buffers, fitted constants,
+trees as arrays), the hardware fingerprint of the measurements (``meta.json``), the
+batch size, a summary of the training data and the held-out metrics. It loads with
+``torch.load(weights_only=True)``: only tensors, numbers, strings, lists and dicts;
+a model is built by its constructor from ``hparams``, then given its fitted state.
+Format v1 files (normalisation as loose fields, trees pickled) read through each
+class's ``upgrade_v1``; v1 tree models are refused (a pickle is code, not data).
 """
 from __future__ import annotations
 
@@ -25,7 +29,9 @@ from .features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT = "neuroshard.costmodels/v1"
+CHECKPOINT_FORMAT = "neuroshard.costmodels/v2"
+#: the older format still read (each model's state upgraded by its class)
+CHECKPOINT_FORMAT_V1 = "neuroshard.costmodels/v1"
 #: class name -> module holding it (imported only when a checkpoint needs it)
 MODEL_CLASSES = {
     "AnalyticComputeModel": "neuroshard.costmodels.analytic",
@@ -60,7 +66,7 @@ def model_entry(model: ComputeCostModel | CommCostModel) -> dict:
     return {"class": name, "state": model.state_dict()}
 
 
-def model_from_entry(entry: dict, where: str) -> Any:
+def model_from_entry(entry: dict, where: str, fmt: str = CHECKPOINT_FORMAT) -> Any:
     if not isinstance(entry, dict):
         raise NeuroShardError(f"{where}: a model entry must be a dict with 'class' and 'state'")
     name = entry.get("class")
@@ -69,9 +75,11 @@ def model_from_entry(entry: dict, where: str) -> Any:
     if not isinstance(entry.get("state"), dict):
         raise NeuroShardError(f"{where}: {name}: field 'state' must be a dict")
     cls = getattr(importlib.import_module(MODEL_CLASSES[name]), name)
-    model = cls.__new__(cls)
     try:
-        model.load_state_dict(entry["state"])
+        state = cls.upgrade_v1(entry["state"]) if fmt == CHECKPOINT_FORMAT_V1 else entry["state"]
+        if not isinstance(state.get("hparams"), dict):
+            raise KeyError("hparams")
+        model = cls.from_state_dict(state)
     except KeyError as exc:
         raise NeuroShardError(f"{where}: {name}: field 'state.{exc.args[0]}' is missing") from None
     except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:
@@ -110,7 +118,7 @@ def read_checkpoint(path: str | Path) -> dict:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many kinds for a file that is not a checkpoint
         raise NeuroShardError(f"{path}: not a cost-model checkpoint ({type(exc).__name__})") from None
-    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+    if not isinstance(payload, dict) or payload.get("format") not in (CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_V1):
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise NeuroShardError(f"{path}: format is {found!r}; this version of neuroshard reads {CHECKPOINT_FORMAT!r}")
     version = payload.get("feature_schema_version")
@@ -142,8 +150,9 @@ def read_checkpoint(path: str | Path) -> dict:
 def load_cost_models_file(path: str | Path) -> CostModels:
     """Read a checkpoint written by ``save_cost_models``."""
     payload = read_checkpoint(path)
-    return CostModels(compute=model_from_entry(payload["compute"], str(path)),
-                      comm=model_from_entry(payload["comm"], str(path)),
+    fmt = payload["format"]
+    return CostModels(compute=model_from_entry(payload["compute"], str(path), fmt),
+                      comm=model_from_entry(payload["comm"], str(path), fmt),
                       batch_size=int(payload["batch_size"]), hardware=payload.get("hardware", {}),
                       name=payload.get("name", Path(path).stem), metrics=payload.get("metrics", {}),
                       data_summary=payload.get("data_summary", {}), path=Path(path))

@@ -116,99 +116,180 @@ def pad_sets(sets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return padded, mask
 
 
-class SetNet(nn.Module):
-    """Per-shard encoder MLP, masked sum over the set, predictor MLP -> one number per set.
-    ``num_set_inputs`` per-set numbers (the analytic prior) join the pooled encoding."""
+class Standardise(nn.Module):
+    """``(z - mean) / std`` on the last axis, clipped to ``[lo, hi]``: the range seen in training,
+    in standard units. The statistics are buffers, so they are saved with the network."""
 
-    def __init__(self, num_inputs: int, hidden: int, depth: int, num_set_inputs: int = 0):
+    def __init__(self, num_inputs: int, dtype: torch.dtype):
         super().__init__()
-        self.encoder = mlp(num_inputs, hidden, depth)
-        self.predictor = mlp(hidden + num_set_inputs, hidden, max(depth - 1, 1), 1)
+        for name in ("mean", "std", "lo", "hi"):
+            self.register_buffer(name, torch.zeros(num_inputs, dtype=dtype))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, set_inputs: torch.Tensor) -> torch.Tensor:
+    def fit(self, z: np.ndarray) -> "Standardise":
+        """Statistics and range of the rows of ``z``."""
+        mean, std = z.mean(0), z.std(0) + 1e-6
+        self._set(mean=mean, std=std, lo=(z.min(0) - mean) / std, hi=(z.max(0) - mean) / std)
+        return self
+
+    def widen(self, z: np.ndarray) -> None:
+        """Widen the range to cover the rows of ``z`` too (the statistics stay)."""
+        scaled = (z - self.mean.numpy()) / self.std.numpy()
+        self._set(lo=np.minimum(self.lo.numpy(), scaled.min(0)), hi=np.maximum(self.hi.numpy(), scaled.max(0)))
+
+    def _set(self, **values: np.ndarray) -> None:
+        for name, value in values.items():
+            getattr(self, name).copy_(torch.as_tensor(np.asarray(value)))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.clamp((z - self.mean) / self.std, self.lo, self.hi)
+
+
+def _standardise_v1(mean, std, lo, hi, dtype: torch.dtype) -> dict:
+    """``Standardise`` buffers from a v1 checkpoint's mean, std and range (``lo``/``hi`` given in standard units)."""
+    return {name: torch.as_tensor(np.asarray(value, dtype=np.float64).reshape(-1)).to(dtype)
+            for name, value in (("mean", mean), ("std", std), ("lo", lo), ("hi", hi))}
+
+
+#: the residual's statistics kept by ``SetNet`` (mean and std; range in log ms) before fitting
+RESIDUAL_DEFAULTS = {"residual_mean": 0.0, "residual_std": 1.0, "residual_lo": -np.inf, "residual_hi": np.inf}
+
+
+class SetNet(nn.Module):
+    """Per-shard inputs, standardised -> encoder MLP -> masked sum over the set -> predictor MLP
+    (beside the pooled encoding: the standardised log analytic ms, with a prior) -> the log of
+    measured / analytic ms, clipped to the range seen in training. Normalisation is buffers."""
+
+    def __init__(self, hidden: int, depth: int, prior: bool):
+        super().__init__()
+        self.shards = Standardise(NUM_INPUTS, torch.float32)
+        self.prior = Standardise(1, torch.float64) if prior else None
+        self.encoder = mlp(NUM_INPUTS, hidden, depth)
+        self.predictor = mlp(hidden + int(prior), hidden, max(depth - 1, 1), 1)
+        for name, value in RESIDUAL_DEFAULTS.items():
+            self.register_buffer(name, torch.tensor(value, dtype=torch.float64))
+
+    def fit_residual(self, residual: np.ndarray) -> np.ndarray:
+        """Set the residual's statistics and range from training sets; their standardised residual."""
+        stats = {"residual_mean": residual.mean(), "residual_std": residual.std() + 1e-6,
+                 "residual_lo": residual.min(), "residual_hi": residual.max()}
+        for name, value in stats.items():
+            getattr(self, name).fill_(float(value))
+        return self.standardise_residual(residual)
+
+    def widen_residual(self, residual: np.ndarray) -> np.ndarray:
+        """Widen the residual's range to cover ``residual``; its standardised values."""
+        self.residual_lo.fill_(min(float(self.residual_lo), float(residual.min())))
+        self.residual_hi.fill_(max(float(self.residual_hi), float(residual.max())))
+        return self.standardise_residual(residual)
+
+    def standardise_residual(self, residual: np.ndarray) -> np.ndarray:
+        return (residual - float(self.residual_mean)) / float(self.residual_std)
+
+    def inputs(self, padded: torch.Tensor, mask: torch.Tensor, log_prior: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(standardised shard inputs, zero where masked; per-set inputs)."""
+        x = self.shards(padded) * mask.unsqueeze(-1)
+        if self.prior is None:
+            return x, x.new_zeros((len(log_prior), 0))
+        return x, self.prior(log_prior.unsqueeze(-1)).float()
+
+    def score(self, x: torch.Tensor, mask: torch.Tensor, set_inputs: torch.Tensor) -> torch.Tensor:
+        """The standardised residual of each set from standardised inputs (what training fits)."""
         pooled = (self.encoder(x) * mask.unsqueeze(-1)).sum(dim=1)
         return self.predictor(torch.cat([pooled, set_inputs], dim=1)).squeeze(-1)
+
+    def forward(self, padded: torch.Tensor, mask: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
+        """log(measured / analytic ms) of each padded set (float64)."""
+        x, set_inputs = self.inputs(padded, mask, log_prior)
+        residual = self.score(x, mask, set_inputs).double() * self.residual_std + self.residual_mean
+        return torch.clamp(residual, self.residual_lo, self.residual_hi)
 
 
 class NeuralComputeModel(ComputeCostModel):
     """Shard set -> fused forward+backward ms, a set network trained on log ms.
 
     With ``prior=True`` (the default) the network learns the log of measured / analytic
-    ms (an ``AnalyticComputeModel`` fitted on the same data), and sees the log analytic ms
-    beside the pooled encoding: the physics carries the scale, the network what it misses."""
+    ms (an ``AnalyticComputeModel`` fitted on the same data, ``prior_``), and sees the log
+    analytic ms beside the pooled encoding: the physics carries the scale, the network what
+    it misses. Fitted state: ``net_`` (a ``SetNet``, normalisation included), ``prior_``,
+    ``val_loss_``."""
 
     name = "neural"
 
     def __init__(self, hidden: int = 128, depth: int = 3, lr: float = 2e-3, weight_decay: float = 1e-4,
                  epochs: int = 400, batch_size: int = 64, patience: int = 60, val_fraction: float = 0.15,
                  prior: bool = True, seed: int = 0):
-        self.hparams = dict(hidden=hidden, depth=depth, lr=lr, weight_decay=weight_decay, epochs=epochs,
-                            batch_size=batch_size, patience=patience, val_fraction=val_fraction, prior=prior,
-                            seed=seed)
-        self.prior: AnalyticComputeModel | None = None
-        self.net: SetNet | None = None
-        self.x_mean = self.x_std = None
-        self.y_mean, self.y_std = 0.0, 1.0
-        self.val_loss = float("nan")
+        self.hidden = hidden
+        self.depth = depth
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.patience = patience
+        self.val_fraction = val_fraction
+        self.prior = prior
+        self.seed = seed
 
-    def _inputs(self, sets: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray]:
-        """Network inputs of sets: (shard inputs, mask, per-set inputs, log prior ms added to the output)."""
+    def _check(self) -> None:
+        if getattr(self, "net_", None) is None:
+            raise NeuroShardError("the neural compute model is not trained; call fit or load a checkpoint")
+
+    def _inputs(self, sets: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(padded shard inputs, mask, log of the analytic prior's ms or zeros) of sets."""
         padded, mask = pad_sets(sets)
-        # Clipped to the range seen in training: a set model must not extrapolate wildly on
-        # shards unlike any it was trained on (the analytic prior carries those).
-        x = np.clip((padded - self.x_mean) / self.x_std, self.x_lo, self.x_hi) * mask[..., None]
-        if self.prior is None:
-            base = np.zeros(len(sets))
-            set_inputs = np.zeros((len(sets), 0))
-        else:
-            base = np.log(np.maximum(self.prior.predict(sets), 1e-6))
-            set_inputs = np.clip((base - self.prior_mean) / self.prior_std, *self.prior_range)[:, None]
-        return (torch.from_numpy(x.astype(np.float32)), torch.from_numpy(mask),
-                torch.from_numpy(set_inputs.astype(np.float32)), base)
+        log_prior = np.zeros(len(sets)) if self.prior_ is None else np.log(np.maximum(self.prior_.predict(sets), 1e-6))
+        return torch.from_numpy(padded), torch.from_numpy(mask), torch.from_numpy(log_prior)
+
+    def _training_data(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray, fit: bool
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(standardised inputs, mask, per-set inputs, standardised residual target) of measured sets;
+        ``fit`` sets the residual's statistics from them, else widens its range to them."""
+        padded, mask, log_prior = self._inputs(sets)
+        residual = np.log(np.asarray(costs_ms, dtype=np.float64)) - log_prior.numpy()
+        target = self.net_.fit_residual(residual) if fit else self.net_.widen_residual(residual)
+        with torch.no_grad():
+            x, set_inputs = self.net_.inputs(padded, mask, log_prior)
+        return x, mask, set_inputs, torch.from_numpy(target.astype(np.float32))
+
+    def _train(self, sets, costs_ms, val_sets, val_costs_ms, fit: bool, epochs: int, batch_size: int, lr: float,
+               patience: int, desc: str) -> None:
+        x, m, s, target = self._training_data(sets, costs_ms, fit)
+        vpadded, vm, vlog_prior = self._inputs(val_sets)
+        with torch.no_grad():
+            vx, vs = self.net_.inputs(vpadded, vm, vlog_prior)
+        vy = torch.from_numpy((np.log(np.asarray(val_costs_ms, dtype=np.float64)) - vlog_prior.numpy()).astype(np.float32))
+        y_mean, y_std = float(self.net_.residual_mean), float(self.net_.residual_std)
+
+        def loss_of(net: SetNet, rows: np.ndarray) -> torch.Tensor:
+            r = torch.from_numpy(rows)
+            return nn.functional.smooth_l1_loss(net.score(x[r], m[r], s[r]), target[r], beta=0.05)
+
+        def val_loss(net: SetNet) -> float:  # mean |log(pred / true)|, about the mean relative error
+            return float((net.score(vx, vm, vs) * y_std + y_mean - vy).abs().mean())
+
+        self.net_, self.val_loss_ = train_regressor(self.net_, loss_of, len(sets), val_loss, epochs, batch_size, lr,
+                                                    self.weight_decay, patience, self.seed, desc)
 
     def fit(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray, val_sets: Sequence[np.ndarray] | None = None,
             val_costs_ms: np.ndarray | None = None) -> "NeuralComputeModel":
         """Train; validation (early stopping) on ``val_sets`` or a random share of ``sets``."""
-        hp = self.hparams
         costs_ms = np.asarray(costs_ms, dtype=np.float64)
         if len(sets) != len(costs_ms) or len(sets) < 4:
             raise NeuroShardError(f"need at least 4 measured shard sets with one cost each, got {len(sets)}")
         if val_sets is None:
-            order = np.random.default_rng(hp["seed"]).permutation(len(sets))
-            cut = max(1, int(len(sets) * hp["val_fraction"]))
+            order = np.random.default_rng(self.seed).permutation(len(sets))
+            cut = max(1, int(len(sets) * self.val_fraction))
             val_sets, val_costs_ms = [sets[i] for i in order[:cut]], costs_ms[order[:cut]]
             sets, costs_ms = [sets[i] for i in order[cut:]], costs_ms[order[cut:]]
-        torch.manual_seed(hp["seed"])
-        padded, mask = pad_sets(sets)
-        real = padded[mask > 0]
-        self.x_mean, self.x_std = real.mean(0), real.std(0) + 1e-6
-        self.x_lo, self.x_hi = (real.min(0) - self.x_mean) / self.x_std, (real.max(0) - self.x_mean) / self.x_std
-        self.prior_range = (-np.inf, np.inf)
-        self.prior = AnalyticComputeModel().fit(sets, costs_ms) if hp.get("prior", True) else None
-        if self.prior is not None:
-            log_prior = np.log(np.maximum(self.prior.predict(sets), 1e-6))
-            self.prior_mean, self.prior_std = float(log_prior.mean()), float(log_prior.std() + 1e-6)
-            normed = (log_prior - self.prior_mean) / self.prior_std
-            self.prior_range = (float(normed.min()), float(normed.max()))
-        x, m, s, base = self._inputs(sets)
-        residual = np.log(costs_ms) - base
-        self.residual_range = (float(residual.min()), float(residual.max()))
-        self.y_mean, self.y_std = float(residual.mean()), float(residual.std() + 1e-6)
-        target = torch.from_numpy(((residual - self.y_mean) / self.y_std).astype(np.float32))
-        vx, vm, vs, vbase = self._inputs(val_sets)
-        vy = torch.from_numpy((np.log(np.asarray(val_costs_ms, dtype=np.float64)) - vbase).astype(np.float32))
-        self.net = SetNet(NUM_INPUTS, hp["hidden"], hp["depth"], s.shape[1])
-
-        def loss_of(net: nn.Module, rows: np.ndarray) -> torch.Tensor:
-            r = torch.from_numpy(rows)
-            return nn.functional.smooth_l1_loss(net(x[r], m[r], s[r]), target[r], beta=0.05)
-
-        def val_loss(net: nn.Module) -> float:  # mean |log(pred / true)|, about the mean relative error
-            return float((net(vx, vm, vs) * self.y_std + self.y_mean - vy).abs().mean())
-
-        self.net, self.val_loss = train_regressor(self.net, loss_of, len(sets), val_loss, hp["epochs"],
-                                                  hp["batch_size"], hp["lr"], hp["weight_decay"], hp["patience"],
-                                                  hp["seed"], "compute model")
+        torch.manual_seed(self.seed)
+        self.prior_ = AnalyticComputeModel().fit(sets, costs_ms) if self.prior else None
+        self.net_ = SetNet(self.hidden, self.depth, self.prior_ is not None)
+        padded, mask, log_prior = self._inputs(sets)
+        self.net_.shards.fit(padded.numpy()[mask.numpy() > 0])
+        if self.net_.prior is not None:
+            self.net_.prior.fit(log_prior.numpy()[:, None])
+        self._train(sets, costs_ms, val_sets, val_costs_ms, True, self.epochs, self.batch_size, self.lr,
+                    self.patience, "compute model")
         return self
 
     def fine_tune(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray, val_sets: Sequence[np.ndarray],
@@ -218,78 +299,54 @@ class NeuralComputeModel(ComputeCostModel):
         other hardware, other tables). Normalisation and the analytic prior stay; the
         input, prior and residual ranges widen to cover the new sets, so shards and set
         sizes the pre-training never saw are no longer clipped away."""
-        if self.net is None:
-            raise NeuroShardError("the neural compute model is not trained; call fit or load a checkpoint")
-        hp = self.hparams
-        costs_ms = np.asarray(costs_ms, dtype=np.float64)
-        padded, mask = pad_sets([*sets, *val_sets])
-        real = (padded[mask > 0] - self.x_mean) / self.x_std
-        self.x_lo, self.x_hi = np.minimum(self.x_lo, real.min(0)), np.maximum(self.x_hi, real.max(0))
-        if self.prior is not None:
-            log_prior = np.log(np.maximum(self.prior.predict([*sets, *val_sets]), 1e-6))
-            normed = (log_prior - self.prior_mean) / self.prior_std
-            self.prior_range = (min(self.prior_range[0], float(normed.min())),
-                                max(self.prior_range[1], float(normed.max())))
-        x, m, s, base = self._inputs(sets)
-        residual = np.log(costs_ms) - base
-        self.residual_range = (min(self.residual_range[0], float(residual.min())),
-                               max(self.residual_range[1], float(residual.max())))
-        target = torch.from_numpy(((residual - self.y_mean) / self.y_std).astype(np.float32))
-        vx, vm, vs, vbase = self._inputs(val_sets)
-        vy = torch.from_numpy((np.log(np.asarray(val_costs_ms, dtype=np.float64)) - vbase).astype(np.float32))
-
-        def loss_of(net: nn.Module, rows: np.ndarray) -> torch.Tensor:
-            r = torch.from_numpy(rows)
-            return nn.functional.smooth_l1_loss(net(x[r], m[r], s[r]), target[r], beta=0.05)
-
-        def val_loss(net: nn.Module) -> float:
-            return float((net(vx, vm, vs) * self.y_std + self.y_mean - vy).abs().mean())
-
-        self.net, self.val_loss = train_regressor(self.net, loss_of, len(sets), val_loss, epochs,
-                                                  min(hp["batch_size"], max(8, len(sets) // 4)), lr,
-                                                  hp["weight_decay"], patience, hp["seed"], "calibration")
+        self._check()
+        padded, mask, log_prior = self._inputs([*sets, *val_sets])
+        self.net_.shards.widen(padded.numpy()[mask.numpy() > 0])
+        if self.net_.prior is not None:
+            self.net_.prior.widen(log_prior.numpy()[:, None])
+        self._train(sets, costs_ms, val_sets, val_costs_ms, False, epochs, min(self.batch_size, max(8, len(sets) // 4)),
+                    lr, patience, "calibration")
         return self
 
     @torch.no_grad()
     def predict(self, sets: Sequence[np.ndarray], chunk: int = 8192) -> np.ndarray:
-        if self.net is None:
-            raise NeuroShardError("the neural compute model is not trained; call fit or load a checkpoint")
+        self._check()
         out = np.empty(len(sets))
         with few_threads():
             for start in range(0, len(sets), chunk):
-                x, m, s, base = self._inputs(sets[start:start + chunk])
-                residual = self.net(x, m, s).double().numpy() * self.y_std + self.y_mean
-                out[start:start + chunk] = base + np.clip(residual, *self.residual_range)
+                padded, mask, log_prior = self._inputs(sets[start:start + chunk])
+                out[start:start + chunk] = (log_prior + self.net_(padded, mask, log_prior)).numpy()
         return np.exp(out)
 
-    def state_dict(self) -> dict:
-        return {"hparams": dict(self.hparams), "weights": self.net.state_dict() if self.net else None,
-                "x_mean": self.x_mean.tolist(), "x_std": self.x_std.tolist(), "y_mean": self.y_mean,
-                "y_std": self.y_std, "x_lo": self.x_lo.tolist(), "x_hi": self.x_hi.tolist(),
-                "prior_range": list(self.prior_range), "residual_range": list(self.residual_range),
-                "val_loss": float(self.val_loss), "num_inputs": NUM_INPUTS,
-                "prior": self.prior.state_dict() if self.prior else None,
-                "prior_norm": [self.prior_mean, self.prior_std] if self.prior else None}
+    def fitted_state(self) -> dict:
+        if getattr(self, "net_", None) is None:
+            return {}
+        return {"net": self.net_.state_dict(), "prior": self.prior_.state_dict() if self.prior_ else None,
+                "val_loss": float(self.val_loss_)}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.hparams = dict(state["hparams"])
-        self.x_mean = np.asarray(state["x_mean"], np.float32)
-        self.x_std = np.asarray(state["x_std"], np.float32)
-        self.y_mean, self.y_std = float(state["y_mean"]), float(state["y_std"])
-        self.x_lo = np.asarray(state.get("x_lo", -np.inf), np.float32)
-        self.x_hi = np.asarray(state.get("x_hi", np.inf), np.float32)
-        self.prior_range = tuple(state.get("prior_range", (-np.inf, np.inf)))
-        self.residual_range = tuple(state.get("residual_range", (-np.inf, np.inf)))
-        self.val_loss = float(state.get("val_loss", float("nan")))
-        self.prior = None
+    def load_fitted_state(self, state: dict) -> None:
+        self.prior_ = AnalyticComputeModel.from_state_dict(state["prior"]) if state["prior"] else None
+        self.net_ = SetNet(self.hidden, self.depth, self.prior_ is not None)
+        self.net_.load_state_dict(state["net"])
+        self.net_.eval()
+        self.val_loss_ = float(state.get("val_loss", float("nan")))
+
+    @classmethod
+    def upgrade_v1(cls, state: dict) -> dict:
+        """v1 kept the weights and a dozen normalisation fields side by side; they become the net's buffers."""
+        net = dict(state["weights"])
+        x_mean, x_std = np.asarray(state["x_mean"], np.float32), np.asarray(state["x_std"], np.float32)
+        net.update({f"shards.{k}": v for k, v in _standardise_v1(
+            x_mean, x_std, state.get("x_lo", np.full_like(x_mean, -np.inf)), state.get("x_hi", np.full_like(x_mean, np.inf)),
+            torch.float32).items()})
         if state.get("prior"):
-            self.prior = AnalyticComputeModel()
-            self.prior.load_state_dict(state["prior"])
-            self.prior_mean, self.prior_std = state["prior_norm"]
-        self.net = SetNet(int(state["num_inputs"]), self.hparams["hidden"], self.hparams["depth"],
-                          1 if self.prior else 0)
-        self.net.load_state_dict(state["weights"])
-        self.net.eval()
+            net.update({f"prior.{k}": v for k, v in _standardise_v1(
+                *state["prior_norm"], *state.get("prior_range", (-np.inf, np.inf)), torch.float64).items()})
+        lo, hi = state.get("residual_range", (-np.inf, np.inf))
+        for name, value in zip(RESIDUAL_DEFAULTS, (state["y_mean"], state["y_std"], lo, hi)):
+            net[name] = torch.tensor(float(value), dtype=torch.float64)
+        prior = AnalyticComputeModel.upgrade_v1(state["prior"]) if state.get("prior") else None
+        return {"hparams": state["hparams"], "net": net, "prior": prior, "val_loss": state.get("val_loss", float("nan"))}
 
 
 # -------------------------------------------------------------------- comm
@@ -308,23 +365,26 @@ def reduce_inputs(reduce_width: np.ndarray, num_devices: int, batch_size: int) -
     return np.stack([np.log1p(terms[:, REDUCE_BYTES] / 1024.0), np.log2(terms[:, PEERS] + 1.0)], axis=1)
 
 
-class Correction:
-    """A small MLP on clipped, normalised inputs giving log(measured / analytic)."""
+#: the communication directions, each with its own correction
+DIRECTIONS = ("fwd", "bwd", "reduce")
 
-    def __init__(self, hidden: int, depth: int):
-        self.hidden, self.depth = hidden, depth
-        self.net: nn.Module | None = None
-        self.lo = self.hi = self.mean = self.std = None
+
+class Correction(nn.Module):
+    """A small MLP on standardised, clipped inputs giving log(measured / analytic ms)."""
+
+    def __init__(self, num_inputs: int, hidden: int, depth: int):
+        super().__init__()
+        self.inputs = Standardise(num_inputs, torch.float64)
+        self.mlp = mlp(num_inputs, hidden, depth, 1)
 
     def fit(self, z: np.ndarray, log_ratio: np.ndarray, val_z: np.ndarray, val_log_ratio: np.ndarray,
-            hp: dict, desc: str) -> None:
-        self.lo, self.hi = z.min(0), z.max(0)
-        self.mean, self.std = z.mean(0), z.std(0) + 1e-6
-        self.net = mlp(z.shape[1], self.hidden, self.depth, 1)
-        nn.init.zeros_(self.net[-1].weight)  # start as the analytic model
-        nn.init.zeros_(self.net[-1].bias)
-        x, y = torch.from_numpy(self._norm(z)), torch.from_numpy(log_ratio.astype(np.float32))
-        vx, vy = torch.from_numpy(self._norm(val_z)), torch.from_numpy(val_log_ratio.astype(np.float32))
+            desc: str, **training) -> "Correction":
+        """Train on per-device inputs ``z``; ``training``: ``train_regressor``'s settings."""
+        self.inputs.fit(z)
+        nn.init.zeros_(self.mlp[-1].weight)  # start as the analytic model
+        nn.init.zeros_(self.mlp[-1].bias)
+        x, y = self.inputs(torch.from_numpy(z)).float(), torch.from_numpy(log_ratio.astype(np.float32))
+        vx, vy = self.inputs(torch.from_numpy(val_z)).float(), torch.from_numpy(val_log_ratio.astype(np.float32))
 
         def loss_of(net: nn.Module, rows: np.ndarray) -> torch.Tensor:
             rows_t = torch.from_numpy(rows)
@@ -333,116 +393,136 @@ class Correction:
         def val_loss(net: nn.Module) -> float:
             return float((net(vx).squeeze(-1) - vy).abs().mean())
 
-        self.net, _ = train_regressor(self.net, loss_of, len(z), val_loss, hp["epochs"], hp["batch_size"], hp["lr"],
-                                      hp["weight_decay"], hp["patience"], hp["seed"], desc)
+        self.mlp, _ = train_regressor(self.mlp, loss_of, len(z), val_loss, desc=desc, **training)
+        return self
 
-    def _norm(self, z: np.ndarray) -> np.ndarray:
-        return ((np.clip(z, self.lo, self.hi) - self.mean) / self.std).astype(np.float32)
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.inputs(z).float()).squeeze(-1).double()
 
     @torch.no_grad()
-    def __call__(self, z: np.ndarray) -> np.ndarray:
-        shape = z.shape[:-1]
+    def predict(self, z: np.ndarray) -> np.ndarray:
+        """(..., K) inputs -> (...) log(measured / analytic ms)."""
         with few_threads():
-            out = self.net(torch.from_numpy(self._norm(z.reshape(-1, z.shape[-1])))).squeeze(-1).double().numpy()
-        return out.reshape(shape)
-
-    def state_dict(self) -> dict:
-        return {"hidden": self.hidden, "depth": self.depth, "weights": self.net.state_dict(),
-                "lo": self.lo.tolist(), "hi": self.hi.tolist(), "mean": self.mean.tolist(), "std": self.std.tolist()}
-
-    @classmethod
-    def from_state(cls, state: dict) -> "Correction":
-        c = cls(int(state["hidden"]), int(state["depth"]))
-        c.lo, c.hi, c.mean, c.std = (np.asarray(state[k], np.float64) for k in ("lo", "hi", "mean", "std"))
-        c.net = mlp(len(c.lo), c.hidden, c.depth, 1)
-        c.net.load_state_dict(state["weights"])
-        c.net.eval()
-        return c
+            out = self(torch.from_numpy(np.asarray(z, dtype=np.float64).reshape(-1, z.shape[-1]))).numpy()
+        return out.reshape(z.shape[:-1])
 
 
 class NeuralCommModel(CommCostModel):
-    """Per-device communication ms: the analytic model times a learned correction, per direction."""
+    """Per-device communication ms: the analytic model (``analytic_``) times a learned correction
+    per direction (``fwd_``, ``bwd_``, ``reduce_``; None where nothing was measured). ``batch_size``
+    is the batch the costs are for, ``train_batch_size`` the mini-batch of training."""
 
     name = "neural"
 
     def __init__(self, batch_size: int = 4096, hidden: int = 32, depth: int = 2, lr: float = 3e-3,
                  weight_decay: float = 1e-4, epochs: int = 300, train_batch_size: int = 256, patience: int = 30,
                  val_fraction: float = 0.15, seed: int = 0):
-        self.batch_size = int(batch_size)
-        self.hparams = dict(hidden=hidden, depth=depth, lr=lr, weight_decay=weight_decay, epochs=epochs,
-                            batch_size=train_batch_size, patience=patience, val_fraction=val_fraction, seed=seed)
-        self.analytic = AnalyticCommModel(batch_size)
-        self.fwd = self.bwd = self.reduce = None
+        self.batch_size = batch_size
+        self.hidden = hidden
+        self.depth = depth
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.epochs = epochs
+        self.train_batch_size = train_batch_size
+        self.patience = patience
+        self.val_fraction = val_fraction
+        self.seed = seed
 
     def fit(self, samples: CommSamples | Sequence[CommSamples],
             val_samples: CommSamples | Sequence[CommSamples] | None = None) -> "NeuralCommModel":
-        hp = self.hparams
         groups = as_comm_groups(samples)
         if val_samples is None:
-            rng = np.random.default_rng(hp["seed"])
-            splits = [np.split(rng.permutation(len(g)), [max(1, int(len(g) * hp["val_fraction"]))]) for g in groups]
+            rng = np.random.default_rng(self.seed)
+            splits = [np.split(rng.permutation(len(g)), [max(1, int(len(g) * self.val_fraction))]) for g in groups]
             val_groups = [g.subset(v) for g, (v, _) in zip(groups, splits)]
             groups = [g.subset(t) for g, (_, t) in zip(groups, splits)]
         else:
             val_groups = as_comm_groups(val_samples)
-        torch.manual_seed(hp["seed"])
-        self.analytic.fit(groups)
+        torch.manual_seed(self.seed)
+        self.analytic_ = AnalyticCommModel(self.batch_size).fit(groups)
+        training = dict(epochs=self.epochs, batch_size=self.train_batch_size, lr=self.lr,
+                        weight_decay=self.weight_decay, patience=self.patience, seed=self.seed)
 
         def data(gs: list[CommSamples], direction: str) -> tuple[np.ndarray, np.ndarray]:
             z, r = [], []
             for g in gs:
                 if direction == "fwd":
                     zi = device_inputs(g.widths, g.skews_ms, self.batch_size)
-                    base, true = self.analytic.predict_forward(g.widths, g.skews_ms), g.fwd_ms
+                    base, true = self.analytic_.predict_forward(g.widths, g.skews_ms), g.fwd_ms
                 elif direction == "bwd":
                     zi = device_inputs(g.widths, None, self.batch_size)
-                    base, true = self.analytic.predict_backward(g.widths), g.bwd_ms
+                    base, true = self.analytic_.predict_backward(g.widths), g.bwd_ms
                 else:
                     g = g.reducing()
                     zi = reduce_inputs(g.reduce_width, g.num_devices, self.batch_size)
-                    base, true = self.analytic.predict_reduce(g.reduce_width, g.num_devices), g.reduce_ms_per_sample
+                    base, true = self.analytic_.predict_reduce(g.reduce_width, g.num_devices), g.reduce_ms_per_sample
                 z.append(zi.reshape(-1, zi.shape[-1]).astype(np.float64))
                 r.append(np.log(np.maximum(true, 1e-6) / np.maximum(base, 1e-6)).ravel())
             return (np.concatenate(z) if z else np.zeros((0, 2))), (np.concatenate(r) if r else np.zeros(0))
 
-        for direction in ("fwd", "bwd", "reduce"):
+        for direction in DIRECTIONS:
             train_z, train_r = data(groups, direction)
             val_z, val_r = data(val_groups, direction)
-            if len(train_r) < 4 or len(val_r) < 1:  # nothing measured (no row-wise reduction): analytic only
-                setattr(self, direction, None)
-                continue
-            correction = Correction(hp["hidden"], hp["depth"])
-            correction.fit(train_z, train_r, val_z, val_r, hp, f"comm {direction} model")
-            setattr(self, direction, correction)
+            correction = None
+            if len(train_r) >= 4 and len(val_r) >= 1:  # else nothing measured (no row-wise reduction): analytic only
+                correction = Correction(train_z.shape[1], self.hidden, self.depth).fit(
+                    train_z, train_r, val_z, val_r, f"comm {direction} model", **training)
+            setattr(self, f"{direction}_", correction)
         return self
 
     def _check(self) -> None:
-        if self.analytic is None or not self.analytic.fitted:
+        if getattr(self, "analytic_", None) is None or not self.analytic_.fitted:
             raise NeuroShardError("the neural comm model is not trained; call fit or load a checkpoint")
+
+    def _correct(self, direction: str, analytic_ms: np.ndarray, z: np.ndarray) -> np.ndarray:
+        correction = getattr(self, f"{direction}_")
+        return analytic_ms * np.exp(correction.predict(z) if correction is not None else 0.0)
 
     def predict_forward(self, widths: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
         self._check()
-        z = device_inputs(widths, skews_ms, self.batch_size)
-        return self.analytic.predict_forward(widths, skews_ms) * np.exp(self.fwd(z) if self.fwd else 0.0)
+        return self._correct("fwd", self.analytic_.predict_forward(widths, skews_ms),
+                             device_inputs(widths, skews_ms, self.batch_size))
 
     def predict_backward(self, widths: np.ndarray) -> np.ndarray:
         self._check()
-        z = device_inputs(widths, None, self.batch_size)
-        return self.analytic.predict_backward(widths) * np.exp(self.bwd(z) if self.bwd else 0.0)
+        return self._correct("bwd", self.analytic_.predict_backward(widths), device_inputs(widths, None, self.batch_size))
 
     def predict_reduce(self, reduce_width: np.ndarray, num_devices: int) -> np.ndarray:
         self._check()
-        z = reduce_inputs(reduce_width, num_devices, self.batch_size)
-        return self.analytic.predict_reduce(reduce_width, num_devices) * np.exp(self.reduce(z) if self.reduce else 0.0)
+        return self._correct("reduce", self.analytic_.predict_reduce(reduce_width, num_devices),
+                             reduce_inputs(reduce_width, num_devices, self.batch_size))
 
-    def state_dict(self) -> dict:
-        return {"batch_size": self.batch_size, "hparams": dict(self.hparams), "analytic": self.analytic.state_dict(),
-                **{d: getattr(self, d).state_dict() if getattr(self, d) else None for d in ("fwd", "bwd", "reduce")}}
+    def fitted_state(self) -> dict:
+        if getattr(self, "analytic_", None) is None:
+            return {}
+        corrections = {d: getattr(self, f"{d}_") for d in DIRECTIONS}
+        return {"analytic": self.analytic_.state_dict(),
+                **{d: c.state_dict() if c is not None else None for d, c in corrections.items()}}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.batch_size = int(state["batch_size"])
-        self.hparams = dict(state["hparams"])
-        self.analytic = AnalyticCommModel(self.batch_size)
-        self.analytic.load_state_dict(state["analytic"])
-        for d in ("fwd", "bwd", "reduce"):
-            setattr(self, d, Correction.from_state(state[d]) if state[d] else None)
+    def load_fitted_state(self, state: dict) -> None:
+        self.analytic_ = AnalyticCommModel.from_state_dict(state["analytic"])
+        for d in DIRECTIONS:
+            correction = None
+            if state[d] is not None:
+                correction = Correction(len(state[d]["inputs.mean"]), self.hidden, self.depth)
+                correction.load_state_dict(state[d])
+                correction.eval()
+            setattr(self, f"{d}_", correction)
+
+    @classmethod
+    def upgrade_v1(cls, state: dict) -> dict:
+        """v1 named the mini-batch ``hparams.batch_size`` and kept each correction's statistics beside its MLP."""
+        hparams = dict(state["hparams"])
+        hparams["train_batch_size"] = hparams.pop("batch_size")
+        hparams["batch_size"] = state["batch_size"]
+
+        def correction(s: dict | None) -> dict | None:
+            if not s:
+                return None
+            mean, std = np.asarray(s["mean"], np.float64), np.asarray(s["std"], np.float64)
+            lo, hi = ((np.asarray(s[k], np.float64) - mean) / std for k in ("lo", "hi"))
+            return {**{f"mlp.{k}": v for k, v in s["weights"].items()},
+                    **{f"inputs.{k}": v for k, v in _standardise_v1(mean, std, lo, hi, torch.float64).items()}}
+
+        return {"hparams": hparams, "analytic": AnalyticCommModel.upgrade_v1(state["analytic"]),
+                **{d: correction(state[d]) for d in DIRECTIONS}}

@@ -228,7 +228,7 @@ def tune_compute(train: ComputeData, val: ComputeData, trials: int, epochs: int,
                                    batch_size=trial.suggest_categorical("batch_size", [32, 64, 128]),
                                    epochs=epochs, seed=seed)
         model.fit(train.sets, train.costs_ms, val.sets, val.costs_ms)
-        return model.val_loss
+        return model.val_loss_
 
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
     study.optimize(objective, n_trials=trials)

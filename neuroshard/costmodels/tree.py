@@ -3,13 +3,13 @@
 A tree model sees no sets, so a shard set becomes one fixed vector: the number of
 shards, and the sum, max and mean of each per-shard input (``neural.shard_inputs``).
 Communication trees see the same per-device inputs as the neural model. Both predict
-log ms. Checkpoints hold the fitted estimators pickled into a byte tensor (load only
-checkpoints you trust, as with any pickle).
+log ms. Fitted trees are kept as arrays (``TreeArrays``: split feature, threshold,
+children and leaf values of every node), so checkpoints hold data, not pickled code.
 """
 from __future__ import annotations
 
-import pickle
-from typing import Sequence
+from dataclasses import dataclass
+from typing import NoReturn, Sequence
 
 import numpy as np
 import torch
@@ -32,55 +32,146 @@ def set_aggregates(sets: Sequence[np.ndarray]) -> np.ndarray:
     return np.column_stack([count, sums, maxes, sums / np.maximum(count, 1)[:, None]])
 
 
-def _regressor(seed: int, **params) -> HistGradientBoostingRegressor:
-    defaults = dict(max_iter=600, learning_rate=0.05, max_leaf_nodes=31, min_samples_leaf=10, l2_regularization=1e-3,
-                    early_stopping=True, validation_fraction=0.15, n_iter_no_change=30, random_state=seed)
-    defaults.update(params)
-    return HistGradientBoostingRegressor(**defaults)
+@dataclass
+class TreeArrays:
+    """Fitted gradient-boosted trees as arrays, one entry per node of all trees: a sample goes
+    to ``left`` where its ``feature`` is <= ``threshold`` (or is NaN and ``missing_left``), else
+    ``right``, until a leaf; the prediction is ``baseline`` plus the leaves' ``value``s.
+    Children are indices into these arrays; ``roots`` holds each tree's first node."""
+
+    baseline: float
+    roots: np.ndarray
+    feature: np.ndarray
+    threshold: np.ndarray
+    missing_left: np.ndarray
+    left: np.ndarray
+    right: np.ndarray
+    leaf: np.ndarray
+    value: np.ndarray
+
+    FIELDS = ("roots", "feature", "threshold", "missing_left", "left", "right", "leaf", "value")
+
+    @classmethod
+    def from_sklearn(cls, model: HistGradientBoostingRegressor) -> "TreeArrays":
+        """The trees of a fitted regressor (numeric features, one tree per iteration)."""
+        trees = [predictors[0].nodes for predictors in model._predictors]
+        if any(t["is_categorical"].any() for t in trees):
+            raise NeuroShardError("tree models take numeric features only")
+        sizes = np.array([len(t) for t in trees], dtype=np.int64)
+        roots = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        nodes = np.concatenate(trees)
+        offset = np.repeat(roots, sizes)
+        return cls(float(np.ravel(model._baseline_prediction)[0]), roots, nodes["feature_idx"].astype(np.int64),
+                   nodes["num_threshold"].astype(np.float64), nodes["missing_go_to_left"].astype(bool),
+                   nodes["left"].astype(np.int64) + offset, nodes["right"].astype(np.int64) + offset,
+                   nodes["is_leaf"].astype(bool), nodes["value"].astype(np.float64))
+
+    def predict(self, x: np.ndarray, chunk: int = 2048) -> np.ndarray:
+        """Predictions for the rows of ``x``: every tree walked at once, one level per step."""
+        x = np.asarray(x, dtype=np.float64)
+        out = np.empty(len(x))
+        for start in range(0, len(x), chunk):
+            rows = x[start:start + chunk]
+            node = np.broadcast_to(self.roots, (len(rows), len(self.roots))).copy()
+            sample = np.arange(len(rows))[:, None]
+            for _ in range(len(self.leaf) + 1):  # no path is longer than the nodes
+                inner = ~self.leaf[node]
+                if not inner.any():
+                    break
+                values = rows[sample, self.feature[node]]
+                go_left = (values <= self.threshold[node]) | (np.isnan(values) & self.missing_left[node])
+                node = np.where(inner, np.where(go_left, self.left[node], self.right[node]), node)
+            else:
+                raise NeuroShardError("tree arrays with a cycle: not trees")
+            out[start:start + chunk] = self.baseline + self.value[node].sum(axis=1)
+        return out
+
+    def state_dict(self) -> dict:
+        return {"baseline": self.baseline, **{name: torch.from_numpy(getattr(self, name)) for name in self.FIELDS}}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> "TreeArrays":
+        arrays = {name: torch.as_tensor(state[name]).numpy() for name in cls.FIELDS}
+        size = len(arrays["feature"])
+        if any(len(a) != size for n, a in arrays.items() if n != "roots") or not len(arrays["roots"]):
+            raise ValueError("tree arrays of unequal lengths")
+        for name in ("roots", "left", "right"):
+            if size and (arrays[name].min() < 0 or arrays[name].max() >= size):
+                raise ValueError(f"'{name}' points outside the {size} nodes")
+        return cls(float(state["baseline"]), **arrays)
 
 
-def _pickled(obj) -> torch.Tensor:
-    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+def _fitted_trees(seed: int, params: dict, x: np.ndarray, y: np.ndarray) -> TreeArrays:
+    """Gradient-boosted trees fitted on (x, y) with scikit-learn, as arrays."""
+    model = HistGradientBoostingRegressor(early_stopping=True, validation_fraction=0.15, n_iter_no_change=30,
+                                          random_state=seed, **params)
+    with few_threads():
+        return TreeArrays.from_sklearn(model.fit(x, y))
 
 
-def _unpickled(tensor: torch.Tensor):
-    return pickle.loads(tensor.numpy().tobytes())
+def _refuse_pickled(name: str) -> NoReturn:
+    raise NeuroShardError(f"a {name} of checkpoint format v1 holds pickled scikit-learn trees (code, not data) and "
+                          f"is not loaded; fit it again (``neuroshard pretrain``) to store its trees as arrays")
 
 
-class TreeComputeModel(ComputeCostModel):
-    """Shard set -> ms with gradient-boosted trees on set aggregates."""
+class _Boosting:
+    """The hyper-parameters of scikit-learn's ``HistGradientBoostingRegressor`` both tree models take."""
+
+    def boosting_params(self) -> dict:
+        return dict(max_iter=self.max_iter, learning_rate=self.learning_rate, max_leaf_nodes=self.max_leaf_nodes,
+                    min_samples_leaf=self.min_samples_leaf, l2_regularization=self.l2_regularization)
+
+
+class TreeComputeModel(_Boosting, ComputeCostModel):
+    """Shard set -> ms with gradient-boosted trees on set aggregates (fitted: ``trees_``)."""
 
     name = "tree"
 
-    def __init__(self, seed: int = 0, **params):
-        self.seed, self.params = seed, params
-        self.model: HistGradientBoostingRegressor | None = None
+    def __init__(self, seed: int = 0, max_iter: int = 600, learning_rate: float = 0.05, max_leaf_nodes: int = 31,
+                 min_samples_leaf: int = 10, l2_regularization: float = 1e-3):
+        self.seed = seed
+        self.max_iter = max_iter
+        self.learning_rate = learning_rate
+        self.max_leaf_nodes = max_leaf_nodes
+        self.min_samples_leaf = min_samples_leaf
+        self.l2_regularization = l2_regularization
 
     def fit(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray) -> "TreeComputeModel":
-        with few_threads():
-            self.model = _regressor(self.seed, **self.params).fit(set_aggregates(sets), np.log(np.asarray(costs_ms)))
+        self.trees_ = _fitted_trees(self.seed, self.boosting_params(), set_aggregates(sets),
+                                    np.log(np.asarray(costs_ms)))
         return self
 
     def predict(self, sets: Sequence[np.ndarray]) -> np.ndarray:
-        with few_threads():
-            return np.exp(self.model.predict(set_aggregates(sets)))
+        if not hasattr(self, "trees_"):
+            raise NeuroShardError("the tree compute model is not trained; call fit or load a checkpoint")
+        return np.exp(self.trees_.predict(set_aggregates(sets)))
 
-    def state_dict(self) -> dict:
-        return {"seed": self.seed, "params": dict(self.params), "model": _pickled(self.model)}
+    def fitted_state(self) -> dict:
+        return {"trees": self.trees_.state_dict()} if hasattr(self, "trees_") else {}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.seed, self.params = int(state["seed"]), dict(state["params"])
-        self.model = _unpickled(state["model"])
+    def load_fitted_state(self, state: dict) -> None:
+        self.trees_ = TreeArrays.from_state_dict(state["trees"])
+
+    @classmethod
+    def upgrade_v1(cls, state: dict) -> dict:
+        return _refuse_pickled(cls.__name__)
 
 
-class TreeCommModel(CommCostModel):
-    """Per-device communication ms with gradient-boosted trees, one per direction."""
+class TreeCommModel(_Boosting, CommCostModel):
+    """Per-device communication ms with gradient-boosted trees, one per direction measured
+    (fitted: ``trees_``, direction -> ``TreeArrays``)."""
 
     name = "tree"
 
-    def __init__(self, batch_size: int = 4096, seed: int = 0):
-        self.batch_size, self.seed = int(batch_size), seed
-        self.models: dict = {}
+    def __init__(self, batch_size: int = 4096, seed: int = 0, max_iter: int = 600, learning_rate: float = 0.05,
+                 max_leaf_nodes: int = 31, min_samples_leaf: int = 10, l2_regularization: float = 1e-3):
+        self.batch_size = batch_size
+        self.seed = seed
+        self.max_iter = max_iter
+        self.learning_rate = learning_rate
+        self.max_leaf_nodes = max_leaf_nodes
+        self.min_samples_leaf = min_samples_leaf
+        self.l2_regularization = l2_regularization
 
     def fit(self, samples: CommSamples | Sequence[CommSamples]) -> "TreeCommModel":
         groups = as_comm_groups(samples)
@@ -88,20 +179,19 @@ class TreeCommModel(CommCostModel):
         fwd = [(device_inputs(g.widths, g.skews_ms, b), g.fwd_ms) for g in groups]
         bwd = [(device_inputs(g.widths, None, b), g.bwd_ms) for g in groups]
         red = [(reduce_inputs(r.reduce_width, r.num_devices, b), r.reduce_ms_per_sample) for r in map(CommSamples.reducing, groups)]
+        self.trees_ = {}
         for direction, pairs in (("fwd", fwd), ("bwd", bwd), ("reduce", red)):
             if sum(len(p[1]) for p in pairs) < 4:  # no row-wise reduction measured
                 continue
             z = np.concatenate([p[0].reshape(-1, p[0].shape[-1]) for p in pairs])
             y = np.log(np.maximum(np.concatenate([p[1].ravel() for p in pairs]), 1e-6))
-            with few_threads():
-                self.models[direction] = _regressor(self.seed).fit(z, y)
+            self.trees_[direction] = _fitted_trees(self.seed, self.boosting_params(), z, y)
         return self
 
     def _predict(self, direction: str, z: np.ndarray) -> np.ndarray:
-        if direction not in self.models:
+        if direction not in getattr(self, "trees_", {}):
             raise NeuroShardError(f"the tree comm model has no measurements of direction {direction!r}")
-        with few_threads():
-            return np.exp(self.models[direction].predict(z.reshape(-1, z.shape[-1]))).reshape(z.shape[:-1])
+        return np.exp(self.trees_[direction].predict(z.reshape(-1, z.shape[-1]))).reshape(z.shape[:-1])
 
     def predict_forward(self, widths: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
         return self._predict("fwd", device_inputs(widths, skews_ms, self.batch_size))
@@ -113,9 +203,12 @@ class TreeCommModel(CommCostModel):
         reduce_width = np.asarray(reduce_width, dtype=np.float64)
         return self._predict("reduce", reduce_inputs(reduce_width, num_devices, self.batch_size)) * (reduce_width > 0)
 
-    def state_dict(self) -> dict:
-        return {"batch_size": self.batch_size, "seed": self.seed, "models": _pickled(self.models)}
+    def fitted_state(self) -> dict:
+        return {"trees": {d: t.state_dict() for d, t in self.trees_.items()}} if hasattr(self, "trees_") else {}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.batch_size, self.seed = int(state["batch_size"]), int(state["seed"])
-        self.models = _unpickled(state["models"])
+    def load_fitted_state(self, state: dict) -> None:
+        self.trees_ = {d: TreeArrays.from_state_dict(t) for d, t in state["trees"].items()}
+
+    @classmethod
+    def upgrade_v1(cls, state: dict) -> dict:
+        return _refuse_pickled(cls.__name__)
