@@ -97,7 +97,8 @@ def plan_simulator(plan: Plan, tables: TableSet, batch_size: int, models: Any):
     """A simulator of ``plan``'s tables at ``batch_size`` (the batch a measurement ran at)."""
     from ..search.simulator import Simulator
     at_batch = TableSet(tables.name, list(tables), batch_size, tables.extra)
-    return Simulator(at_batch, plan.num_devices, models, plan.bytes_per_element, comm_precision=plan.comm_precision)
+    return Simulator(at_batch, plan.num_devices, models, plan.bytes_per_element, comm_precision=plan.comm_precision,
+                     topology=plan.topology)
 
 
 @dataclass

@@ -42,7 +42,7 @@ def score_plan(plan: Plan, tables: TableSet | None = None, cost_models: Any = No
     plan.validate()
     models = resolve_cost_models(cost_models)
     sim = Simulator(tables, plan.num_devices, models, plan.bytes_per_element, optimizer=plan.optimizer,
-                    comm_precision=plan.comm_precision)
+                    comm_precision=plan.comm_precision, topology=plan.topology)
     estimate = sim.evaluate_plan(plan).to_dict()
     estimate["batch_size"] = tables.batch_size
     bound = sim.balanced_bound_ms()
