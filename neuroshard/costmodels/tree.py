@@ -117,6 +117,15 @@ def _refuse_pickled(name: str) -> NoReturn:
 class _Boosting:
     """The hyper-parameters of scikit-learn's ``HistGradientBoostingRegressor`` both tree models take."""
 
+    def __init__(self, seed: int = 0, max_iter: int = 600, learning_rate: float = 0.05, max_leaf_nodes: int = 31,
+                 min_samples_leaf: int = 10, l2_regularization: float = 1e-3):
+        self.seed = seed
+        self.max_iter = max_iter
+        self.learning_rate = learning_rate
+        self.max_leaf_nodes = max_leaf_nodes
+        self.min_samples_leaf = min_samples_leaf
+        self.l2_regularization = l2_regularization
+
     def boosting_params(self) -> dict:
         return dict(max_iter=self.max_iter, learning_rate=self.learning_rate, max_leaf_nodes=self.max_leaf_nodes,
                     min_samples_leaf=self.min_samples_leaf, l2_regularization=self.l2_regularization)
@@ -126,15 +135,6 @@ class TreeComputeModel(_Boosting, ComputeCostModel):
     """Shard set -> ms with gradient-boosted trees on set aggregates (fitted: ``trees_``)."""
 
     name = "tree"
-
-    def __init__(self, seed: int = 0, max_iter: int = 600, learning_rate: float = 0.05, max_leaf_nodes: int = 31,
-                 min_samples_leaf: int = 10, l2_regularization: float = 1e-3):
-        self.seed = seed
-        self.max_iter = max_iter
-        self.learning_rate = learning_rate
-        self.max_leaf_nodes = max_leaf_nodes
-        self.min_samples_leaf = min_samples_leaf
-        self.l2_regularization = l2_regularization
 
     def fit(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray) -> "TreeComputeModel":
         self.trees_ = _fitted_trees(self.seed, self.boosting_params(), set_aggregates(sets),
@@ -165,13 +165,8 @@ class TreeCommModel(_Boosting, CommCostModel):
 
     def __init__(self, batch_size: int = 4096, seed: int = 0, max_iter: int = 600, learning_rate: float = 0.05,
                  max_leaf_nodes: int = 31, min_samples_leaf: int = 10, l2_regularization: float = 1e-3):
+        super().__init__(seed, max_iter, learning_rate, max_leaf_nodes, min_samples_leaf, l2_regularization)
         self.batch_size = batch_size
-        self.seed = seed
-        self.max_iter = max_iter
-        self.learning_rate = learning_rate
-        self.max_leaf_nodes = max_leaf_nodes
-        self.min_samples_leaf = min_samples_leaf
-        self.l2_regularization = l2_regularization
 
     def fit(self, samples: CommSamples | Sequence[CommSamples]) -> "TreeCommModel":
         groups = as_comm_groups(samples)
