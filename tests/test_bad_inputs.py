@@ -158,6 +158,27 @@ BAD_PLANS: dict[str, tuple[bytes | str | dict, str]] = {
     "comm_precision_number": (_plan_dict(comm_precision=16), "field 'comm_precision'"),
     "dp_str": (_plan_dict(data_parallel_tables="t0"), "field 'data_parallel_tables'"),
     "dp_numbers": (_plan_dict(data_parallel_tables=[0]), "field 'data_parallel_tables'"),
+    "topology": (_plan_dict(topology=[2]), "field 'topology'"),
+    "topology_local": (_plan_dict(topology={"local_world_size": 3}), "local_world_size"),
+    "topology_memory": (_plan_dict(topology={"device_memory_bytes": [10**6, 10**5, 10**5]}), "device_memory_bytes"),
+    "topology_memory_max": (_plan_dict(topology={"device_memory_bytes": [10**5, 2 * 10**5]}), "largest"),
+}
+# topology files (neuroshard.topology/v1) given to search --topology, and what their error names
+BAD_TOPOLOGIES: dict[str, tuple[str | dict, str]] = {
+    "not_json": ("{topo", "not valid JSON"),
+    "list": ("[1]", "must be a JSON object"),
+    "format": ({"format": "x"}, "field 'format'"),
+    "devices": ({"num_devices": 4}, "num_devices"),
+    "local_zero": ({"local_world_size": 0}, "local_world_size"),
+    "local_divide": ({"local_world_size": 3}, "local_world_size"),
+    "local_word": ({"local_world_size": "two"}, "local_world_size"),
+    "intra_neg": ({"intra_host_gbps": -1}, "intra_host_gbps"),
+    "inter_word": ({"inter_host_gbps": "fast"}, "inter_host_gbps"),
+    "inter_nan": ('{"inter_host_gbps": NaN}', "inter_host_gbps"),
+    "memory_count": ({"device_memory_bytes": [10**9] * 3}, "device_memory_bytes"),
+    "memory_word": ({"device_memory_bytes": ["lots", "1GiB"]}, "device_memory_bytes"),
+    "speed_zero": ({"relative_speed": [0, 1]}, "relative_speed"),
+    "speed_short": ({"relative_speed": [1]}, "relative_speed"),
 }
 # well-formed plans that are invalid: data-parallel tables unknown, or both replicated and sharded
 _DP_SHARDED = _plan_dict(data_parallel_tables=[tables_dict()["tables"][0]["name"]])
@@ -189,6 +210,9 @@ def files(tmp_path_factory) -> Path:
         _write(root / f"bad-{name}.json", content)
     for name, (content, _) in BAD_PLANS.items():
         _write(root / f"badplan-{name}.json", content)
+    for name, (content, _) in BAD_TOPOLOGIES.items():
+        _write(root / f"badtopo-{name}.json", content)
+    _write(root / "topo-memory.json", {"device_memory_bytes": ["1GiB", "2GiB"]})
     for name, (content, _) in INVALID_PLANS.items():
         _write(root / f"invalid-{name}.json", content)
     # A table whose recorded indices file is missing: named with its tables file and table.
@@ -431,6 +455,22 @@ CASES += [
     ("no-command", [], 2, "COMMAND"),
     ("unknown-command", ["shard"], 2, "shard"),
     ("unknown-option", ["tables", "describe", T, "--everything"], 2, "--everything"),
+]
+
+# topology: files and flags of search
+TOPO_SEARCH = ["search", T, "-d", "2"]
+CASES += [(f"topology-{name}", [*TOPO_SEARCH, "-m", "1GiB", "--topology", _f(f"badtopo-{name}.json"), *OUT], 2,
+           text) for name, (_, text) in BAD_TOPOLOGIES.items()]
+CASES += [
+    ("topology-missing", [*SEARCH, "--topology", _f("nothing.json"), *OUT], 2, "cannot read topology file"),
+    ("topology-memory-twice", [*SEARCH, "--topology", _f("topo-memory.json"), *OUT], 2, "memory is given twice"),
+    ("topology-no-memory", [*TOPO_SEARCH, *OUT], 2, "memory is missing"),
+    ("topology-local-0", [*SEARCH, "--local-world-size", "0", *OUT], 2, "--local-world-size"),
+    ("topology-local-divide", [*SEARCH, "--local-world-size", "3", *OUT], 2, "local_world_size"),
+    ("topology-intra-neg", [*SEARCH, "--intra-host-gbps", "-5", *OUT], 2, "--intra-host-gbps"),
+    ("topology-inter-nan", [*SEARCH, "--inter-host-gbps", "nan", *OUT], 2, "--inter-host-gbps"),
+    ("topology-memory-list-word", [*TOPO_SEARCH, "-m", "1GiB,lots", *OUT], 2, "--memory"),
+    ("topology-memory-list-count", [*TOPO_SEARCH, "-m", "1GiB,1GiB,1GiB", *OUT], 2, "--memory"),
 ]
 
 
