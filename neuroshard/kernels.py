@@ -6,7 +6,8 @@ with), so a predicted and a measured cost time the same code.
 
 * ``fbgemm_tbe`` (preferred): fbgemm's table-batched embedding,
   ``SplitTableBatchedEmbeddingBagsCodegen``, one table per shard, sum pooling, its
-  optimizer (exact SGD or exact row-wise adagrad) fused into the backward. On CPU
+  optimizer fused into the backward (``optimizers``: exact SGD, exact adagrad, exact
+  row-wise adagrad; Adam on CUDA only, fbgemm-gpu-cpu has no CPU kernel for it). On CPU
   (``fbgemm-gpu-cpu``) weights live on the host (``EmbeddingLocation.HOST``,
   ``ComputeDevice.CPU``); on CUDA in device memory. TBE needs widths that are
   multiples of 4: a narrower shard gets zero padding columns that are never read
@@ -42,12 +43,14 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .errors import NeuroShardError
+from .optimizers import CPU_OPTIMIZERS, FBGEMM_OPTIMIZERS, check_optimizer
 
 if TYPE_CHECKING:
     import torch
 
 KERNELS = ("fbgemm_tbe", "embedding_bag")
 BACKENDS = ("cpu", "cuda")
+#: ``collect --optimizer`` spellings (aliases of ``optimizers.OPTIMIZERS``, recorded as given in cost data)
 OPTIMIZERS = ("exact_sgd", "exact_rowwise_adagrad")
 #: most rows a shard allocates, in measurement and training alike; lookups beyond fold (row % cap)
 DEFAULT_MAX_ROWS = 1_000_000
@@ -81,6 +84,19 @@ def check_weights_precision(precision: str) -> str:
 def weights_dtype(precision: str) -> "torch.dtype":
     import torch
     return {"fp32": torch.float32, "fp16": torch.float16}[check_weights_precision(precision)]
+
+
+def check_trainable_optimizer(optimizer: str, kernel: str, device_type: str) -> str:
+    """The optimizer (an alias allowed) when ``kernel`` on ``device_type`` trains with it;
+    NeuroShardError saying why not otherwise."""
+    optimizer = check_optimizer(optimizer)
+    if optimizer != "sgd" and kernel != "fbgemm_tbe":
+        raise NeuroShardError(f"optimizer {optimizer} needs fbgemm's TBE kernel; the {kernel} fallback trains "
+                              f"with sgd only")
+    if device_type == "cpu" and optimizer not in CPU_OPTIMIZERS:
+        raise NeuroShardError(f"optimizer {optimizer} cannot train on CPU: fbgemm-gpu-cpu's TBE runs "
+                              f"{', '.join(CPU_OPTIMIZERS)} there ({optimizer} needs CUDA)")
+    return optimizer
 
 
 def fbgemm_available(backend: str = "cpu") -> bool:
@@ -149,7 +165,8 @@ class FusedEmbedding:
 
     ``shapes`` are the (allocated rows, width) of each shard; ``init`` is one value for
     every weight or one (rows, width) tensor per shard. ``lr`` is the learning rate of
-    the fused update; ``optimizer`` applies to TBE (the fallback always runs SGD).
+    the fused update; ``optimizer`` (``optimizers.OPTIMIZERS`` or an ``exact_*`` alias)
+    is TBE's fused optimizer (the fallback runs SGD only).
     ``weights_precision`` is the weights' element type (``WEIGHTS_PRECISIONS``).
     ``weights_buffer`` (a flat tensor of that type, of at least ``weights_numel(shapes,
     kernel)`` elements) holds the weights instead of a new allocation; its values are
@@ -162,8 +179,7 @@ class FusedEmbedding:
         import torch
         self.device = torch.device(device)
         self.kernel = resolve_kernel(kernel, self.device.type)
-        if optimizer not in OPTIMIZERS:
-            raise NeuroShardError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        self.optimizer = check_trainable_optimizer(optimizer, self.kernel, self.device.type)
         self.shapes = [(int(r), int(d)) for r, d in shapes]
         if not self.shapes:
             raise NeuroShardError("a fused embedding needs at least one shard")
@@ -172,7 +188,6 @@ class FusedEmbedding:
         if not isinstance(init, (int, float)) and len(init) != len(self.shapes):
             raise NeuroShardError(f"{len(init)} initial weights given for {len(self.shapes)} shards")
         self.lr = lr
-        self.optimizer = optimizer
         self.weights_precision = check_weights_precision(weights_precision)
         self.dtype = weights_dtype(weights_precision)
         if weights_buffer is not None and weights_buffer.dtype != self.dtype:
@@ -205,8 +220,7 @@ class FusedEmbedding:
         compute = ComputeDevice.CUDA if cuda else ComputeDevice.CPU
         padded = [-(-d // TBE_WIDTH_ALIGN) * TBE_WIDTH_ALIGN for d in self.widths]
         specs = [(r, p, location, compute) for (r, _), p in zip(self.shapes, padded)]
-        optimizer = {"exact_sgd": EmbOptimType.EXACT_SGD,
-                     "exact_rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}[self.optimizer]
+        optimizer = getattr(EmbOptimType, FBGEMM_OPTIMIZERS[self.optimizer])
         shared = None
         if buffer is not None:
             if cuda:
@@ -333,6 +347,14 @@ class FusedEmbedding:
         if self.kernel == "embedding_bag":
             self._sgd.step()
             self._sgd.zero_grad(set_to_none=True)
+
+    def optimizer_state(self) -> list[dict[str, "torch.Tensor"]]:
+        """The fused optimizer's state of every shard (fbgemm's names, e.g. ``sum``), CPU
+        copies without padding columns; empty dicts for SGD and the fallback."""
+        if self.kernel != "fbgemm_tbe":
+            return [{} for _ in self.shapes]
+        return [{k: (v[:, :d] if v.dim() == 2 else v).detach().cpu().clone() for k, v in state.items()}
+                for state, d in zip(self._tbe.get_optimizer_state() or [{}] * len(self.shapes), self.widths)]
 
     def weights(self) -> list["torch.Tensor"]:
         """Current weights of every shard, (rows, width) float32 copies on the CPU."""

@@ -10,7 +10,7 @@ without building the whole table.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -156,6 +156,7 @@ def loss_sum(logits: torch.Tensor, labels: torch.Tensor, global_batch_size: int)
 class ReferenceResult:
     losses: list[float]
     weights: dict[str, torch.Tensor]
+    optimizer_state: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # per table, fused optimizers
 
 
 def train_reference(tables: Sequence[Table], steps: int, batch_size: int, lr: float,
@@ -210,4 +211,5 @@ def _train_reference_fused(tables: list[Table], steps: int, batch_size: int, lr:
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
-    return ReferenceResult(losses, {t.name: w for t, w in zip(tables, fused.weights())})
+    state = dict(zip((t.name for t in tables), fused.optimizer_state()))
+    return ReferenceResult(losses, {t.name: w for t, w in zip(tables, fused.weights())}, state)
