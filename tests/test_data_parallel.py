@@ -129,13 +129,14 @@ def test_search_replicates_a_small_hot_table_not_a_big_one():
     assert plan.data_parallel_tables == []
 
 
-@pytest.mark.parametrize("devices", [2, 3])
-def test_replicated_training_matches_unsharded(devices):
-    """Row-wise, table-wise and replicated tables together on 2-3 gloo processes: the
-    losses and every weight equal to the unsharded model's (1e-5)."""
+@pytest.mark.parametrize("devices,kernel", [(2, KERNEL), (3, KERNEL), (2, "embedding_bag")])
+def test_replicated_training_matches_unsharded(devices, kernel):
+    """Row-wise, table-wise and replicated tables together on 2-3 gloo processes (replicas in
+    fbgemm's dense TBE, or F.embedding_bag): the losses and every weight equal to the
+    unsharded model's (1e-5)."""
     reference = train_reference(TABLES, STEPS, BATCH, LR)
     plan = _plan(devices)
-    result = run(RunConfig(plan, list(TABLES), devices, steps=STEPS, batch_size=BATCH, lr=LR, kernel=KERNEL,
+    result = run(RunConfig(plan, list(TABLES), devices, steps=STEPS, batch_size=BATCH, lr=LR, kernel=kernel,
                            collect_weights=True, timeout_s=90))
     np.testing.assert_allclose(result.losses, reference.losses, rtol=0, atol=1e-5)
     for t in TABLES:

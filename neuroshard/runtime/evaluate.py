@@ -93,9 +93,10 @@ def summarize(plan: Plan, result: RunResult, warmup: int, batch_size: int, which
         kept = mine[warmup:] or mine
         steps = len(mine)
         row: dict = {"device": rank, "shards": len(plan.shards_on(rank))}
-        for phase in PHASES:
+        phases = PHASES + (("allreduce_ms",) if "allreduce_ms" in kept[0] else ())  # data-parallel tables
+        for phase in phases:
             row[phase] = statistics.median(r[phase] for r in kept)
-        row["total_ms"] = statistics.median(sum(r[p] for p in PHASES) for r in kept)
+        row["total_ms"] = statistics.median(sum(r[p] for p in phases) for r in kept)
         row["compute_wall_ms"] = statistics.median(r["compute_wall_ms"] for r in kept)
         row["dense_ms"] = statistics.median(r["dense_ms"] for r in kept)
         row["step_ms"] = statistics.median(r["step_ms"] for r in kept)

@@ -128,7 +128,7 @@ class ShardedEmbeddings:
         self.times = PhaseTimes()
         # data-parallel tables: a replica here, looked up for this rank's samples (``replicated``)
         self.replicated = (ReplicatedTables(plan, tables, rank, world_size, batch_size, seed, row_cap, self.device,
-                                            lr) if plan.data_parallel_tables else None)
+                                            lr, kernel) if plan.data_parallel_tables else None)
         self._replicated_inputs: list = []
         self._replicated_pooled: torch.Tensor | None = None
 
