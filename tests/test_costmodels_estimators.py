@@ -180,3 +180,14 @@ def test_shipped_checkpoint_is_v2_and_round_trips(tmp_path):
     again = CostModels.load(models.save(tmp_path / "again.pt"))
     for before, after in zip(_predictions(models, sets), _predictions(again, sets)):
         np.testing.assert_array_equal(after, before)
+
+
+def test_a_state_that_is_not_data_is_not_written(fitted, tmp_path):
+    class Odd(AnalyticComputeModel):  # a fitted state holding an object: it would need unpickling
+        def fitted_state(self) -> dict:
+            return {"coef": Path("x")}
+
+    Odd.__name__ = "AnalyticComputeModel"
+    with pytest.raises(NeuroShardError, match="not plain data"):
+        CostModels(Odd(), fitted[2].comm, 4096).save(tmp_path / "odd.pt")
+    assert not (tmp_path / "odd.pt").exists()

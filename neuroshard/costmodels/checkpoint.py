@@ -63,7 +63,8 @@ def model_entry(model: ComputeCostModel | CommCostModel) -> dict:
     name = type(model).__name__
     if name not in MODEL_CLASSES:
         raise NeuroShardError(f"cannot checkpoint a {name}: not one of {sorted(MODEL_CLASSES)}")
-    return {"class": name, "state": model.state_dict()}
+    state = model.state_dict()
+    return {"class": name, "state": {**state, "hparams": plain(state["hparams"])}}
 
 
 def model_from_entry(entry: dict, where: str, fmt: str = CHECKPOINT_FORMAT) -> Any:
@@ -104,6 +105,11 @@ def save_cost_models(models: CostModels, path: str | Path) -> Path:
     }
     buffer = io.BytesIO()
     torch.save(payload, buffer)
+    try:  # what is written must be data: refuse to write a file that would need unpickling to read
+        torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    except Exception as exc:
+        raise NeuroShardError(f"cannot checkpoint cost models '{models.name}': their state is not plain data "
+                              f"({type(exc).__name__})") from None
     path = atomic_write_bytes(path, buffer.getvalue())
     log.info("wrote cost models %s (%.1f kB)", path, path.stat().st_size / 1024)
     return path
