@@ -178,3 +178,13 @@ def test_constraints_decide_whether_a_table_may_or_must_be_replicated():
         "simulated_cost_ms"]
     with pytest.raises(NeuroShardError, match="table 'hot' allows only data_parallel sharding"):
         shard(_constrained(["data_parallel"]), devices=4, memory="256MiB", cost_models=models)
+
+
+def test_the_runtime_refuses_replicated_tables_with_another_optimizer():
+    from neuroshard.runtime.trainer import check_run
+    plan = _plan(2)
+    adam = Plan(plan.tables, plan.shards, 2, 10**6, optimizer="adam", data_parallel_tables=["hot", "t1"]).validate()
+    with pytest.raises(InvalidPlanError, match="data-parallel table 'hot': the runtime trains replicated tables "
+                                               "with sgd only"):
+        check_run(adam, TableSet("dp", TABLES), 2)
+    check_run(plan, TableSet("dp", TABLES), 2)  # sgd: accepted
