@@ -196,3 +196,29 @@ def test_comm_precision_round_trips_through_the_plan_file(tmp_path):
         again = Plan.read(path)
         assert again.comm_precision == precision and again.to_dict() == replace(plan, comm_precision=precision).to_dict()
     assert Plan.read(plan.write(tmp_path / "fp32.json")).comm_precision == "fp32"
+
+
+# ------------------------------------------------------------------ TorchRec
+def test_exported_qcomms_run_in_torchrec_within_fp16_rounding():
+    """The export's ``qcomms`` applied as TorchRec's QCommsConfig (DistributedModelParallel on
+    2 gloo processes): the pooled outputs are those of the unsharded model rounded once to
+    fp16 in the all-to-all. Pooled values are sums of at most 3 rows of TorchRec's initial
+    weights (|w| <= 1/sqrt(rows) <= 1/sqrt(33) < 0.18), so they differ by at most
+    3 x 0.18 x 2**-11 (one rounding); a difference above 0 shows the codec ran."""
+    pytest.importorskip("torchrec.distributed.planner")
+    from test_torchrec_interop import TABLES as INTEROP_TABLES
+    from test_torchrec_interop import _exported, _plan, _run_in_torchrec, _spec
+    from neuroshard.search.export import qcomms_config
+    from neuroshard.search.torchrec_import import plan_from_torchrec
+    cases = {}
+    for kind in ("table_wise", "column_wise", "row_wise"):
+        doc = _exported(replace(_plan(kind), comm_precision="fp16"))
+        assert doc["qcomms"] == {"forward_precision": "fp16", "backward_precision": "fp16"}
+        assert qcomms_config(doc).forward_precision.value == "fp16"
+        assert plan_from_torchrec(doc, TableSet("t", INTEROP_TABLES)).comm_precision == "fp16"
+        cases[kind] = (_spec(INTEROP_TABLES), doc)
+    assert "qcomms" not in _exported(_plan("row_wise")) and qcomms_config(_exported(_plan("row_wise"))) is None
+    bound = 3 * 0.18 * 2.0**-11
+    for r, results in enumerate(_run_in_torchrec(list(cases.values()))):
+        for name, res in zip(cases, results):
+            assert 0 < res["forward"] <= bound, (name, r, res)

@@ -126,7 +126,7 @@ def _compare(rank: int, tables: list[Table], doc: dict) -> dict:
     plan = ShardingPlan({"ebc": EmbeddingModuleShardingPlan(to_parameter_shardings(doc, sizes))})
     dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD),
                                    device=torch.device("cpu"), plan=plan,
-                                   sharders=[EmbeddingBagCollectionSharder()])
+                                   sharders=[EmbeddingBagCollectionSharder(qcomm_codecs_registry=_qcomms(doc))])
     def local_parts(value) -> list[tuple[int, int, torch.Tensor]]:
         """(row offset, column offset, tensor) of this rank's shards; a data-parallel table's
         state is its whole replica."""
@@ -172,6 +172,14 @@ def _compare(rank: int, tables: list[Table], doc: dict) -> dict:
     with torch.no_grad():
         after = float((sharded_pooled(kjt) - reference_pooled(kjt)).abs().max())
     return {"forward": fwd, "weights": weights, "after_step": after}
+
+
+def _qcomms(doc: dict):
+    """The export's reduced-precision communication as TorchRec's codecs (None: fp32)."""
+    from torchrec.distributed.fbgemm_qcomm_codec import get_qcomm_codecs_registry
+    from neuroshard.search.export import qcomms_config
+    config = qcomms_config(doc)
+    return None if config is None else get_qcomm_codecs_registry(config, device=torch.device("cpu"))
 
 
 def _run_in_torchrec(documents: list[dict]) -> list[list[dict]]:
