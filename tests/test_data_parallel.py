@@ -188,3 +188,9 @@ def test_the_runtime_refuses_replicated_tables_with_another_optimizer():
                                                "with sgd only"):
         check_run(adam, TableSet("dp", TABLES), 2)
     check_run(plan, TableSet("dp", TABLES), 2)  # sgd: accepted
+
+
+def test_measure_refuses_replicated_tables_rather_than_timing_them_wrong():
+    from neuroshard.runtime.measure_plan import measure_plans
+    with pytest.raises(InvalidPlanError, match="data-parallel table 'hot' cannot be timed device by device"):
+        measure_plans({"dp": _plan(2)}, TableSet("dp", TABLES))

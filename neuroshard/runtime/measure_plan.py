@@ -236,6 +236,9 @@ def _check_plans(plans: Mapping[str, Plan], tables: TableSet) -> None:
             plan.check_matches(tables)
         except InvalidPlanError as exc:
             raise InvalidPlanError(f"plan '{name}': {exc}") from None
+        if plan.data_parallel_tables:  # their lookups are per device's slice of the batch, in another kernel
+            raise InvalidPlanError(f"plan '{name}': data-parallel table '{plan.data_parallel_tables[0]}' cannot be "
+                                   f"timed device by device yet; measure the plan with `neuroshard evaluate`")
 
 
 def _run_once(fused: FusedEmbedding, inputs: FusedInputs) -> None:
