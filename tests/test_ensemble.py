@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from sklearn.base import clone
 
 from neuroshard import shard
 from neuroshard.costmodels import load_cost_models
@@ -37,7 +38,7 @@ def data(shipped):
 @pytest.fixture(scope="module")
 def ensemble(data):
     sets, costs = data
-    return EnsembleComputeModel(3, epochs=40, patience=10, hidden=32, depth=2).fit(sets, costs)
+    return EnsembleComputeModel(3, member_params=dict(epochs=40, patience=10, hidden=32, depth=2)).fit(sets, costs)
 
 
 def test_members_differ_and_predict_is_their_geometric_mean(ensemble, data):
@@ -51,9 +52,11 @@ def test_members_differ_and_predict_is_their_geometric_mean(ensemble, data):
     assert np.median(np.abs(np.log(mean / costs))) < 0.5
 
 
-def test_ensemble_needs_two_members():
+def test_ensemble_needs_two_members_and_clones(data):
     with pytest.raises(NeuroShardError, match="at least 2 members"):
-        EnsembleComputeModel(1)
+        EnsembleComputeModel(1).fit(*data)
+    model = EnsembleComputeModel(4, member_params={"hidden": 16})
+    assert clone(model).get_params() == model.get_params()
 
 
 def test_checkpoint_round_trip_loads_weights_only(ensemble, shipped, data, tmp_path):

@@ -23,49 +23,47 @@ from .neural import NeuralComputeModel
 
 
 class EnsembleComputeModel(ComputeCostModel):
-    """``size`` ``NeuralComputeModel``s (hyper-parameters ``member_params``) on bootstrap resamples."""
+    """``size`` ``NeuralComputeModel(**member_params)`` on bootstrap resamples (fitted: ``members_``)."""
 
     name = "ensemble"
 
-    def __init__(self, size: int = 5, bootstrap: bool = True, seed: int = 0, **member_params: Any):
-        if not isinstance(size, int) or size < 2:
-            raise NeuroShardError(f"an ensemble needs at least 2 members, got {size!r}")
-        self.size, self.bootstrap, self.seed = size, bootstrap, seed
-        self.member_params = dict(member_params)
-        self.members: list[NeuralComputeModel] = []
-
-    @property
-    def hparams(self) -> dict:
-        return {"size": self.size, "bootstrap": self.bootstrap, "seed": self.seed, **self.member_params}
+    def __init__(self, size: int = 5, bootstrap: bool = True, seed: int = 0, member_params: dict | None = None):
+        self.size = size
+        self.bootstrap = bootstrap
+        self.seed = seed
+        self.member_params = member_params
 
     def fit(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray, val_sets: Sequence[np.ndarray] | None = None,
             val_costs_ms: np.ndarray | None = None) -> "EnsembleComputeModel":
+        if not isinstance(self.size, int) or self.size < 2:
+            raise NeuroShardError(f"an ensemble needs at least 2 members, got {self.size!r}")
         costs_ms = np.asarray(costs_ms, dtype=np.float64)
-        self.members = []
+        params = dict(self.member_params or {})
+        base_seed = int(params.pop("seed", self.seed))
+        self.members_ = []
         for k in range(self.size):
             rng = np.random.default_rng([self.seed, k])
             rows = rng.integers(0, len(sets), len(sets)) if self.bootstrap else np.arange(len(sets))
-            params = {**self.member_params, "seed": int(self.member_params.get("seed", self.seed)) + k}
-            member = NeuralComputeModel(**params)
-            self.members.append(member.fit([sets[i] for i in rows], costs_ms[rows], val_sets, val_costs_ms))
+            member = NeuralComputeModel(**params, seed=base_seed + k)
+            self.members_.append(member.fit([sets[i] for i in rows], costs_ms[rows], val_sets, val_costs_ms))
         return self
 
     def fine_tune(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray, val_sets: Sequence[np.ndarray],
                   val_costs_ms: np.ndarray, **kwargs: Any) -> "EnsembleComputeModel":
         """Fine-tune every member on the same new measurements (on-site calibration)."""
         self._check()
-        for member in self.members:
+        for member in self.members_:
             member.fine_tune(sets, costs_ms, val_sets, val_costs_ms, **kwargs)
         return self
 
     def _check(self) -> None:
-        if not self.members:
+        if not getattr(self, "members_", None):
             raise NeuroShardError("the ensemble compute model is not trained; call fit or load a checkpoint")
 
     def predict_members(self, sets: Sequence[np.ndarray]) -> np.ndarray:
         """(members, sets) predicted ms."""
         self._check()
-        return np.stack([m.predict(sets) for m in self.members])
+        return np.stack([m.predict(sets) for m in self.members_])
 
     def predict_with_spread(self, sets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """(geometric-mean ms, standard deviation of the members' log ms) of each set."""
@@ -78,17 +76,10 @@ class EnsembleComputeModel(ComputeCostModel):
     def spread(self, sets: Sequence[np.ndarray]) -> np.ndarray:
         return self.predict_with_spread(sets)[1]
 
-    def state_dict(self) -> dict:
-        return {"hparams": self.hparams, "members": [m.state_dict() for m in self.members]}
+    def fitted_state(self) -> dict:
+        return {"members": [m.state_dict() for m in self.members_]} if getattr(self, "members_", None) else {}
 
-    def load_state_dict(self, state: dict) -> None:
-        params = dict(state["hparams"])
-        self.size, self.bootstrap, self.seed = int(params.pop("size")), bool(params.pop("bootstrap")), params.pop("seed")
-        self.member_params = params
-        self.members = []
-        for member_state in state["members"]:
-            member = NeuralComputeModel()
-            member.load_state_dict(member_state)
-            self.members.append(member)
-        if len(self.members) != self.size:
-            raise ValueError(f"{len(self.members)} members stored for an ensemble of {self.size}")
+    def load_fitted_state(self, state: dict) -> None:
+        self.members_ = [NeuralComputeModel.from_state_dict(m) for m in state["members"]]
+        if len(self.members_) != self.size:
+            raise ValueError(f"{len(self.members_)} members stored for an ensemble of {self.size}")

@@ -53,9 +53,12 @@ def mlp(num_inputs: int, hidden: int, depth: int, num_outputs: int | None = None
 
 def train_regressor(net: nn.Module, loss_of: Callable[[nn.Module, np.ndarray], torch.Tensor], num_train: int,
                     val_loss: Callable[[nn.Module], float], epochs: int, batch_size: int, lr: float,
-                    weight_decay: float, patience: int, seed: int, desc: str) -> tuple[nn.Module, float]:
+                    weight_decay: float, patience: int, seed: int, desc: str,
+                    lengths: np.ndarray | None = None) -> tuple[nn.Module, float]:
     """AdamW (cosine schedule) over shuffled mini-batches of ``num_train`` items; keeps the weights
-    of the best validation loss and stops after ``patience`` epochs without improvement."""
+    of the best validation loss and stops after ``patience`` epochs without improvement. With
+    ``lengths`` (set sizes), each mini-batch holds sets of similar size (sorted within random
+    chunks of 32 batches, batches shuffled), so ``loss_of`` can trim the padding."""
     rng = np.random.default_rng(seed)
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(epochs, 1), eta_min=lr * 0.02)
@@ -65,9 +68,16 @@ def train_regressor(net: nn.Module, loss_of: Callable[[nn.Module, np.ndarray], t
         for _ in bar:
             net.train()
             order = rng.permutation(num_train)
-            for start in range(0, num_train, batch_size):
+            batches = [order[start:start + batch_size] for start in range(0, num_train, batch_size)]
+            if lengths is not None:
+                chunk = 32 * batch_size
+                order = np.concatenate([part[np.argsort(lengths[part], kind="stable")]
+                                        for part in np.split(order, range(chunk, num_train, chunk))])
+                batches = [order[start:start + batch_size] for start in range(0, num_train, batch_size)]
+                batches = [batches[i] for i in rng.permutation(len(batches))]
+            for rows in batches:
                 opt.zero_grad()
-                loss_of(net, order[start:start + batch_size]).backward()
+                loss_of(net, rows).backward()
                 opt.step()
             sched.step()
             net.eval()
@@ -260,15 +270,17 @@ class NeuralComputeModel(ComputeCostModel):
         vy = torch.from_numpy((np.log(np.asarray(val_costs_ms, dtype=np.float64)) - vlog_prior.numpy()).astype(np.float32))
         y_mean, y_std = float(self.net_.residual_mean), float(self.net_.residual_std)
 
+        lengths = m.sum(dim=1).numpy().astype(np.int64)
+
         def loss_of(net: SetNet, rows: np.ndarray) -> torch.Tensor:
-            r = torch.from_numpy(rows)
-            return nn.functional.smooth_l1_loss(net.score(x[r], m[r], s[r]), target[r], beta=0.05)
+            r, longest = torch.from_numpy(rows), int(lengths[rows].max())  # padding beyond the batch's longest set cut
+            return nn.functional.smooth_l1_loss(net.score(x[r, :longest], m[r, :longest], s[r]), target[r], beta=0.05)
 
         def val_loss(net: SetNet) -> float:  # mean |log(pred / true)|, about the mean relative error
             return float((net.score(vx, vm, vs) * y_std + y_mean - vy).abs().mean())
 
         self.net_, self.val_loss_ = train_regressor(self.net_, loss_of, len(sets), val_loss, epochs, batch_size, lr,
-                                                    self.weight_decay, patience, self.seed, desc)
+                                                    self.weight_decay, patience, self.seed, desc, lengths)
 
     def fit(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray, val_sets: Sequence[np.ndarray] | None = None,
             val_costs_ms: np.ndarray | None = None) -> "NeuralComputeModel":

@@ -369,11 +369,6 @@ def pretrain(data: str | Path | Sequence[str | Path], comm_data: Sequence[str | 
         test_rows, train_rows, mixed_rows = np.sort(order[:cut]), np.sort(order[cut:]), np.zeros(0, dtype=np.int64)
         split = "random by shard set (too few sets for a split by table)"
     compute_models, fit_summary = fit_compute_models(compute, train_rows, epochs, tune, seed)
-    if ensemble:
-        from .ensemble import EnsembleComputeModel
-        train = compute.subset(train_rows)
-        compute_models["ensemble"] = EnsembleComputeModel(ensemble, **compute_models["neural"].hparams).fit(
-            train.sets, train.costs_ms)
     compute_test = compute.subset(test_rows)
     compute_summary = {**data_summary(compute, test_rows, mixed_rows), **fit_summary, "test_tables_fraction": test_tables,
                        "split": split}
@@ -390,18 +385,21 @@ def pretrain(data: str | Path | Sequence[str | Path], comm_data: Sequence[str | 
         log.warning("no communication data given: the checkpoint carries the unfitted analytic comm model")
     table = comparison_table(compute_models, compute_test, comm_models, comm_test, seed)
     metrics = {f"{r.target}/{r.model}": {c: getattr(r, c) for c in METRIC_COLUMNS} for r in table.itertuples()}
-    shipped = "ensemble" if ensemble else "neural"
-    shipped_compute, shipped_comm = compute_models[shipped], comm_models.get("neural")
-    if refit:  # the evaluated recipe, trained again on every table and sample
+    shipped_compute, shipped_comm = compute_models["neural"], comm_models.get("neural")
+    if ensemble:  # the evaluated recipe, K times on bootstrap resamples (of all sets, or the training sets)
+        from .ensemble import EnsembleComputeModel
+        data = compute if refit else compute.subset(train_rows)
+        shipped_compute = EnsembleComputeModel(ensemble, member_params=compute_models["neural"].hparams).fit(
+            data.sets, data.costs_ms)
+    elif refit:  # the evaluated recipe, trained again on every table and sample
         log.info("refitting the neural models on all measured data")
-        if ensemble:
-            shipped_compute = EnsembleComputeModel(ensemble, **compute_models["neural"].hparams).fit(
-                compute.sets, compute.costs_ms)
-        else:
-            shipped_compute = refit_neural_compute(compute, compute_models["neural"].hparams)
-        if comm_data:
-            shipped_comm = NeuralCommModel(comm_meta["batch_size"], epochs=epochs, seed=seed).fit(groups)
+        shipped_compute = refit_neural_compute(compute, compute_models["neural"].hparams)
+    if refit and comm_data:
+        shipped_comm = NeuralCommModel(comm_meta["batch_size"], epochs=epochs, seed=seed).fit(groups)
     compute_summary["shipped_model_trained_on"] = "all measured sets" if refit else "training tables only"
+    if ensemble:
+        compute_summary["shipped_model"] = (f"an ensemble of {ensemble} neural models (bootstrap resamples); the "
+                                            f"held-out rows are one such model's")
     bundle = CostModels(compute=shipped_compute,
                         comm=shipped_comm or AnalyticCommModel(compute.batch_size),
                         batch_size=compute.batch_size, hardware=compute.meta,
