@@ -158,12 +158,11 @@ def test_export_and_import_keep_replicated_tables():
     assert back.memory_used_bytes() == plan.memory_used_bytes()
 
 
-def _constrained(kinds: list[str]) -> TableSet:
-    """The task with the hot table's ``constraints.sharding_types`` set (the tables file's
-    per-table constraints, read through the attribute the search reads)."""
-    tables = _tables()
-    object.__setattr__(tables[0], "constraints", {"sharding_types": kinds})
-    return tables
+def _constrained(kinds: list[str] | None = None, devices: list[int] | None = None) -> TableSet:
+    """The task with the hot table's constraints (the tables file's per-table ``constraints``)."""
+    data = _tables().to_dict()
+    data["tables"][0]["constraints"] = {k: v for k, v in (("sharding_types", kinds), ("devices", devices)) if v}
+    return TableSet.from_dict(data)
 
 
 def test_constraints_decide_whether_a_table_may_or_must_be_replicated():
@@ -172,6 +171,8 @@ def test_constraints_decide_whether_a_table_may_or_must_be_replicated():
     kept = shard(_constrained(["table_wise", "column_wise"]), devices=4, memory="256MiB", cost_models=models,
                  data_parallel="auto")
     assert kept.data_parallel_tables == [] and kept.shards_of("hot")
+    pinned = shard(_constrained(devices=[1]), devices=4, memory="256MiB", cost_models=models, data_parallel="auto")
+    assert pinned.data_parallel_tables == [] and {s.device for s in pinned.shards_of("hot")} == {1}
     forced = shard(_constrained(["data_parallel"]), devices=4, memory="256MiB", cost_models=models,
                    data_parallel="auto")
     assert forced.data_parallel_tables == ["hot"] and "sharded" not in forced.provenance["data_parallel"][

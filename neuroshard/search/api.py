@@ -9,7 +9,8 @@ from typing import Any
 
 from .. import __version__
 from ..errors import NeuroShardError
-from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer
+from ..constraints import check_feasible as check_constraints_feasible
+from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes
 from ..plan import Plan
 from ..tables import Table, TableSet
 from ..topology import device_memory, resolve_topology
@@ -18,7 +19,7 @@ from ..validate import (MAX_LOOKUPS_PER_BATCH, MAX_TABLES, check_batch_size, che
                         check_devices, check_int, check_memory, check_seed)
 from .baselines import best_packing_greedy  # noqa: F401  (public here: the fuzz experiment uses it)
 from .registry import ALGORITHMS, GREEDY_ALGORITHMS, get_algorithm, make_params  # noqa: F401
-from .rowwise import check_feasible, runnable_row_splits
+from .rowwise import check_feasible, local_ranks, runnable_row_splits
 from .replicate import (DEFAULT_DATA_PARALLEL, REPLICATING_ALGORITHMS, check_data_parallel, forced_tables,
                         replicated_bytes, search_with_replication)
 from .simulator import Placement, Simulator
@@ -94,7 +95,7 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
     pieces, devices = runnable_row_splits(
         placement.pieces, placement.devices, sim.num_devices, sim.bytes_per_element, room,
         lambda pieces, devices: float(sim.evaluate(pieces, devices[None, :]).max_ms[0]), optimizer=sim.optimizer,
-        local_world_size=sim.local_world_size)
+        local_world_size=sim.local_world_size, allowed=sim.allows_placement)
     placement = Placement(pieces, devices, placement.cost_ms, placement.details)
     estimate = sim.evaluate(placement.pieces, placement.devices[None, :], risk=0.0).to_dict()  # the mean
     estimate["batch_size"] = sim.tables.batch_size
@@ -170,6 +171,9 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
     if not isinstance(row_splits, bool):
         raise NeuroShardError(f"parameter row_splits must be true or false, got {row_splits!r}")
     check_feasible(tables, devices, limits, bytes_per_element, row_splits, optimizer)
+    local = topology.local_world_size if topology is not None and topology.hosts_stated else local_ranks(devices)
+    check_constraints_feasible(tables, devices, limits, lambda cols: row_bytes(cols, bytes_per_element, optimizer),
+                               local, row_splits)  # per-table constraints: one line naming the table
     if len(tables) * devices >= LARGE_TASK:  # say so before minutes without output
         log.warning("a large task (%d tables on %d devices): the %s search may take minutes", len(tables), devices,
                     algorithm)
@@ -186,6 +190,8 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
         log.warning("bytes_per_element=%d sizes the shards in memory, but no measured ratio carries the cost "
                     "models' %s kernels to %s: the cost estimates (and the search's choices) are for %s",
                     bytes_per_element, sim.cost_precision, precision_of(bytes_per_element), sim.cost_precision)
+    if forced:  # tables allowed only data_parallel are never pieces
+        sim = sim.with_data_parallel(forced)
     sim.memory_split(memory_bytes, row_splits)  # once, before any algorithm: every one starts from these pieces
     start = time.perf_counter()
     if replicating:

@@ -51,20 +51,24 @@ def check_data_parallel(value: str, what: str = "data_parallel") -> str:
     return value
 
 
-def allowed_kinds(table: "Table") -> list[str] | None:
-    """The table's ``constraints.sharding_types`` (None: any kind). Read defensively: a
-    constraints object or a plain dict."""
+def _constraint(table: "Table", key: str) -> list | None:
+    """One field of the table's ``constraints`` (None when absent), a dict or an object."""
     constraints = getattr(table, "constraints", None)
     if constraints is None:
         return None
-    kinds = (constraints.get("sharding_types") if isinstance(constraints, Mapping)
-             else getattr(constraints, "sharding_types", None))
-    return None if kinds is None else list(kinds)
+    value = constraints.get(key) if isinstance(constraints, Mapping) else getattr(constraints, key, None)
+    return None if value is None else list(value)
 
 
-def may_replicate(table: "Table") -> bool:
-    kinds = allowed_kinds(table)
-    return kinds is None or DATA_PARALLEL in kinds
+def allowed_kinds(table: "Table") -> list[str] | None:
+    """The table's ``constraints.sharding_types`` (None: any kind)."""
+    return _constraint(table, "sharding_types")
+
+
+def may_replicate(table: "Table", num_devices: int) -> bool:
+    """Its constraints allow data_parallel, and pin it to no fewer than all devices."""
+    kinds, pinned = allowed_kinds(table), _constraint(table, "devices")
+    return (kinds is None or DATA_PARALLEL in kinds) and (pinned is None or len(set(pinned)) >= num_devices)
 
 
 def must_replicate(table: "Table") -> bool:
@@ -121,7 +125,7 @@ def candidates(sim: "Simulator", memory_bytes: int) -> list[str]:
     out = []
     for t in sim.tables:
         size = replicated_bytes(sim, [t.name])
-        if may_replicate(t) and size <= np.min(memory_bytes) / 2 and t.pooling_factor > 0:  # per-device: smallest
+        if may_replicate(t, sim.num_devices) and size <= np.min(memory_bytes) / 2 and t.pooling_factor > 0:  # per-device: smallest
             out.append((-t.pooling_factor * t.embedding_dim / size, t.name))
     return [name for _, name in sorted(out)][:MAX_CANDIDATES]
 
