@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measured iterations per plan and round (default: 12)")
     p.add_argument("--rounds", type=positive_int, default=3,
                    help="measurement runs, each alternating the two plans' steps (default: 3)")
+    p.add_argument("--calibrate", choices=("auto", "always", "never"), default="auto",
+                   help="calibrate the cost models on this machine and the demo's tables first: auto (default) does "
+                        "when this CPU is not the one the checkpoint was measured on")
     p.set_defaults(func=_demo)
     add_verbose(parser)  # before or after the subcommand
     return parser

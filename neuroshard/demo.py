@@ -17,6 +17,10 @@ from .errors import NeuroShardError
 
 
 
+#: random sets timed when the demo calibrates (a few seconds for its tables)
+DEMO_CALIBRATION_SETS = 48
+
+
 def _improvement(best_baseline: float, ours: float) -> str:
     return f"{100.0 * (best_baseline - ours) / best_baseline:+.1f}%"
 
@@ -51,8 +55,16 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"   {out / 'tables.json'}: {total / 2**30:.1f} GiB in fp32, batch {tables.batch_size}; "
           f"{args.devices} devices of {memory / 2**30:.2f} GiB each")
 
+    measured_on = models.hardware.get("hardware", {}).get("cpu_model", "unknown hardware")
+    from .costmodels.measure.store import cpu_model
+    here = cpu_model()
+    if args.calibrate == "always" or (args.calibrate == "auto" and here != measured_on):
+        from .costmodels.calibrate import calibrated_models
+        print(f"\n== 1b. calibrate: the checkpoint was measured on {measured_on}, this is {here}: timing the "
+              f"tables here and fine-tuning (cached for the next run)")
+        models = calibrated_models(tables, models, devices=args.devices, sets=DEMO_CALIBRATION_SETS)
     print(f"\n== 2. search with cost models '{models.name}' (measured at batch {models.batch_size} on "
-          f"{models.hardware.get('hardware', {}).get('cpu_model', 'unknown hardware')})")
+          f"{measured_on})")
     plans = {}
     for algorithm in ("neuroshard", *GREEDY_ALGORITHMS):
         plans[algorithm] = shard(tables, devices=args.devices, memory=memory, algorithm=algorithm,
