@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .constraints import plan_problems as constraint_problems
 from .errors import FormatError, InvalidPlanError, NeuroShardError
 from .optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer, shard_bytes
 from .tables import Table, TableSet, _is_int, _is_number
@@ -158,6 +159,8 @@ class Plan:
         for d, (used, limit) in enumerate(zip(self.memory_used_bytes(), self.memory_limits())):
             if used > limit:
                 out.append(f"device {d}: shards need {used} bytes{state}, over its {limit} by {used - limit}")
+        if not out:  # a valid tiling: does it keep its tables' constraints?
+            out.extend(constraint_problems(self))
         return out
 
     def validate(self) -> "Plan":

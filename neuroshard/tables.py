@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from .access_spec import NUM_BINS, ROW_ORDERS
+from .constraints import check_constraints
 from .errors import FormatError
 from .validate import (MAX_BATCH_SIZE, MAX_EMBEDDING_DIM, MAX_LOOKUPS_PER_BATCH, MAX_NUM_EMBEDDINGS,
                        MAX_POOLING_FACTOR, MAX_TABLES, read_json)
 
 TABLES_FORMAT = "neuroshard.tables/v1"
 DEFAULT_BATCH_SIZE = 65536
-_TABLE_KEYS = ("name", "num_embeddings", "embedding_dim", "pooling_factor", "access")
+_TABLE_KEYS = ("name", "num_embeddings", "embedding_dim", "pooling_factor", "access", "constraints")
 
 
 def _is_int(value: Any) -> bool:
@@ -39,6 +40,7 @@ class Table:
     extra: dict = field(default_factory=dict, repr=False)
     base_dir: Path | None = field(default=None, repr=False, compare=False)
     source: str | None = field(default=None, repr=False, compare=False)  # where it was read, for errors
+    constraints: dict = field(default_factory=dict)  # the file's per-table constraints (``neuroshard.constraints``)
 
     # ---------------------------------------------------------------- format
     @classmethod
@@ -67,15 +69,18 @@ class Table:
         access = data.get("access", {})
         access = {} if access is None else access
         _check_access(access, where)
+        constraints = check_constraints(data["constraints"], where) if data.get("constraints") is not None else {}
         extra = {k: v for k, v in data.items() if k not in _TABLE_KEYS}
         return cls(name, int(data["num_embeddings"]), int(data["embedding_dim"]),
-                   float(data["pooling_factor"]), dict(access), extra, source=where)
+                   float(data["pooling_factor"]), dict(access), extra, source=where, constraints=constraints)
 
     def to_dict(self) -> dict:
         out = {"name": self.name, "num_embeddings": self.num_embeddings,
                "embedding_dim": self.embedding_dim, "pooling_factor": self.pooling_factor}
         if self.access:
             out["access"] = self.access
+        if self.constraints:  # absent when none: such a table is written as before revision 3
+            out["constraints"] = self.constraints
         out.update(self.extra)
         return out
 

@@ -62,12 +62,13 @@ def greedy_by_key(sim: Simulator, memory_bytes: int, key: str, seed: int = 0) ->
         sizes = sim.sizes_bytes(pieces)
         # a strip's row blocks on distinct devices, as TorchRec runs them
         devices = greedy_place(key_fn(sim, pieces, rng), sizes, sim.num_devices, memory_bytes,
-                               groups=strip_groups(pieces), host_size=sim.host_size)[0]
+                               groups=strip_groups(pieces), host_size=sim.host_size,
+                               allowed=sim.device_mask(pieces))[0]
         return Placement(pieces, devices) if devices[0] >= 0 else None
 
     start = sim.memory_split(memory_bytes)
     placed = place_with_splits(start, place, bpe, num_devices=sim.num_devices, optimizer=sim.optimizer,
-                               local_world_size=sim.local_world_size)
+                               local_world_size=sim.local_world_size, allowed=sim.allowed)
     placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
     placed.details = {"parameters": {"key": key, "seed": seed}, "simulated_cost_ms": placed.cost_ms}
     return placed

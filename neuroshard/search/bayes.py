@@ -79,7 +79,8 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
         ids = sim.piece_ids(pieces)
         return greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.num_devices, memory_bytes,
                             widths=sim.cols_of(ids), caps=np.array([cap], dtype=np.float64),
-                            groups=strip_groups(pieces), host_size=sim.host_size)[0]
+                            groups=strip_groups(pieces), host_size=sim.host_size,
+                            allowed=sim.device_mask(pieces))[0]
 
     sampler = optuna.samplers.TPESampler(seed=seed)
     verbosity = optuna.logging.get_verbosity()
@@ -91,7 +92,8 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
             trials = [study.ask() for _ in range(min(params.batch, params.n_trials - first))]
             states = [trial_state(t) for t in trials]
             placed = [(pieces, greedy(pieces, cap)) for pieces, cap in states]
-            feasible = [i for i, (_, devices) in enumerate(placed) if (devices >= 0).all()]
+            feasible = [i for i, (pieces, devices) in enumerate(placed)  # packed, and allowed by the constraints
+                        if (devices >= 0).all() and sim.allowed(pieces)]
             costs = np.full(len(trials), np.inf)
             if feasible:
                 costs[feasible] = sim.evaluate_many([placed[i] for i in feasible]).max_ms
@@ -106,7 +108,7 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
         log.info("no Bayesian trial fit in memory; placing with extra memory splits")
         best = place_with_splits(start, lambda pieces: _feasible(sim, pieces, greedy(pieces, math.inf)), bpe,
                                  num_devices=sim.num_devices, optimizer=sim.optimizer,
-                                 local_world_size=sim.local_world_size)
+                                 local_world_size=sim.local_world_size, allowed=sim.allowed)
     best.details = {"parameters": {**asdict(params), "seed": seed}, "simulated_cost_ms": best.cost_ms,
                     "best_trial": study.best_trial.params if study.best_value < 1e30 else None}
     return best

@@ -51,7 +51,9 @@ def _units(sim: Simulator, memory_bytes: int) -> list[Piece]:
     out = []
     for piece in whole_pieces(sim.tables):
         size = piece.size_bytes(bpe, sim.optimizer)
-        if size <= half:
+        if sim.constraints is not None and sim.constraints[piece.table].any:  # the layout its constraints allow
+            out.extend(p for p in sim.memory_split(memory_bytes) if p.table == piece.table)
+        elif size <= half:
             out.append(piece)
         elif row_bytes(piece.num_cols, bpe, sim.optimizer) <= half:
             out.extend(split_rows(piece, math.ceil(size / half)))
@@ -87,13 +89,13 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
         measure(pieces)
         costs = np.array([measured[p] for p in pieces])
         sizes = sim.sizes_bytes(pieces)
-        devices = greedy_place(costs, sizes, sim.num_devices, memory_bytes)[0]
+        devices = greedy_place(costs, sizes, sim.num_devices, memory_bytes, allowed=sim.device_mask(pieces))[0]
         if devices[0] < 0:
             return None
         load = np.bincount(devices, weights=costs, minlength=sim.num_devices)
         return Placement(pieces, devices, details={"measured_load_ms": load.round(4).tolist()})
 
-    placed = place_with_splits(_units(sim, memory_bytes), place, bpe, optimizer=sim.optimizer)
+    placed = place_with_splits(_units(sim, memory_bytes), place, bpe, optimizer=sim.optimizer, allowed=sim.allowed)
     placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
     from ..costmodels.measure.store import cpu_model
     placed.details.update(parameters={"rounds": params.rounds, "repeats": params.repeats, "batch_size": batch,

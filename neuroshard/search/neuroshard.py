@@ -74,7 +74,7 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
     start = sim.memory_split(memory_bytes, params.row_splits)
     best = place_with_splits(start, lambda pieces: place_many(sim, [pieces], memory_bytes, params)[0],
                              bpe, params.row_splits, num_devices=sim.num_devices, optimizer=sim.optimizer,
-                             local_world_size=sim.local_world_size)
+                             local_world_size=sim.local_world_size, allowed=sim.allowed)
     beam, seen, stale = [best], {tuple(best.pieces)}, 0
     for step in range(params.depth):
         children = []
@@ -112,6 +112,7 @@ def refine(sim: Simulator, placement: Placement, memory_bytes: int, steps: int) 
     drops most (memory permitting); stop when no move helps. Returns (placement, moves)."""
     ids = sim.piece_ids(placement.pieces)
     sizes = sim.bytes_of(ids)
+    mask = sim.device_mask(placement.pieces)  # pinned tables move only among their devices
     devices, cost = placement.devices.copy(), placement.cost_ms
     for move in range(steps):
         slowest = int(sim.evaluate_ids([(ids, devices)]).total_ms[0].argmax())
@@ -119,7 +120,7 @@ def refine(sim: Simulator, placement: Placement, memory_bytes: int, steps: int) 
         candidates = []
         for piece in np.flatnonzero(devices == slowest):
             for target in np.flatnonzero(used + sizes[piece] <= memory_bytes):
-                if target != slowest:
+                if target != slowest and (mask is None or mask[piece, target]):
                     moved = devices.copy()
                     moved[piece] = target
                     candidates.append(moved)
@@ -148,7 +149,7 @@ def split_children(sim: Simulator, pieces: list[Piece], params: NeuroShardParams
     if params.row_splits:
         valid = sorted({sim.local_world_size, sim.num_devices})  # the row splits TorchRec runs
         children += [split_table_rows(pieces, i, valid_parts=valid) for i in candidates]
-    unique = {tuple(c): c for c in children if c is not None}
+    unique = {tuple(c): c for c in children if c is not None and sim.allowed(c)}  # per-table constraints
     return list(unique.values())
 
 
@@ -169,7 +170,7 @@ def place_many(sim: Simulator, states: list[list[Piece]], memory_bytes: int,
         ids = sim.piece_ids(pieces)
         devices = greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.num_devices, memory_bytes,
                                widths=sim.cols_of(ids), caps=caps, groups=strip_groups(pieces),
-                               host_size=sim.host_size)
+                               host_size=sim.host_size, allowed=sim.device_mask(pieces))
         distinct = {row.tobytes(): row for row in devices if row[0] >= 0}  # identical placements once
         candidates += [(ids, row) for row in distinct.values()]
         owners += [s] * len(distinct)

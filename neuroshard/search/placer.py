@@ -8,16 +8,19 @@ import numpy as np
 
 def greedy_place(keys: np.ndarray, sizes_bytes: np.ndarray, num_devices: int, memory_bytes: int,
                  widths: np.ndarray | None = None, caps: np.ndarray | None = None,
-                 groups: np.ndarray | None = None, host_size: int | None = None) -> np.ndarray:
+                 groups: np.ndarray | None = None, host_size: int | None = None,
+                 allowed: np.ndarray | None = None) -> np.ndarray:
     """For every width cap at once (``caps``; None: one run without a cap): pieces in order
     of falling ``keys``, each on the device with the lowest sum of keys that has memory for
     it and ``widths`` headroom under the cap (ignoring the cap when no device meets it).
     Pieces of one group (``groups``, the row blocks of one column strip,
     ``rowwise.strip_groups``; -1 for none) go to distinct devices where memory allows;
     with ``host_size`` (devices per host), a group of that many blocks stays on the host
-    of its first block where memory allows (table-row-wise).
+    of its first block where memory allows (table-row-wise). ``allowed`` (pieces, devices),
+    when given, says where each piece may go at all (pinned tables, ``constraints``).
     Returns (len(caps), pieces) devices; a row of -1 where memory runs out."""
     keys = np.asarray(keys, dtype=np.float64)
+    permitted = allowed  # (the loop's ``allowed`` is per cap)
     sizes_bytes = np.asarray(sizes_bytes, dtype=np.float64)
     widths = np.zeros(len(keys)) if widths is None else np.asarray(widths, dtype=np.float64)
     caps = np.array([np.inf]) if caps is None else np.asarray(caps, dtype=np.float64)
@@ -38,6 +41,8 @@ def greedy_place(keys: np.ndarray, sizes_bytes: np.ndarray, num_devices: int, me
         host = np.arange(num_devices) // host_size
     for s in np.argsort(-keys, kind="stable").tolist():
         fits = free >= sizes_bytes[s]
+        if permitted is not None:
+            fits &= permitted[s]
         if groups[s] >= 0:
             apart = fits & ~taken[:, groups[s]]
             if on_host.size and on_host[groups[s]]:  # the host of the group's first block, once placed

@@ -220,7 +220,8 @@ def _runnable(strips: dict[tuple[int, int], list[tuple[Piece, int]]], num_device
 
 def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_devices: int, bytes_per_element: int,
                         memory_bytes: int, cost: Callable[[list[Piece], np.ndarray], float],
-                        optimizer: str = DEFAULT_OPTIMIZER, local_world_size: int | None = None
+                        optimizer: str = DEFAULT_OPTIMIZER, local_world_size: int | None = None,
+                        allowed: Callable[[list[Piece], np.ndarray], bool] | None = None
                         ) -> tuple[list[Piece], np.ndarray]:
     """Pieces and devices where every row-split table is laid out as TorchRec runs it.
     After ``align_row_blocks``, a table that is still not (blocks of one strip on
@@ -228,8 +229,11 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
     cheapest (by ``cost``) that fits memory of: its strips re-cut into one host's ``L``
     blocks on that host's ranks in order (every host), into ``W`` blocks on all ranks,
     or joined (each strip on the device holding most of it). When none fits it stays
-    as it is, and the exporter refuses it."""
-    pieces, devices = align_row_blocks(pieces, devices, bytes_per_element, memory_bytes, optimizer)
+    as it is, and the exporter refuses it. ``allowed`` (per-table constraints) refuses
+    layouts and devices as the search did."""
+    aligned = align_row_blocks(pieces, devices, bytes_per_element, memory_bytes, optimizer)
+    if allowed is None or allowed(*aligned):  # joining a strip may leave too few shards
+        pieces, devices = aligned
     local = local_world_size or local_ranks(num_devices)
     for table in sorted({p.table for p in pieces}):
         mine = [j for j, p in enumerate(pieces) if p.table == table]
@@ -276,7 +280,8 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
             cand_pieces = [p for p, _ in placed]
             cand_devices = np.array([d for _, d in placed], dtype=np.int64)
             sizes = np.array([p.size_bytes(bytes_per_element, optimizer) for p in cand_pieces], dtype=np.float64)
-            if fits_memory(cand_devices, sizes, memory_bytes):
+            if fits_memory(cand_devices, sizes, memory_bytes) and (allowed is None or allowed(cand_pieces,
+                                                                                                cand_devices)):
                 options.append((cost(cand_pieces, cand_devices), cand_pieces, cand_devices))
         if options:
             _, pieces, devices = min(options, key=lambda o: o[0])
@@ -315,25 +320,29 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_eleme
 
 def halve_largest(pieces: Sequence[Piece], bytes_per_element: int, row_splits: bool = True,
                   num_devices: int | None = None, optimizer: str = DEFAULT_OPTIMIZER,
-                  local_world_size: int | None = None) -> list[Piece] | None:
+                  local_world_size: int | None = None,
+                  allowed: Callable[[list[Piece]], bool] | None = None) -> list[Piece] | None:
     """The pieces with the largest splittable one's strip halved along columns, else its
-    table re-cut into twice the row blocks; None when nothing can be split further."""
+    table re-cut into twice the row blocks; None when nothing can be split further.
+    ``allowed`` (per-table constraints, ``Simulator.allowed``) skips splits it refuses."""
     for i in sorted(range(len(pieces)), key=lambda i: -pieces[i].size_bytes(bytes_per_element, optimizer)):
-        split = halve_strip_cols(pieces, i)
-        if split is None and row_splits and num_devices is not None:  # TorchRec's block counts first
+        splits = [halve_strip_cols(pieces, i)]
+        if row_splits and num_devices is not None:  # TorchRec's block counts first
             local = local_world_size or local_ranks(num_devices)
-            split = split_table_rows(pieces, i, valid_parts=sorted({local, num_devices}))
-        if split is None and row_splits:
-            split = split_table_rows(pieces, i)
-        if split is not None:
-            return split
+            splits.append(split_table_rows(pieces, i, valid_parts=sorted({local, num_devices})))
+        if row_splits:
+            splits.append(split_table_rows(pieces, i))
+        for split in splits:
+            if split is not None and (allowed is None or allowed(split)):
+                return split
     return None
 
 
 def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], PlacedT | None],
                       bytes_per_element: int, row_splits: bool = True, max_rounds: int = 256,
                       num_devices: int | None = None, optimizer: str = DEFAULT_OPTIMIZER,
-                      local_world_size: int | None = None) -> PlacedT:
+                      local_world_size: int | None = None,
+                      allowed: Callable[[list[Piece]], bool] | None = None) -> PlacedT:
     """``place(pieces)``; while it cannot pack the pieces into memory, halve the largest
     piece and try again. InfeasibleError when splitting does not help."""
     current = list(pieces)
@@ -343,7 +352,8 @@ def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], Pl
             if round_:
                 log.info("packed after %d extra memory splits (%d shards)", round_, len(current))
             return placed
-        smaller = halve_largest(current, bytes_per_element, row_splits, num_devices, optimizer, local_world_size)
+        smaller = halve_largest(current, bytes_per_element, row_splits, num_devices, optimizer, local_world_size,
+                                allowed)
         if smaller is None:
             break
         current = smaller

@@ -52,6 +52,7 @@ from ..costmodels.precision import compute_scaling
 from ..datasets.sampler import shard_table
 from ..errors import NeuroShardError
 from ..kernels import precision_of
+from ..constraints import allowed_state, device_mask, table_constraints
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes, shard_bytes
 from ..plan import Plan, Shard
 from ..tables import TableSet
@@ -175,6 +176,7 @@ class Simulator:
             cost_models, precision_of(self.bytes_per_element))
         self.comm_precision = check_comm_precision(comm_precision)
         self.optimizer = check_optimizer(optimizer)  # its state counts in every memory check
+        self.constraints = table_constraints(tables)  # per table, by index (None: no table has any)
         self.comm = cost_models.comm_for(self.num_devices)
         self._set_topology(topology)
         self.scale = cost_models.scale(tables.batch_size)
@@ -256,7 +258,47 @@ class Simulator:
                                                         self.bytes_per_element, row_splits, self.num_devices,
                                                         optimizer=self.optimizer,
                                                         local_world_size=self.local_world_size)
+            if self.constraints is not None:
+                self._memory_splits[key] = self._conform(self._memory_splits[key], memory_bytes, row_splits)
         return list(self._memory_splits[key])
+
+    # -------------------------------------------------------- constraints
+    def _conform(self, pieces: list[Piece], memory_bytes: int, row_splits: bool) -> list[Piece]:
+        """Each constrained table's pieces in an allowed layout that fits its (pinned) devices
+        (``constraints.conform``)."""
+        from ..constraints import conform
+        limits = memory_bytes if np.ndim(memory_bytes) else self.memory_limits(memory_bytes)
+        limits = np.broadcast_to(np.asarray(limits, dtype=np.float64), (self.num_devices,))
+        out: list[Piece] = []
+        for t in sorted({p.table for p in pieces}):
+            mine, rule = [p for p in pieces if p.table == t], self.constraints[t]
+            if rule.any:
+                pinned = list(rule.devices) if rule.devices is not None else slice(None)
+                mine = conform(mine, self.tables[t], rule, float(limits[pinned].max()), self.row_bytes_of,
+                               self.num_devices, self.local_world_size, row_splits)
+            out += mine
+        return sorted(out)
+
+    def row_bytes_of(self, cols: int) -> int:
+        """Memory of one row of a piece ``cols`` wide (weights and optimizer state)."""
+        return row_bytes(cols, self.bytes_per_element, self.optimizer)
+
+    def allowed(self, pieces: Sequence[Piece]) -> bool:
+        """Whether every constrained table's pieces take a layout its constraints allow."""
+        return allowed_state(pieces, self.constraints, self.num_devices, self.local_world_size)
+
+    def device_mask(self, pieces: Sequence[Piece]) -> np.ndarray | None:
+        """(pieces, devices): where each piece may go (pinned tables); None when none is pinned."""
+        return device_mask(pieces, self.constraints, self.num_devices)
+
+    def allows_placement(self, pieces: Sequence[Piece], devices: np.ndarray) -> bool:
+        """Whether a finished placement keeps every table's constraints (layout, shard counts,
+        pinned devices)."""
+        if self.constraints is None:
+            return True
+        mask = self.device_mask(pieces)
+        return (allowed_state(pieces, self.constraints, self.num_devices, self.local_world_size, final=True)
+                and (mask is None or bool(mask[np.arange(len(pieces)), np.asarray(devices)].all())))
 
     def piece_ids(self, pieces: Sequence[Piece]) -> np.ndarray:
         """Stable small integers for ``pieces`` (new pieces get their features computed once)."""

@@ -17,6 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..constraints import DATA_PARALLEL, TableConstraints
 from ..errors import InfeasibleError, NeuroShardError
 from ..units import format_bytes
 from .registry import SearchFunction
@@ -82,8 +83,18 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
                                   feature_names=[f"{t.name}__feature"], data_type=data_type) for t in sim.tables]
     # with hosts, TorchRec's table-row-wise too (row blocks on one host's ranks)
     types = list(SHARDING_TYPES) + (["table_row_wise"] if sim.host_size else [])
-    constraints = {t.name: ParameterConstraints(sharding_types=types,
-                                                pooling_factors=[max(t.pooling_factor, 1e-3)]) for t in sim.tables}
+    rules = sim.constraints or [TableConstraints(t.name) for t in sim.tables]
+    pinned = [r.name for r in rules if r.devices is not None]
+    if pinned:
+        raise InfeasibleError(f"table '{pinned[0]}' is pinned to devices (constraints.devices), which TorchRec's "
+                              f"planner cannot express (its ParameterConstraints name no ranks); use another algorithm")
+    # a table's constraints.sharding_types become TorchRec's (its data_parallel is the data-parallel search's)
+    constraints = {t.name: ParameterConstraints(
+        sharding_types=[k for k in types if rule.allows(k)] or sorted(rule.sharding_types - {DATA_PARALLEL}),
+        pooling_factors=[max(t.pooling_factor, 1e-3)],
+        # TorchRec cuts column-wise into strips of at least min_partition columns: ask for min_shards of them
+        min_partition=max(4, t.embedding_dim // rule.min_shards) if rule.min_shards > 1 else None)
+        for t, rule in zip(sim.tables, rules)}
     limits = np.broadcast_to(np.asarray(memory_bytes, dtype=np.int64), (sim.num_devices,))  # per device
     largest = int(limits.max())
     caps = {"hbm_cap": largest} if compute_device == "cuda" else {"ddr_cap": largest, "hbm_cap": 0}
@@ -111,12 +122,20 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
             raise InfeasibleError(f"TorchRec's planner found no plan in {format_bytes(largest)} per device "
                                   f"(it also counts optimizer state and buffers, often 2-3x the weights): "
                                   f"{first[:200]}") from None
+        except RuntimeError as exc:  # e.g. a table's constraints.sharding_types has no kernel on this device
+            first = str(exc).strip().split(". ")[0]
+            raise InfeasibleError(f"TorchRec's planner on {compute_device}: {first[:200]}") from None
 
     index = {t.name: i for i, t in enumerate(sim.tables)}
     shards, _ = shards_from_torchrec(plan, "TorchRec's plan")
     pieces = [Piece(index[s.table], s.row_offset, s.num_rows, s.col_offset, s.num_cols) for s in shards]
     devices = [s.device for s in shards]
     devices_arr = np.array(devices, dtype=np.int64)
+    if not sim.allows_placement(pieces, devices_arr):  # TorchRec has no shard counts: min/max_shards checked here
+        from ..constraints import plan_problems
+        from ..plan import Plan
+        problems = plan_problems(Plan(list(sim.tables), shards, sim.num_devices, largest))
+        raise InfeasibleError(f"TorchRec's planner's plan breaks the constraints: {'; '.join(problems[:2])}")
     cost = float(sim.evaluate(pieces, devices_arr[None, :]).max_ms[0])
     return Placement(pieces, devices_arr, cost,
                      {"parameters": {"compute_device": compute_device, "sharding_types": types},
