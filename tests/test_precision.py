@@ -222,3 +222,31 @@ def test_exported_qcomms_run_in_torchrec_within_fp16_rounding():
     for r, results in enumerate(_run_in_torchrec(list(cases.values()))):
         for name, res in zip(cases, results):
             assert 0 < res["forward"] <= bound, (name, r, res)
+
+
+# ------------------------------------------------------------- measurement
+@TBE
+def test_collect_compute_at_fp16_records_it_and_keeps_fp32_folders_apart(tmp_path):
+    from neuroshard.costmodels.measure.collect import collect_compute
+    from neuroshard.errors import NeuroShardError
+    tables = tmp_path / "t.json"
+    TableSet("small", list(TABLES), 512).write(tables)
+    options = dict(batch_size=512, max_tables=3, progress=False, repeats=1, max_repeats=1, warmup=0)
+    assert collect_compute(tables, 2, tmp_path / "fp16", weights_precision="fp16", **options) == 2
+    assert json.loads((tmp_path / "fp16" / "meta.json").read_text())["config"]["weights_precision"] == "fp16"
+    assert collect_compute(tables, 1, tmp_path / "fp32", **options) == 1
+    assert "weights_precision" not in json.loads((tmp_path / "fp32" / "meta.json").read_text())["config"]
+    with pytest.raises(NeuroShardError, match="weights_precision"):  # one folder, one precision
+        collect_compute(tables, 3, tmp_path / "fp16", **options)
+
+
+@TBE
+def test_calibrate_at_fp16_fine_tunes_an_fp16_model():
+    from neuroshard.costmodels.calibrate import calibrate
+    from neuroshard.costmodels.precision import model_precision
+    models = resolve_cost_models(None)
+    calibrated, report = calibrate(_tables(), models, devices=2, sets=8, epochs=20, weights_precision="fp16")
+    # fine-tuned on fp16 timings it predicts fp16 (no ratio); a kept pre-trained model stays fp32 (ratio applies)
+    assert model_precision(calibrated) == ("fp32" if report.kept_pretrained else "fp16")
+    factor, precision, record = compute_scaling(calibrated, "fp16")
+    assert precision == "fp16" and (factor == 1.0) == (not report.kept_pretrained) and bool(record) == report.kept_pretrained

@@ -40,6 +40,7 @@ from ..errors import NeuroShardError
 from ..kernels import DEFAULT_MAX_ROWS, check_weights_precision
 from ..tables import TableSet
 from .base import CostModels
+from .precision import model_precision
 from .metrics import gmae
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,9 @@ def calibrate(tables: TableSet, models: CostModels, devices: int = 8, sets: int 
                                kept)
     calibrated = CostModels(compute, models.comm, models.batch_size,
                             hardware={**models.hardware, "calibrated_on": config["hardware"],
-                                      "calibration_kernel": config["kernel"], "weights_precision": weights_precision},
+                                      "calibration_kernel": config["kernel"],
+                                      # a kept pre-trained model still predicts its own precision
+                                      "weights_precision": model_precision(models) if kept else weights_precision},
                             name=f"{models.name}+calibrated:{tables.name}",
                             metrics={**models.metrics, "calibration": report.to_dict()},
                             data_summary=models.data_summary)
