@@ -69,6 +69,13 @@ def precision_of(bytes_per_element: int) -> str:
     return names.get(int(bytes_per_element), "fp32")
 
 
+def trained_precision(bytes_per_element: int) -> str:
+    """The weights precision a kernel trains for ``bytes_per_element``: fp16 for 2, else fp32
+    (int8 and 8-byte weights count in memory only)."""
+    precision = precision_of(bytes_per_element)
+    return precision if precision in WEIGHTS_PRECISIONS else "fp32"
+
+
 def check_weights_precision(precision: str) -> str:
     """``precision`` if a kernel trains with it; NeuroShardError saying why not otherwise."""
     if precision in UNTRAINABLE_PRECISIONS:

@@ -10,6 +10,7 @@ import numpy as np
 
 from .constraints import plan_problems as constraint_problems
 from .errors import FormatError, InvalidPlanError, NeuroShardError
+from .kernels import precision_of
 from .optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer, shard_bytes
 from .tables import Table, TableSet, _is_int, _is_number
 from .topology import Topology
@@ -323,6 +324,8 @@ class Plan:
         if self.data_parallel_tables:
             head += (f"\ndata-parallel tables (replicated on every device, in memory_used): "
                      f"{', '.join(self.data_parallel_tables)}")
+        if self.bytes_per_element != 4:
+            head += f"\nweights precision: {precision_of(self.bytes_per_element)} ({self.bytes_per_element} bytes per element)"
         if self.comm_precision != "fp32":
             head += f"\ncommunication precision: {self.comm_precision} (pooled embeddings and gradients, all-to-all)"
         if self.topology is not None:

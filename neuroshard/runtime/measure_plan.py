@@ -37,8 +37,8 @@ import numpy as np
 
 from ..datasets.sampler import sample_lookups
 from ..errors import InvalidPlanError, NeuroShardError
-from ..kernels import (DEFAULT_MAX_ROWS, WEIGHTS_PRECISIONS, FusedEmbedding, FusedInputs, local_lookups, precision_of,
-                       resolve_kernel, weights_dtype, weights_numel)
+from ..kernels import (DEFAULT_MAX_ROWS, WEIGHTS_PRECISIONS, FusedEmbedding, FusedInputs, local_lookups, resolve_kernel,
+                       trained_precision, weights_dtype, weights_numel)
 from ..plan import Plan, Shard
 from ..tables import TableSet
 
@@ -353,7 +353,7 @@ def measure_plans(plans: Mapping[str, Plan] | Sequence[Plan], tables: TableSet, 
     batch_size = batch_size or models.batch_size
     names = list(plans)
     devices = [plans[n].shards_on(d) for n in names for d in range(plans[n].num_devices)]
-    precisions = {precision_of(p.bytes_per_element) for p in plans.values()} & set(WEIGHTS_PRECISIONS)
+    precisions = {trained_precision(p.bytes_per_element) for p in plans.values()}
     if len(precisions) == 1:  # the plans' weights precision (int8 and 8-byte plans are timed at fp32)
         options.setdefault("weights_precision", precisions.pop())
     rounds_ms, config = time_devices(devices, tables, batch_size=batch_size, **options)

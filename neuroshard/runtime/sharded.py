@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from ..exchange import PooledExchange
-from ..kernels import (DEFAULT_MAX_ROWS, WEIGHTS_PRECISIONS, FusedEmbedding, FusedInputs, local_lookups, precision_of)
+from ..kernels import (DEFAULT_MAX_ROWS, FusedEmbedding, FusedInputs, local_lookups, precision_of,
+                       trained_precision)
 from ..plan import Plan, Shard
 from ..tables import Table
 from .model import init_rows
@@ -89,14 +90,13 @@ class LocalShard:
     rows: int
 
 
-def trained_precision(plan: Plan) -> str:
-    """The weights precision the runtime trains ``plan`` with: its ``bytes_per_element``'s
-    (fp16 for 2) where a kernel trains it, else fp32 (int8: memory only, as the search says)."""
-    precision = precision_of(plan.bytes_per_element)
-    if precision not in WEIGHTS_PRECISIONS:
+def plan_weights_precision(plan: Plan) -> str:
+    """The weights precision the runtime trains ``plan`` with: fp16 for ``bytes_per_element``
+    2, else fp32 (int8 counts in memory only: said once, as the search says it)."""
+    precision = trained_precision(plan.bytes_per_element)
+    if precision != precision_of(plan.bytes_per_element):
         log.warning("bytes_per_element %d (%s) cannot be trained here: training with fp32 weights",
-                    plan.bytes_per_element, precision)
-        return "fp32"
+                    plan.bytes_per_element, precision_of(plan.bytes_per_element))
     return precision
 
 
@@ -123,7 +123,7 @@ class ShardedEmbeddings:
             self.shards.append(LocalShard(s, rows))
         self.fused = (FusedEmbedding([(ls.rows, ls.shard.num_cols) for ls in self.shards], kernel, self.device,
                                      lr=lr, init=weights, optimizer=plan.optimizer,
-                                     weights_precision=trained_precision(plan)) if self.shards else None)
+                                     weights_precision=plan_weights_precision(plan)) if self.shards else None)
         self.exchange = PooledExchange.for_plan(plan, tables, rank, world_size, batch_size, self.device)
         self.times = PhaseTimes()
         # data-parallel tables: a replica here, looked up for this rank's samples (``replicated``)

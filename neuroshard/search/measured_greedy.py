@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels import DEFAULT_MAX_ROWS
+from ..kernels import DEFAULT_MAX_ROWS, trained_precision
 from ..optimizers import row_bytes
 from ..plan import Shard
 from .placer import greedy_place
@@ -80,7 +80,8 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
         log.info("measured-greedy: timing %d units alone on this machine (batch %d)", len(todo), batch)
         shards = [[Shard(names[p.table], p.row_offset, p.num_rows, p.col_offset, p.num_cols, 0)] for p in todo]
         rounds, _ = time_devices(shards, sim.tables, rounds=params.rounds, repeats=params.repeats,
-                                 batch_size=batch, row_cap=params.row_cap, kernel=params.kernel)
+                                 batch_size=batch, row_cap=params.row_cap, kernel=params.kernel,
+                                 weights_precision=trained_precision(sim.bytes_per_element))
         measured.update((p, float(np.median(r))) for p, r in zip(todo, rounds))
 
     bpe = sim.bytes_per_element
