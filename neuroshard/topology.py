@@ -11,7 +11,7 @@ from ``neuroshard search`` flags, and a plan records it in its ``topology`` fiel
   stated bandwidths, split into its intra- and inter-host parts (``Simulator``);
   table-row-wise shards reduce on the fast links within a host.
 * Per-device memory: a list, one entry per device; the plan's ``device_memory_bytes``
-  is its largest entry. Relative speed divides a device's predicted compute.
+  is its largest entry (a search with the same memory everywhere records no list). Relative speed divides a device's predicted compute.
 
 Defaults for a GPU cluster are TorchRec's planner constants (``torchrec.distributed.
 planner.constants``): ``INTRA_NODE_BANDWIDTH`` 600 GB/s (NVLink of an 8-GPU A100 host) and
@@ -19,7 +19,7 @@ planner.constants``): ``INTRA_NODE_BANDWIDTH`` 600 GB/s (NVLink of an 8-GPU A100
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -176,9 +176,7 @@ def make_topology(num_devices: int, local_world_size: Any = None, intra_host_gbp
             raise error(f"{source}: field 'device_memory_bytes' lists {len(sizes)} devices, the plan or command "
                         f"has {num_devices}")
         sizes = [_field(check_memory, m, source, "device_memory_bytes", error) for m in sizes]
-        if len(sizes) == 1:
-            sizes *= num_devices
-        memory = tuple(sizes) if len(set(sizes)) > 1 else None
+        memory = tuple(sizes * num_devices if len(sizes) == 1 else sizes)
     speed = None
     if relative_speed is not None:
         if not (isinstance(relative_speed, list) and len(relative_speed) == num_devices):
@@ -211,21 +209,22 @@ def resolve_topology(topology: Any, num_devices: int, memory: Any) -> tuple[Topo
                               f"got {type(topology).__name__}")
     if isinstance(topology, Topology) and topology.num_devices != num_devices:
         raise NeuroShardError(f"topology has {topology.num_devices} devices, but devices={num_devices}")
-    if memory is None:
-        if topology is None or topology.device_memory_bytes is None:
-            raise NeuroShardError("memory is missing: give the device memory (or per-device memory in the topology)")
-        return topology, max(topology.device_memory_bytes)
     if isinstance(memory, (list, tuple)):
         base = topology or Topology(num_devices)
         topology = make_topology(num_devices, base.local_world_size, base.intra_host_gbps, base.inter_host_gbps,
-                                 list(memory), list(base.relative_speed) if base.relative_speed else None, "memory (--memory)")
-        if topology.device_memory_bytes is None:  # a list of equal sizes
-            return (None if topology == Topology(num_devices) else topology), check_memory(memory[0])
-        return topology, max(topology.device_memory_bytes)
-    memory_bytes = check_memory(memory)
-    if topology is not None and topology.device_memory_bytes is not None:
-        raise NeuroShardError("memory is given twice: as one size and per device in the topology; give one")
-    return (None if topology == Topology(num_devices) else topology), memory_bytes
+                                 list(memory), list(base.relative_speed) if base.relative_speed else None,
+                                 "memory (--memory)")
+    elif memory is not None:
+        memory_bytes = check_memory(memory)
+        if topology is not None and topology.device_memory_bytes is not None:
+            raise NeuroShardError("memory is given twice: as one size and per device in the topology; give one")
+        return (None if topology == Topology(num_devices) else topology), memory_bytes
+    if topology is None or topology.device_memory_bytes is None:
+        raise NeuroShardError("memory is missing: give the device memory (or per-device memory in the topology)")
+    sizes = topology.device_memory_bytes
+    if len(set(sizes)) == 1:  # the same memory everywhere: no per-device list of its own
+        topology = replace(topology, device_memory_bytes=None)
+    return (None if topology == Topology(num_devices) else topology), max(sizes)
 
 
 def memory_list(text: str) -> int | list[int]:

@@ -17,7 +17,7 @@ from neuroshard.search.simulator import Piece, Simulator
 from neuroshard.search.torchrec_planner import torchrec_available
 from neuroshard.tables import Table, TableSet
 from neuroshard.topology import (DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS, Topology, make_topology,
-                                 topology_from_options)
+                                 resolve_topology, topology_from_options)
 
 from conftest import run_cli
 
@@ -50,7 +50,9 @@ def test_topology_file_and_flags(tmp_path):
     assert DEFAULT_INTER_HOST_GBPS == 12.5
     assert topology_from_options(None, 8, None, None, None) is None
     # the same memory everywhere and speed 1 are no topology of their own
-    assert make_topology(4, device_memory_bytes=[100] * 4, relative_speed=[1.0] * 4) == Topology(4)
+    assert resolve_topology({"relative_speed": [1.0] * 4}, 4, [100] * 4) == (None, 100)
+    assert resolve_topology({"device_memory_bytes": "1KiB"}, 4, None) == (None, 1024)
+    assert resolve_topology({"device_memory_bytes": [1024, 2048]}, 2, None)[1] == 2048
 
 
 def test_a_plan_without_topology_is_written_as_before():
