@@ -132,7 +132,7 @@ def test_pickle_bearing_checkpoints_are_refused_unopened(tmp_path):
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     (tmp_path / "tree-v1.pt").write_bytes(buffer.getvalue())
-    with pytest.raises(NeuroShardError, match="pickled scikit-learn trees"):
+    with pytest.raises(NeuroShardError, match="tree-v1.pt: TreeComputeModel: .* pickled scikit-learn trees"):
         CostModels.load(tmp_path / "tree-v1.pt")
     # A tampered file whose objects are not plain data.
     torch.save({**payload, "metrics": {"x": _Tripwire(mark)}}, tmp_path / "tampered.pt")

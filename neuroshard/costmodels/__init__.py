@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .base import CommAtDevices, CommCostModel, CommSamples, ComputeCostModel, CostModels
+from .base import CommAtDevices, CommCostModel, CommSamples, ComputeCostModel, CostModel, CostModels
 
 log = logging.getLogger(__name__)
 
@@ -35,5 +35,5 @@ def load_cost_models(path: str | Path | None = None) -> CostModels:
     return analytic_cost_models()
 
 
-__all__ = ["ComputeCostModel", "CommCostModel", "CommSamples", "CommAtDevices", "CostModels",
+__all__ = ["CostModel", "ComputeCostModel", "CommCostModel", "CommSamples", "CommAtDevices", "CostModels",
            "load_cost_models", "analytic_cost_models", "DEFAULT_CHECKPOINT"]

@@ -163,7 +163,7 @@ class CostModel(BaseEstimator):
     def from_state_dict(cls, state: dict) -> "CostModel":
         """The model ``state_dict`` describes, built by its constructor."""
         model = cls(**state["hparams"])
-        model.load_state_dict(state)
+        model.load_fitted_state(state)
         return model
 
 

@@ -81,6 +81,8 @@ def model_from_entry(entry: dict, where: str, fmt: str = CHECKPOINT_FORMAT) -> A
         if not isinstance(state.get("hparams"), dict):
             raise KeyError("hparams")
         model = cls.from_state_dict(state)
+    except NeuroShardError as exc:
+        raise NeuroShardError(f"{where}: {name}: {exc}") from None
     except KeyError as exc:
         raise NeuroShardError(f"{where}: {name}: field 'state.{exc.args[0]}' is missing") from None
     except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as exc:

@@ -53,7 +53,8 @@ class TreeArrays:
 
     @classmethod
     def from_sklearn(cls, model: HistGradientBoostingRegressor) -> "TreeArrays":
-        """The trees of a fitted regressor (numeric features, one tree per iteration)."""
+        """The trees of a fitted regressor (numeric features, one tree per iteration), read from its
+        fitted predictors (``_predictors``, ``_baseline_prediction``: the tests compare with its ``predict``)."""
         trees = [predictors[0].nodes for predictors in model._predictors]
         if any(t["is_categorical"].any() for t in trees):
             raise NeuroShardError("tree models take numeric features only")
@@ -98,6 +99,8 @@ class TreeArrays:
         for name in ("roots", "left", "right"):
             if size and (arrays[name].min() < 0 or arrays[name].max() >= size):
                 raise ValueError(f"'{name}' points outside the {size} nodes")
+        if size and arrays["feature"].min() < 0:
+            raise ValueError("'feature' holds a negative index")
         return cls(float(state["baseline"]), **arrays)
 
 
@@ -111,7 +114,7 @@ def _fitted_trees(seed: int, params: dict, x: np.ndarray, y: np.ndarray) -> Tree
 
 def _refuse_pickled(name: str) -> NoReturn:
     raise NeuroShardError(f"a {name} of checkpoint format v1 holds pickled scikit-learn trees (code, not data) and "
-                          f"is not loaded; fit it again (``neuroshard pretrain``) to store its trees as arrays")
+                          f"is not loaded; fit it again (`neuroshard pretrain`) to store its trees as arrays")
 
 
 class _Boosting:
