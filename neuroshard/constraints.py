@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from .errors import FormatError, InfeasibleError
+from .units import format_bytes
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -198,12 +199,13 @@ def conform(pieces: list["Piece"], table: "Table", rule: TableConstraints, memor
     for option in options:
         if ok(option):
             return option
-    kinds = "any layout" if rule.sharding_types is None else f"sharding_types {sorted(rule.sharding_types)}"
-    shards = "" if rule.max_shards is None else f" in at most {rule.max_shards} shards"
-    fewest = f" with at least {rule.min_shards} shards" if rule.min_shards > 1 else ""
-    raise InfeasibleError(f"table '{table.name}': no layout of its {kinds}{shards}{fewest} fits a device of "
-                          f"{memory_bytes:.0f} bytes ({table.num_embeddings} rows x {table.embedding_dim} columns"
-                          f"{'' if row_splits else ', row-wise splits off'}); relax its constraints")
+    kinds = "" if rule.sharding_types is None else f" {'/'.join(sorted(rule.sharding_types))}"
+    counts = [f"at least {rule.min_shards}" if rule.min_shards > 1 else "",
+              f"at most {rule.max_shards}" if rule.max_shards is not None else ""]
+    shards = f" of {' and '.join(c for c in counts if c)} shards" if any(counts) else ""
+    raise InfeasibleError(f"table '{table.name}': no{kinds} layout{shards} allowed by its constraints fits a device "
+                          f"of {format_bytes(memory_bytes)} ({table.num_embeddings} rows x {table.embedding_dim} "
+                          f"columns{'' if row_splits else ', row-wise splits off'}); relax its constraints")
 
 
 def check_feasible(tables: Sequence["Table"], num_devices: int, memory_bytes: Any, row_bytes_of,
@@ -237,8 +239,8 @@ def check_feasible(tables: Sequence["Table"], num_devices: int, memory_bytes: An
         have = float(memory[list(pinned)].sum())
         if need > have:
             names = ", ".join(f"'{tables[i].name}'" for i in inside[:3]) + (" ..." if len(inside) > 3 else "")
-            raise InfeasibleError(f"table {names}: pinned to devices {list(pinned)}, which hold {have:.0f} bytes, "
-                                  f"but need {need:.0f}; pin them to more devices")
+            raise InfeasibleError(f"table {names}: pinned to devices {list(pinned)}, which hold {format_bytes(have)}, "
+                                  f"but need {format_bytes(need)}; pin them to more devices")
 
 
 def plan_problems(plan: "Plan") -> list[str]:

@@ -86,6 +86,10 @@ def _score(args: argparse.Namespace) -> int:
     plan = read_any_plan(args.plan, tables)
     scored = score_plan(plan, tables, cost_models=args.cost_model)
     print(scored.format_summary())
+    from dataclasses import replace
+    from .constraints import plan_problems
+    for problem in plan_problems(replace(plan, tables=list(tables)))[:3]:  # the tables file's constraints
+        print(f"warning: plan breaks a constraint of {args.tables}: {problem}", file=sys.stderr)
     est = scored.estimate
     if est.get("ratio_to_balanced_bound") is not None:
         print(f"balanced bound (sum of single-table costs / {scored.num_devices} devices): "

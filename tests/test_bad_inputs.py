@@ -123,6 +123,17 @@ BAD_TABLES: dict[str, tuple[bytes | str | dict, str]] = {
     "indices_int": (_table(access={"indices": 5}), "access.indices"),
     "row_order": (_table(access={"row_order": "random"}), "access.row_order"),
     "duplicate": (tables_dict(tables=[tables_dict()["tables"][0]] * 2), "duplicate name"),
+    "cons_list": (_table(constraints=["table_wise"]), "field 'constraints'"),
+    "cons_kind": (_table(constraints={"sharding_types": ["diagonal"]}), "constraints.sharding_types"),
+    "cons_kinds_empty": (_table(constraints={"sharding_types": []}), "constraints.sharding_types"),
+    "cons_kinds_twice": (_table(constraints={"sharding_types": ["row_wise", "row_wise"]}), "constraints.sharding_types"),
+    "cons_devices": (_table(constraints={"devices": [-1]}), "constraints.devices"),
+    "cons_devices_int": (_table(constraints={"devices": 1}), "constraints.devices"),
+    "cons_min": (_table(constraints={"min_shards": 0}), "constraints.min_shards"),
+    "cons_max_str": (_table(constraints={"max_shards": "2"}), "constraints.max_shards"),
+    "cons_min_max": (_table(constraints={"min_shards": 4, "max_shards": 2}), "min_shards 4 is more than max_shards 2"),
+    "cons_dp_min": (_table(constraints={"sharding_types": ["data_parallel"], "min_shards": 2}), "min_shards is 2"),
+    "cons_unknown": (_table(constraints={"max_shard": 2}), "constraints.max_shard"),
     "too_many": (tables_dict(tables=[{"name": f"t{i}", "num_embeddings": 10, "embedding_dim": 4,
                                       "pooling_factor": 1.0} for i in range(MAX_TABLES + 1)]), "MAX_TABLES"),
 }
@@ -548,6 +559,21 @@ API_CASES = [
     ("tables-dup", dict(tables=[Table("t", 100, 8, 1.0), Table("t", 100, 8, 1.0)]), "distinct names"),
     ("tables-batch", dict(tables=TableSet("x", [Table("t", 100, 8, 1.0)], batch_size=0)), "batch_size"),
     ("tables-path", dict(tables="/nonexistent/tables.json"), "cannot read tables file"),
+    # per-table constraints no plan can meet: refused before the search, naming the table
+    ("pin-unknown", dict(tables=TableSet.from_dict(_table(constraints={"devices": [5]}))),
+     "table 't0': constraints.devices names device 5"),
+    ("pin-no-memory", dict(tables=TableSet.from_dict(_table(constraints={"devices": [0]})), memory=400_000),
+     "table 't0': pinned to devices [0]"),
+    ("max-shards", dict(tables=TableSet.from_dict(_table(constraints={"max_shards": 1})), memory=400_000),
+     "table 't0': no layout of at most 1 shards"),
+    ("kind-cannot-fit", dict(tables=TableSet.from_dict(_table(constraints={"sharding_types": ["table_wise"]})),
+                             memory=400_000), "table 't0': no table_wise layout"),
+    ("min-shards", dict(tables=TableSet.from_dict(tables_dict(tables=[
+        {"name": "t2", "num_embeddings": 500, "embedding_dim": 8, "pooling_factor": 5.0,
+         "constraints": {"sharding_types": ["column_wise"], "min_shards": 3}}]))),
+     "table 't2': no column_wise layout of at least 3 shards"),
+    ("min-max-python", dict(tables=[Table("t", 100, 8, 1.0, constraints={"min_shards": 3, "max_shards": 2})]),
+     "min_shards 3 is more than max_shards 2"),
 ]
 
 

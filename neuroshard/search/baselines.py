@@ -63,7 +63,7 @@ def greedy_by_key(sim: Simulator, memory_bytes: int, key: str, seed: int = 0) ->
         # a strip's row blocks on distinct devices, as TorchRec runs them
         devices = greedy_place(key_fn(sim, pieces, rng), sizes, sim.num_devices, memory_bytes,
                                groups=strip_groups(pieces), host_size=sim.host_size,
-                               allowed=sim.device_mask(pieces))[0]
+                               **sim.placement_rules(pieces))[0]
         return Placement(pieces, devices) if devices[0] >= 0 else None
 
     start = sim.memory_split(memory_bytes)

@@ -80,7 +80,7 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
         return greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.num_devices, memory_bytes,
                             widths=sim.cols_of(ids), caps=np.array([cap], dtype=np.float64),
                             groups=strip_groups(pieces), host_size=sim.host_size,
-                            allowed=sim.device_mask(pieces))[0]
+                            **sim.placement_rules(pieces))[0]
 
     sampler = optuna.samplers.TPESampler(seed=seed)
     verbosity = optuna.logging.get_verbosity()

@@ -90,7 +90,7 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
         measure(pieces)
         costs = np.array([measured[p] for p in pieces])
         sizes = sim.sizes_bytes(pieces)
-        devices = greedy_place(costs, sizes, sim.num_devices, memory_bytes, allowed=sim.device_mask(pieces))[0]
+        devices = greedy_place(costs, sizes, sim.num_devices, memory_bytes, **sim.placement_rules(pieces))[0]
         if devices[0] < 0:
             return None
         load = np.bincount(devices, weights=costs, minlength=sim.num_devices)

@@ -97,9 +97,14 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
                 break
     origin = "beam"
     if params.baseline_seeds:
-        seeds = {key: greedy_by_key(sim, memory_bytes, key, seed) for key in GREEDY_KEYS}
-        key = min(seeds, key=lambda k: seeds[k].cost_ms)
-        if seeds[key].cost_ms < best.cost_ms - 1e-9:
+        seeds = {}
+        for key in GREEDY_KEYS:
+            try:
+                seeds[key] = greedy_by_key(sim, memory_bytes, key, seed)
+            except InfeasibleError:  # a baseline that cannot pack (e.g. around pinned tables) seeds nothing
+                continue
+        key = min(seeds, key=lambda k: seeds[k].cost_ms, default=None)
+        if key is not None and seeds[key].cost_ms < best.cost_ms - 1e-9:
             best, origin = seeds[key], f"greedy-{key}"
     best, moves = refine(sim, best, memory_bytes, params.refine_steps)
     best.details = {"parameters": asdict(params), "shards": len(best.pieces), "states_evaluated": len(seen),
@@ -170,7 +175,7 @@ def place_many(sim: Simulator, states: list[list[Piece]], memory_bytes: int,
         ids = sim.piece_ids(pieces)
         devices = greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.num_devices, memory_bytes,
                                widths=sim.cols_of(ids), caps=caps, groups=strip_groups(pieces),
-                               host_size=sim.host_size, allowed=sim.device_mask(pieces))
+                               host_size=sim.host_size, **sim.placement_rules(pieces))
         distinct = {row.tobytes(): row for row in devices if row[0] >= 0}  # identical placements once
         candidates += [(ids, row) for row in distinct.values()]
         owners += [s] * len(distinct)

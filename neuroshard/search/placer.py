@@ -9,7 +9,7 @@ import numpy as np
 def greedy_place(keys: np.ndarray, sizes_bytes: np.ndarray, num_devices: int, memory_bytes: int,
                  widths: np.ndarray | None = None, caps: np.ndarray | None = None,
                  groups: np.ndarray | None = None, host_size: int | None = None,
-                 allowed: np.ndarray | None = None) -> np.ndarray:
+                 allowed: np.ndarray | None = None, first: np.ndarray | None = None) -> np.ndarray:
     """For every width cap at once (``caps``; None: one run without a cap): pieces in order
     of falling ``keys``, each on the device with the lowest sum of keys that has memory for
     it and ``widths`` headroom under the cap (ignoring the cap when no device meets it).
@@ -17,7 +17,9 @@ def greedy_place(keys: np.ndarray, sizes_bytes: np.ndarray, num_devices: int, me
     ``rowwise.strip_groups``; -1 for none) go to distinct devices where memory allows;
     with ``host_size`` (devices per host), a group of that many blocks stays on the host
     of its first block where memory allows (table-row-wise). ``allowed`` (pieces, devices),
-    when given, says where each piece may go at all (pinned tables, ``constraints``).
+    when given, says where each piece may go at all (pinned tables, ``constraints``); pieces
+    marked ``first`` (of constrained tables) are placed before the others, the fewest
+    allowed devices first (most constrained first).
     Returns (len(caps), pieces) devices; a row of -1 where memory runs out."""
     keys = np.asarray(keys, dtype=np.float64)
     permitted = allowed  # (the loop's ``allowed`` is per cap)
@@ -39,7 +41,11 @@ def greedy_place(keys: np.ndarray, sizes_bytes: np.ndarray, num_devices: int, me
     if host_size is not None and host_size < num_devices:
         on_host = np.bincount(groups[groups >= 0], minlength=taken.shape[1]) == host_size
         host = np.arange(num_devices) // host_size
-    for s in np.argsort(-keys, kind="stable").tolist():
+    order = np.argsort(-keys, kind="stable")
+    if first is not None:  # constrained pieces first, the fewest devices allowed (pinned) first, by key within
+        choices = permitted.sum(axis=1) if permitted is not None else np.zeros(len(keys))
+        order = order[np.lexsort((choices[order], ~np.asarray(first, dtype=bool)[order]))]
+    for s in order.tolist():
         fits = free >= sizes_bytes[s]
         if permitted is not None:
             fits &= permitted[s]

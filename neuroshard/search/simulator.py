@@ -291,6 +291,14 @@ class Simulator:
         """(pieces, devices): where each piece may go (pinned tables); None when none is pinned."""
         return device_mask(pieces, self.constraints, self.num_devices)
 
+    def placement_rules(self, pieces: Sequence[Piece]) -> dict:
+        """``greedy_place``'s constraint arguments for ``pieces``: where each may go (``allowed``)
+        and which to place first (``first``: pieces of constrained tables); empty without constraints."""
+        if self.constraints is None:
+            return {}
+        return {"allowed": self.device_mask(pieces),
+                "first": np.array([self.constraints[p.table].any for p in pieces], dtype=bool)}
+
     def allows_placement(self, pieces: Sequence[Piece], devices: np.ndarray) -> bool:
         """Whether a finished placement keeps every table's constraints (layout, shard counts,
         pinned devices)."""
