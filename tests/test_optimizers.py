@@ -175,3 +175,21 @@ def test_adam_is_refused_on_cpu_before_any_process_starts():
     with pytest.raises(NeuroShardError, match="embedding_bag fallback trains with sgd only"):
         run(RunConfig(replace(plan, optimizer="adagrad"), list(TABLES), 2, steps=1, batch_size=BATCH,
                       kernel="embedding_bag"))
+
+
+def test_torchrec_export_carries_the_optimizer_as_fused_params_and_import_reads_it_back():
+    from neuroshard.search.export import fused_params, torchrec_sharding
+    from neuroshard.search.torchrec_import import plan_from_torchrec
+    tables = TableSet.from_dict(tables_dict())
+    shards = [Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, i % 2) for i, t in enumerate(tables)]
+    plan = Plan(list(tables), shards, 2, 4 * 10**6, optimizer="adagrad").validate()
+    doc = torchrec_sharding(plan, compute_device="cpu")
+    assert doc["fused_params"] == {"optimizer": "EXACT_ADAGRAD"}
+    back = plan_from_torchrec(json.loads(json.dumps(doc)), tables)
+    assert back.optimizer == "adagrad" and back.memory_used_bytes() == plan.memory_used_bytes()
+    assert "fused_params" not in torchrec_sharding(replace(plan, optimizer="sgd"), compute_device="cpu")
+    if fbgemm_available():
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        assert fused_params(doc) == {"optimizer": EmbOptimType.EXACT_ADAGRAD}
+    with pytest.raises(FormatError, match="fused_params.optimizer"):
+        plan_from_torchrec({**doc, "fused_params": {"optimizer": "LAMB"}}, tables, where="x.json")

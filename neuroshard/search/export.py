@@ -29,6 +29,9 @@ Placements are ``rank:R/cuda:(R mod L)`` (one GPU per local rank) or ``rank:R/cp
 A plan whose ``comm_precision`` is not fp32 adds ``"qcomms": {"forward_precision": P,
 "backward_precision": P}`` (TorchRec's ``CommType`` values); ``qcomms_config`` turns it
 into TorchRec's ``QCommsConfig``, which the sharder takes as a codecs registry.
+A plan whose ``optimizer`` is not sgd adds ``"fused_params": {"optimizer": NAME}`` (fbgemm's
+``EmbOptimType`` member, e.g. ``EXACT_ROWWISE_ADAGRAD``); ``fused_params`` turns it into
+the sharder's ``fused_params`` (add your ``learning_rate``).
 ``to_parameter_shardings`` builds the real TorchRec objects (``ParameterSharding`` with
 an ``EnumerableShardingSpec`` of ``ShardMetadata``) and checks that the shards tile
 each table.
@@ -38,6 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import NeuroShardError
+from ..optimizers import DEFAULT_OPTIMIZER, FBGEMM_OPTIMIZERS
 from ..plan import Plan, Shard
 from .rowwise import ceil_blocks
 
@@ -169,7 +173,24 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
            "local_world_size": local, "compute_device": compute_device, "tables": records}
     if plan.comm_precision != "fp32":  # pooled embeddings forward and their gradients backward
         out["qcomms"] = {"forward_precision": plan.comm_precision, "backward_precision": plan.comm_precision}
+    if plan.optimizer != DEFAULT_OPTIMIZER:  # the fused TBE optimizer TorchRec's sharder applies in backward
+        out["fused_params"] = {"optimizer": FBGEMM_OPTIMIZERS[plan.optimizer]}
     return out
+
+
+def fused_params(exported: dict) -> dict:
+    """TorchRec's sharder ``fused_params`` for an exported document (``{}`` when it has none:
+    the sharder's default), e.g. ``EmbeddingBagCollectionSharder(fused_params={**fused_params(doc),
+    "learning_rate": 0.01})``."""
+    params = exported.get("fused_params")
+    if params is None:
+        return {}
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    name = params.get("optimizer") if isinstance(params, dict) else None
+    if name not in FBGEMM_OPTIMIZERS.values():
+        raise NeuroShardError(f"fused_params: field 'optimizer' must be one of "
+                              f"{', '.join(FBGEMM_OPTIMIZERS.values())}, got {name!r}")
+    return {"optimizer": EmbOptimType[name]}
 
 
 def qcomms_config(exported: dict) -> Any:

@@ -158,6 +158,19 @@ def _comm_precision(source: Any, where: str) -> str:
     return precision
 
 
+def _optimizer(source: Any, where: str) -> str:
+    """The plan's ``optimizer`` from an export's ``fused_params`` (sgd without one)."""
+    from ..optimizers import DEFAULT_OPTIMIZER, FBGEMM_OPTIMIZERS
+    params = source.get("fused_params") if isinstance(source, dict) else None
+    if params is None:
+        return DEFAULT_OPTIMIZER
+    ours = {v: k for k, v in FBGEMM_OPTIMIZERS.items()}
+    name = params.get("optimizer") if isinstance(params, dict) else None
+    if name not in ours:
+        raise FormatError(f"{where}: field 'fused_params.optimizer' must be one of {', '.join(ours)}, got {name!r}")
+    return ours[name]
+
+
 def plan_from_torchrec(source: Any, tables: TableSet | list[Table], num_devices: int | None = None,
                        memory_bytes: int | None = None, bytes_per_element: int = 4,
                        where: str = "<torchrec plan>", provenance: dict | None = None) -> Plan:
@@ -186,6 +199,6 @@ def plan_from_torchrec(source: Any, tables: TableSet | list[Table], num_devices:
                               f"ranks 0..{devices - 1}")
     plan = Plan(list(tables), shards, devices, 1, bytes_per_element, tables.name,
                 provenance={"algorithm": "torchrec-import", **(provenance or {})}, data_parallel_tables=[t.name for t in tables if t.name in replicated],
-                comm_precision=_comm_precision(source, where))
+                comm_precision=_comm_precision(source, where), optimizer=_optimizer(source, where))
     plan.device_memory_bytes = memory_bytes or max(max(plan.memory_used_bytes()), 1)  # replicas included
     return plan.validate()
