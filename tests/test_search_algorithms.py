@@ -195,12 +195,16 @@ def test_the_greedy_placer_is_shared(models):
     assert capped.tolist() == [[0, 1, 1], [0, 1, 1]]
 
 
-def test_a_precision_other_than_fp32_is_said_to_be_costed_as_fp32(models, caplog):
+def test_a_precision_without_a_measured_ratio_is_said_to_be_costed_as_fp32(models, caplog):
+    """int8 (1 byte) has no measured ratio: costed as fp32, said so. fp16 (2 bytes) is costed
+    at fp16 since issue 16 (tests/test_precision.py)."""
     tables = generate("dlrm-2021", 6, seed=6)
     memory = _memory_for(tables, 2, 0.5)
     plan = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=models)
     assert "cost_precision" not in plan.provenance
     with caplog.at_level("WARNING", logger="neuroshard.search.api"):
-        half = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=models, bytes_per_element=2)
-    assert half.provenance["cost_precision"] == "fp32"
-    assert any("bytes_per_element=2" in r.getMessage() and "fp32" in r.getMessage() for r in caplog.records)
+        int8 = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=models, bytes_per_element=1)
+    assert int8.provenance["cost_precision"] == "fp32"
+    assert any("bytes_per_element=1" in r.getMessage() and "fp32" in r.getMessage() for r in caplog.records)
+    half = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=models, bytes_per_element=2)
+    assert half.provenance["cost_precision"] == "fp16"
