@@ -142,7 +142,8 @@ def main() -> None:
                                   "estimated max compute ms": round(max(m.estimated_compute_ms), 2),
                                   "balance (max/mean)": round(m.balance, 3)} for m in result.plans])
         print(measured.to_string(index=False))
-        measured_md = "\n\n## Device compute measured on this machine\n\n" + markdown(measured)
+        measured_md = (f"\n\n## Device compute measured on this machine (batch {result.config['batch_size']}, "
+                       f"{args.rounds} rounds; communication is not measured)\n\n" + markdown(measured))
     (out / "summary.md").write_text(
         f"# Topology, optimizer and communication precision on one task\n\n`python experiments/topology_example.py`"
         f" ({len(tables)} dlrm-2021 tables, 8 devices of {memory / 2**30:.2f} GiB, batch {tables.batch_size})\n\n"
