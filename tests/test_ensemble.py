@@ -71,7 +71,8 @@ def test_checkpoint_round_trip_loads_weights_only(ensemble, shipped, data, tmp_p
 def test_search_charges_the_spread_and_the_plan_reports_the_mean(ensemble, shipped):
     models = CostModels(ensemble, shipped.comm, shipped.batch_size, name="ens")
     sim = Simulator(TABLES, 3, models)
-    assert sim.risk == 1.0 and Simulator(TABLES, 3, shipped).risk == 0.0
+    single = CostModels(ensemble.members_[0], shipped.comm, shipped.batch_size, name="one")
+    assert sim.risk == 1.0 and Simulator(TABLES, 3, single).risk == 0.0
     ids = sim.piece_ids(whole_pieces(TABLES))
     sets = [tuple(sorted(ids[i::3].tolist())) for i in range(3)]
     mean = sim.set_costs_ms(sets, risk=0.0)
