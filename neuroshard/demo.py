@@ -36,7 +36,7 @@ def run_demo(args: argparse.Namespace) -> int:
         # time-share the cores and the measured comparison stops meaning "D parallel devices".
         args.devices = max(2, min(4, os.cpu_count() or 2))
     if args.tables is None:
-        # The shipped compute model saw at most 8 tables (1 GiB) per device: stay inside that.
+        # A small task: the demo runs both plans on the training runtime in about a minute.
         args.tables = 6 * args.devices
     from .validate import check_output_folder
     out = check_output_folder(args.out, "demo folder")
