@@ -39,3 +39,28 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subproce
     """Run the real `neuroshard` command in a subprocess."""
     return subprocess.run([sys.executable, "-m", "neuroshard.cli", *map(str, args)], capture_output=True,
                           text=True, cwd=cwd, timeout=timeout)
+
+
+def run_ranks(target, world: int, args: tuple, timeout: float) -> dict:
+    """Start ``world`` spawned processes ``target(rank, port, *args, results)`` on one free
+    port; return what each put on ``results`` as ``{rank: value}`` (a string: its error)."""
+    import torch.multiprocessing
+    from neuroshard.runtime.launch import free_port
+    ctx = torch.multiprocessing.get_context("spawn")
+    results, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=target, args=(r, port, *args, results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = {}
+    try:
+        for _ in range(world):
+            rank, value = results.get(timeout=timeout)
+            got[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    for rank, value in got.items():
+        assert not isinstance(value, str), f"rank {rank}: {value}"
+    return got

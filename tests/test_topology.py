@@ -19,7 +19,7 @@ from neuroshard.tables import Table, TableSet
 from neuroshard.topology import (DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS, Topology, make_topology,
                                  resolve_topology, topology_from_options)
 
-from conftest import run_cli
+from conftest import run_cli, run_ranks
 
 
 def _task() -> TableSet:
@@ -207,30 +207,13 @@ def test_the_table_row_wise_export_runs_exactly_in_torchrec():
     """The exported plan in DistributedModelParallel on 4 gloo processes, LOCAL_WORLD_SIZE=2:
     the same pooled outputs and SGD step as the unsharded model."""
     pytest.importorskip("torchrec.distributed.planner")
-    import torch
-    from neuroshard.runtime.launch import free_port
     from neuroshard.search.export import torchrec_sharding
     plan = _twrw_plan()
     doc = json.loads(json.dumps(torchrec_sharding(plan, compute_device="cpu")))
     assert "table_row_wise" in {r["sharding_type"] for r in doc["tables"].values()}
     spec = [(t.name, t.num_embeddings, t.embedding_dim) for t in plan.tables]
-    ctx = torch.multiprocessing.get_context("spawn")
-    results, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_torchrec_worker, args=(r, port, spec, doc, results)) for r in range(4)]
-    for p in procs:
-        p.start()
-    got = {}
-    try:
-        for _ in range(4):
-            rank, value = results.get(timeout=240)
-            got[rank] = value
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+    got = run_ranks(_torchrec_worker, 4, (spec, doc), timeout=240)
     for rank, res in got.items():
-        assert not isinstance(res, str), f"rank {rank}: {res}"
         assert res["forward"] < 1e-5 and res["weights"] < 1e-5 and res["after_step"] < 1e-5, (rank, res)
 
 

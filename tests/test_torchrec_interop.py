@@ -16,10 +16,11 @@ import torch  # noqa: E402
 
 from neuroshard.errors import NeuroShardError  # noqa: E402
 from neuroshard.plan import Plan, Shard  # noqa: E402
-from neuroshard.runtime.launch import free_port  # noqa: E402
 from neuroshard.search.export import torchrec_sharding  # noqa: E402
 from neuroshard.search.rowwise import ceil_blocks  # noqa: E402
 from neuroshard.tables import Table, TableSet  # noqa: E402
+
+from conftest import run_ranks  # noqa: E402
 
 WORLD, BATCH, LR = 2, 6, 0.5
 # odd row counts: ceil blocks differ from floor blocks
@@ -183,24 +184,7 @@ def _qcomms(doc: dict):
 
 
 def _run_in_torchrec(documents: list[dict]) -> list[list[dict]]:
-    ctx = torch.multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, port, documents, results)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    got = {}
-    try:
-        for _ in range(WORLD):
-            rank, value = results.get(timeout=120)
-            got[rank] = value
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    for rank, value in got.items():
-        assert not isinstance(value, str), f"rank {rank}: {value}"
+    got = run_ranks(_worker, WORLD, (documents,), timeout=120)
     return [got[r] for r in range(WORLD)]
 
 
