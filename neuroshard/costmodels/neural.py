@@ -68,12 +68,12 @@ def train_regressor(net: nn.Module, loss_of: Callable[[nn.Module, np.ndarray], t
         for _ in bar:
             net.train()
             order = rng.permutation(num_train)
-            batches = [order[start:start + batch_size] for start in range(0, num_train, batch_size)]
-            if lengths is not None:
+            if lengths is not None:  # similar sizes together: sorted within chunks of 32 batches
                 chunk = 32 * batch_size
                 order = np.concatenate([part[np.argsort(lengths[part], kind="stable")]
                                         for part in np.split(order, range(chunk, num_train, chunk))])
-                batches = [order[start:start + batch_size] for start in range(0, num_train, batch_size)]
+            batches = [order[start:start + batch_size] for start in range(0, num_train, batch_size)]
+            if lengths is not None:
                 batches = [batches[i] for i in rng.permutation(len(batches))]
             for rows in batches:
                 opt.zero_grad()

@@ -421,10 +421,9 @@ class Simulator:
         set_keys: list[tuple[int, ...]] = []
         for p, (ids, devices) in enumerate(candidates):
             devices = np.asarray(devices, dtype=np.int64)
-            if self.hosts_stated:
-                widths[p], reduce_bytes[p] = self._exchange_widths(ids, devices)
-            else:
-                widths[p] = np.bincount(devices, weights=self.cols_of(ids), minlength=dev)
+            widths[p], reduced = self._exchange_widths(ids, devices)
+            if reduced is not None:
+                reduce_bytes[p] = reduced
             order = np.lexsort((ids, devices))
             bounds = np.searchsorted(devices[order], np.arange(dev + 1)).tolist()
             sorted_ids = ids[order].tolist()
@@ -468,12 +467,15 @@ class Simulator:
     def _bytes_per_ms(gbps: float) -> float:
         return gbps * 1e6  # GB/s = 10**9 bytes per second
 
-    def _exchange_widths(self, ids: np.ndarray, devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(D,) columns each device sends in the all-to-all and (D,) bytes it reduce-scatters
-        within its host, at the models' batch size. A strip whose ``k > 1`` row blocks lie
-        on one host is table-row-wise: each block sends ``cols / k`` and reduce-scatters
-        ``(k - 1) / k`` of the strip's partial sums; every other piece sends its columns."""
+    def _exchange_widths(self, ids: np.ndarray, devices: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(D,) columns each device sends in the all-to-all and, when the topology states
+        hosts, (D,) bytes it reduce-scatters within its host, at the models' batch size (else
+        None). With hosts, a strip whose ``k > 1`` row blocks lie on one host is
+        table-row-wise: each block sends ``cols / k`` and reduce-scatters ``(k - 1) / k`` of
+        the strip's partial sums; every other piece sends its columns."""
         cols = self.cols_of(ids)
+        if not self.hosts_stated:
+            return np.bincount(devices, weights=cols, minlength=self.num_devices), None
         strips, inverse, blocks = np.unique(self._array("strip")[ids], return_inverse=True, return_counts=True)
         hosts = self.topology.host_of()[devices]
         low = np.full(len(strips), np.iinfo(np.int64).max)
@@ -517,13 +519,9 @@ class Simulator:
         pieces, devices = self.pieces_of_plan(plan)
         if compute_ms is None:
             return self.evaluate(pieces, devices[None, :], risk=0.0)
-        ids = self.piece_ids(pieces)
         compute = np.asarray(compute_ms, dtype=np.float64)[None, :] / self.scale
-        if self.hosts_stated:
-            widths, reduce_bytes = self._exchange_widths(ids, devices)
-            return self._with_comm(compute, widths[None, :], reduce_bytes[None, :])
-        widths = np.bincount(devices, weights=self.cols_of(ids), minlength=self.num_devices)[None, :]
-        return self._with_comm(compute, widths)
+        widths, reduce_bytes = self._exchange_widths(self.piece_ids(pieces), devices)
+        return self._with_comm(compute, widths[None, :], None if reduce_bytes is None else reduce_bytes[None, :])
 
     def to_shards(self, pieces: Sequence[Piece], devices: np.ndarray) -> list[Shard]:
         """Pieces placed on devices as plan shards, ordered by table, rows, columns."""
