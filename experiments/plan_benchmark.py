@@ -13,7 +13,11 @@ and bayes. Then ALL plans of the task are measured in ONE interleaved run of
 one fused kernel, devices of all plans taking turns, median over rounds), together with
 an A/A control: the measured-greedy plan (the baseline to beat) a second time.
 With ``--calibrate`` each task first calibrates the cost models on its own tables
-(``neuroshard.costmodels.calibrate``) and adds NeuroShard's plan against them.
+(``neuroshard.costmodels.calibrate``) and adds NeuroShard's plan against them, and the
+plan of measured refinement from the same calibration (``neuroshard.search.refine``,
+``--refine-rounds``). The A/A line also gives ``aa_spearman``: the Spearman of the control
+plan's devices against the same devices measured again, the ceiling the noise of the run
+puts on any model's within-plan Spearman.
 
 Printed per family, per algorithm: measured max-device compute as a ratio to the best
 baseline of the task (five greedy, measured-greedy, TorchRec; geometric mean and worst),
@@ -48,12 +52,14 @@ log = logging.getLogger("plan_benchmark")
 
 CONTROL = "control"  # the A/A control: the measured-greedy plan measured a second time
 CALIBRATED = "neuroshard-calibrated"  # with --calibrate: NeuroShard against models calibrated on the task
+REFINED = "neuroshard-refined"  # with --calibrate: then measured refinement (search.refine) from that calibration
 #: columns of tasks.csv (every task's rows are written in this order)
 COLUMNS = ["family", "devices", "task", "tables", "memory_bytes", "algorithm", "failed", "max_compute_ms",
            "ratio_to_best_baseline", "balance", "estimated_max_compute_ms", "estimate_gmae", "estimate_spearman",
            "max_total_ms", "search_time_s", "a2a_bytes_per_device", "a2a_ratio_to_best_baseline", "shards",
            "aa_ratio", "measure_seconds", "hardware", "calibration_s", "estimate_gmae_calibrated",
-           "estimate_spearman_calibrated", "estimate_gmae_also", "estimate_spearman_also"]
+           "estimate_spearman_calibrated", "estimate_gmae_also", "estimate_spearman_also", "aa_spearman",
+           "refine_chosen_round"]
 
 
 def algorithms(include_torchrec: bool) -> list[str]:
@@ -84,14 +90,22 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
         plans[label] = shard(tables, devices=devices, memory=memory, cost_models=other, seed=index)
         others["also"] = other
     if args.calibrate:
-        from neuroshard.costmodels.calibrate import calibrate
+        from neuroshard.costmodels.calibrate import start_calibration
+        from neuroshard.search.refine import refine
         start = time.perf_counter()
-        calibrated, report = calibrate(tables, models, devices=devices, sets=args.calibration_sets, seed=index)
+        calibration = start_calibration(tables, models, devices=devices, sets=args.calibration_sets, seed=index)
+        calibrated, report = calibration.fit()
         log.info("%s task %d: %s", family, index, report.format())
         start = time.perf_counter() - start
         plans[CALIBRATED] = shard(tables, devices=devices, memory=memory, cost_models=calibrated, seed=index)
         plans[CALIBRATED].provenance["calibration_s"] = start
         others["calibrated"] = calibrated
+        if args.refine_rounds:
+            start = time.perf_counter()
+            plans[REFINED] = refine(tables, devices, memory, calibration, args.refine_rounds, models=calibrated,
+                                    seed=index)
+            plans[REFINED].provenance["calibration_s"] = plans[CALIBRATED].provenance["calibration_s"] + (
+                time.perf_counter() - start)
     for algo in algorithms(args.torchrec):
         params = {"n_trials": args.bayes_trials} if algo == "bayes" else {}
         if algo == "measured-greedy":
@@ -116,6 +130,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                      "search_time_s": p.plan.provenance.get("search_time_s", float("nan")),
                      "a2a_bytes_per_device": a2a_bytes_per_device(p.plan, tables.batch_size),
                      "shards": len(p.plan.shards), "failed": "",
+                     "refine_chosen_round": p.plan.provenance.get("refine", {}).get("chosen_round", math.nan),
                      "calibration_s": p.plan.provenance.get("calibration_s", float("nan"))})
         for label, other in others.items():
             sim = plan_simulator(p.plan, tables, result.config["batch_size"], other)
@@ -133,9 +148,12 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
             r["ratio_to_best_baseline"] = r["max_compute_ms"] / best
             r["a2a_ratio_to_best_baseline"] = r["a2a_bytes_per_device"] / best_bytes
     if CONTROL in measured:
+        by_name = {p.name: p.compute_ms for p in result.plans}
         rows.append({**{k: rows[0][k] for k in ("family", "devices", "task", "tables", "memory_bytes",
                                                  "measure_seconds", "hardware")},
-                     "algorithm": "A/A", "aa_ratio": measured[CONTROL] / measured["measured-greedy"], "failed": ""})
+                     "algorithm": "A/A", "aa_ratio": measured[CONTROL] / measured["measured-greedy"], "failed": "",
+                     # the noise ceiling of a within-plan Spearman: the same plan's devices, measured twice
+                     "aa_spearman": estimate_spearman(by_name[CONTROL], by_name["measured-greedy"])})
     return rows
 
 
@@ -169,7 +187,8 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         controls = [{"family": family, "algorithm": "A/A control", "tasks": len(g),
                      "ratio_geomean": float(np.exp(np.log(g["aa_ratio"]).mean())),
                      "ratio_worst": float(g["aa_ratio"].max()),
-                     "aa_mean_abs_%": float(100 * (g["aa_ratio"] - 1).abs().mean())}
+                     "aa_mean_abs_%": float(100 * (g["aa_ratio"] - 1).abs().mean()),
+                     "aa_spearman": float(g["aa_spearman"].mean()) if "aa_spearman" in g else math.nan}
                     for family, g in [*aa.groupby("family"), ("all", aa)]]
         summary = pd.concat([summary, pd.DataFrame(controls)], ignore_index=True)
     return summary
@@ -214,6 +233,9 @@ def main() -> None:
                              "NeuroShard against them ('neuroshard-calibrated'); errors of both models reported")
     parser.add_argument("--calibration-sets", type=int, default=120,
                         help="random sets measured per calibration (default: 120)")
+    parser.add_argument("--refine-rounds", type=int, default=2,
+                        help="with --calibrate: also NeuroShard refined on this machine for this many rounds "
+                             "(search.refine, from the same calibration; 0: not) (default: 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true",
                         help="1 task per family on 4 devices with 10-15 tables per device")

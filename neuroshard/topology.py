@@ -55,6 +55,16 @@ class Topology:
     device_memory_bytes: tuple[int, ...] | None = None
     relative_speed: tuple[float, ...] | None = None
 
+    def __post_init__(self) -> None:
+        # Built directly (not by make_topology, which checks): stating hosts or a link
+        # states hosts, and what is left out takes the same defaults as make_topology's.
+        if any(v is not None for v in (self.local_world_size, self.intra_host_gbps, self.inter_host_gbps)):
+            for name, default in (("local_world_size", self.num_devices),
+                                  ("intra_host_gbps", DEFAULT_INTRA_HOST_GBPS),
+                                  ("inter_host_gbps", DEFAULT_INTER_HOST_GBPS)):
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, default)
+
     @property
     def hosts_stated(self) -> bool:
         """Whether hosts and links are given: communication is then costed from the bandwidths."""

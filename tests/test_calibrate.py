@@ -44,3 +44,45 @@ def test_calibrate_cli_writes_a_checkpoint(tmp_path, capsys):
     assert CostModels.load(tmp_path / "c.pt").name.endswith("+calibrated:calib")
     assert main(["calibrate", str(tmp_path / "t.json"), "-o", str(tmp_path)]) == 2
     assert "is a folder" in capsys.readouterr().err
+
+
+def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path, monkeypatch, capsys):
+    """search --refine: every round's plan is timed here (its devices become calibration
+    data) and the plan written is the one whose measured cost is lowest."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    TABLES.write(tmp_path / "t.json")
+    out = tmp_path / "p.json"
+    assert main(["search", str(tmp_path / "t.json"), "-d", "3", "-m", "4MiB", "--calibrate", "8", "--refine", "1",
+                 "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "refine round 0" in printed and "refine round 1" in printed and "<- written" in printed
+    from neuroshard.plan import Plan
+    refine = Plan.read(out).provenance["refine"]
+    rounds = refine["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1] and refine["timing_rounds"] == 3
+    costs = [r["measured_cost_ms"] for r in rounds]
+    assert all(c > 0 and np.isfinite(c) for c in costs) and refine["chosen_round"] == int(np.argmin(costs))
+    assert all(r["measured_cost_ms"] >= r["measured_max_compute_ms"] > 0 for r in rounds)  # comm is added
+    assert not list(cache_dir().glob("*.pt"))  # refinement's calibration is its data: not cached
+
+
+def test_calibration_keeps_plan_sets_in_training_and_its_held_out_sets_fixed():
+    from neuroshard.costmodels.calibrate import start_calibration
+    from neuroshard.search.simulator import Piece
+    calibration = start_calibration(TABLES, load_cost_models(), devices=3, sets=8, epochs=5)
+    _, first = calibration.fit()
+    held_out = calibration._held_out
+    times = calibration.add([[Piece(0, 0, 1000, 0, 32), Piece(3, 0, 4000, 0, 16)], []], "plan", rounds=2)
+    assert len(times) == 1 and times[0] > 0  # the empty set (an idle device) is skipped
+    _, second = calibration.fit()
+    assert second.plan_sets == 1 and second.sets_measured == first.sets_measured + 1
+    assert calibration._held_out is held_out and second.gmae_before == first.gmae_before
+    assert "1 devices of searched plans" in second.format()
+
+
+def test_refine_refuses_an_algorithm_without_cost_models_before_measuring(tmp_path, capsys):
+    TABLES.write(tmp_path / "t.json")
+    assert main(["search", str(tmp_path / "t.json"), "-d", "3", "-m", "4MiB", "-a", "size", "--refine",
+                 "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert "algorithm 'size' does not use them" in err and len(err.strip().splitlines()) == 1

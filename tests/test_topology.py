@@ -73,6 +73,19 @@ def test_a_plan_without_topology_is_written_as_before():
     assert a == b and "per_device_intra_host_comm_ms" not in a
 
 
+def test_a_topology_built_directly_takes_the_defaults_make_topology_gives():
+    """Topology(8, local_world_size=4) used to leave the links None, and the search
+    failed deep in the simulator; it now means what the file or the flags would."""
+    for kwargs in ({"local_world_size": 4}, {"intra_host_gbps": 100.0}, {"inter_host_gbps": 25.0}):
+        direct, checked = Topology(8, **kwargs), make_topology(8, **kwargs)
+        assert direct == checked and direct.hosts_stated
+    assert Topology(8) == make_topology(8) and not Topology(8).hosts_stated
+    plan = neuroshard.shard(_task(), devices=4, memory="100KiB", cost_models=analytic_cost_models(),
+                            topology=Topology(4, local_world_size=2))
+    assert plan.topology.intra_host_gbps == DEFAULT_INTRA_HOST_GBPS
+    assert plan.topology.inter_host_gbps == DEFAULT_INTER_HOST_GBPS
+
+
 # ----------------------------------------------------- the estimate over hosts
 def test_the_exchange_splits_into_intra_and_inter_host_parts_as_computed_by_hand():
     """4 devices, 2 hosts x 2, 100 GB/s within a host and 10 GB/s across; 'A' (8 columns) on

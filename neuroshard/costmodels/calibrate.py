@@ -61,10 +61,12 @@ class CalibrationReport:
     gmae_after: float
     seconds: float
     kept_pretrained: bool = False  # fine-tuning did not help on the held-out sets: the pre-trained model is used
+    plan_sets: int = 0  # of sets_measured: devices of searched plans (``search.refine``)
 
     def format(self) -> str:
+        plans = f" + {self.plan_sets} devices of searched plans" if self.plan_sets else ""
         return (f"calibrated on {self.sets_measured} measured sets ({self.tables} tables alone + random device-sized "
-                f"sets) in {self.seconds:.0f} s; compute GMAE on {self.held_out} held-out sets: "
+                f"sets{plans}) in {self.seconds:.0f} s; compute GMAE on {self.held_out} held-out sets: "
                 f"{100 * self.gmae_before:.1f}% before, {100 * self.gmae_after:.1f}% after"
                 + ("; kept the pre-trained model" if self.kept_pretrained else ""))
 
@@ -99,64 +101,125 @@ def _random_sets(tables: TableSet, devices: int, count: int, row_cap: int, rng: 
     return sets
 
 
-def calibrate(tables: TableSet, models: CostModels, devices: int = 8, sets: int = DEFAULT_SETS, seed: int = 0,
-              row_cap: int = DEFAULT_MAX_ROWS, kernel: str = "auto", epochs: int = 200,
-              weights_precision: str = "fp32") -> tuple[CostModels, CalibrationReport]:
-    """Measure ``tables`` on this machine and fine-tune ``models``' compute model (see the
-    module docstring), the kernels timed with weights of ``weights_precision`` (recorded:
-    the calibrated model predicts that precision). Returns the calibrated models (a copy)
-    and the report."""
-    from ..plan import Shard
-    from ..runtime.measure_plan import time_devices
-    from ..search.simulator import Piece, Simulator
-    if not hasattr(models.compute, "fine_tune"):
-        raise NeuroShardError(f"calibration fine-tunes a neural compute model (or an ensemble of them); cost "
-                              f"models '{models.name}' have a {type(models.compute).__name__}")
-    if not isinstance(sets, int) or sets < 8:
-        raise NeuroShardError(f"calibration needs at least 8 random sets, got {sets!r}")
-    check_weights_precision(weights_precision)
-    start = time.perf_counter()
-    rng = np.random.default_rng(seed)
-    at_batch = TableSet(tables.name, list(tables), models.batch_size, tables.extra)
-    singles = [[Piece(i, 0, t.num_embeddings, 0, t.embedding_dim)] for i, t in enumerate(tables)]
-    randoms = _random_sets(tables, devices, sets, row_cap, rng)
-    names = [t.name for t in tables]
-    shard_lists = [[Shard(names[p.table], p.row_offset, p.num_rows, p.col_offset, p.num_cols, 0) for p in s]
-                   for s in [*singles, *randoms]]
-    log.info("calibration: timing %d tables alone and %d random sets on this machine", len(singles), len(randoms))
-    rounds, config = time_devices(shard_lists, tables, rounds=1, repeats=1, batch_size=models.batch_size,
-                                  row_cap=row_cap, kernel=kernel, progress=True,
-                                  weights_precision=weights_precision)
-    costs = np.array([float(np.median(r)) for r in rounds])
-    sim = Simulator(at_batch, 1, models)
-    features = [sim.features_of(sim.piece_ids(s)) for s in [*singles, *randoms]]
+class Calibration:
+    """This machine's measurements of one task's shard sets, and the fine-tuning on them.
 
-    order = rng.permutation(len(randoms)) + len(singles)
-    test = order[:max(2, len(randoms) // 4)]
-    val = order[len(test):len(test) + max(2, len(randoms) // 8)]
-    train = np.setdiff1d(np.arange(len(features)), np.concatenate([test, val]))
-    before = gmae(models.compute.predict([features[i] for i in test]), costs[test])
-    compute = copy.deepcopy(models.compute)
-    compute.fine_tune([features[i] for i in train], costs[train], [features[i] for i in val], costs[val],
-                      epochs=epochs)
-    after = gmae(compute.predict([features[i] for i in test]), costs[test])
-    kept = after > before  # fine-tuning made it worse on held-out sets (too few, too noisy): keep the pre-trained
-    if kept:
-        log.warning("calibration: the fine-tuned model is worse on the held-out sets (%.1f%% vs %.1f%%); keeping "
-                    "the pre-trained model", 100 * after, 100 * before)
-        compute = models.compute
-    report = CalibrationReport(len(singles), len(features), len(test), before, after, time.perf_counter() - start,
-                               kept)
-    calibrated = CostModels(compute, models.comm, models.batch_size,
-                            hardware={**models.hardware, "calibrated_on": config["hardware"],
-                                      "calibration_kernel": config["kernel"],
-                                      # a kept pre-trained model still predicts its own precision
-                                      "weights_precision": model_precision(models) if kept else weights_precision},
-                            name=f"{models.name}+calibrated:{tables.name}",
-                            metrics={**models.metrics, "calibration": report.to_dict()},
-                            data_summary=models.data_summary)
-    log.info(report.format())
-    return calibrated, report
+    ``add(sets, kind)`` times sets of pieces (Simulator ``Piece``s) with ``neuroshard
+    measure``'s protocol and keeps their features and times; ``fit()`` fine-tunes a
+    copy of the pre-trained compute model on everything added so far. Sets of kind
+    ``"random"`` provide the held-out sets (a quarter, fixed at the first fit) and the
+    validation sets; the others (``"table"``: tables alone, ``"plan"``: the devices of
+    searched plans, see ``search.refine``) are always trained on."""
+
+    def __init__(self, tables: TableSet, models: CostModels, seed: int = 0, row_cap: int = DEFAULT_MAX_ROWS,
+                 kernel: str = "auto", epochs: int = 200, weights_precision: str = "fp32") -> None:
+        from ..search.simulator import Simulator
+        if not hasattr(models.compute, "fine_tune"):
+            raise NeuroShardError(f"calibration fine-tunes a neural compute model (or an ensemble of them); cost "
+                                  f"models '{models.name}' have a {type(models.compute).__name__}")
+        check_weights_precision(weights_precision)
+        self.tables, self.models, self.row_cap, self.kernel = tables, models, row_cap, kernel
+        self.epochs, self.weights_precision = epochs, weights_precision
+        self.rng = np.random.default_rng(seed)
+        self.sim = Simulator(TableSet(tables.name, list(tables), models.batch_size, tables.extra), 1, models)
+        self.features: list[np.ndarray] = []
+        self.costs: list[float] = []
+        self.kinds: list[str] = []
+        self.config: dict = {}
+        self.seconds = 0.0
+        self._held_out: tuple[np.ndarray, np.ndarray] | None = None
+        self.report: CalibrationReport | None = None  # of the last fit
+
+    def add(self, sets: list, kind: str, rounds: int = 1) -> np.ndarray:
+        """Time ``sets`` (lists of pieces; empty ones are skipped) on this machine, the
+        median of ``rounds`` runs each; keep them for ``fit``. Returns their times (ms)."""
+        from ..plan import Shard
+        from ..runtime.measure_plan import time_devices
+        start = time.perf_counter()
+        sets = [list(s) for s in sets if len(s)]
+        names = [t.name for t in self.tables]
+        shard_lists = [[Shard(names[p.table], p.row_offset, p.num_rows, p.col_offset, p.num_cols, 0) for p in s]
+                       for s in sets]
+        times, self.config = time_devices(shard_lists, self.tables, rounds=rounds, repeats=1,
+                                          batch_size=self.models.batch_size, row_cap=self.row_cap, kernel=self.kernel,
+                                          progress=True, weights_precision=self.weights_precision)
+        costs = np.array([float(np.median(t)) for t in times])
+        self.features += [self.sim.features_of(self.sim.piece_ids(s)) for s in sets]
+        self.costs += costs.tolist()
+        self.kinds += [kind] * len(sets)
+        self.seconds += time.perf_counter() - start
+        return costs
+
+    def predict(self, sets: list, models: CostModels | None = None) -> np.ndarray:
+        """The compute model's (default: the pre-trained one's) ms for sets of pieces."""
+        return (models or self.models).compute.predict([self.sim.features_of(self.sim.piece_ids(s)) for s in sets])
+
+    def fit(self) -> tuple[CostModels, CalibrationReport]:
+        """Fine-tune a copy of the pre-trained compute model on every set added so far;
+        keep the pre-trained one when fine-tuning is worse on the held-out sets."""
+        start = time.perf_counter()
+        kinds = np.array(self.kinds)
+        randoms = np.flatnonzero(kinds == "random")
+        if len(randoms) < 8:
+            raise NeuroShardError(f"calibration needs at least 8 measured random sets, got {len(randoms)}")
+        if self._held_out is None:  # fixed at the first fit, so every refit is judged on the same sets
+            order = randoms[self.rng.permutation(len(randoms))]
+            test = order[:max(2, len(randoms) // 4)]
+            self._held_out = (test, order[len(test):len(test) + max(2, len(randoms) // 8)])
+        test, val = self._held_out
+        train = np.setdiff1d(np.arange(len(self.features)), np.concatenate([test, val]))
+        costs, features = np.array(self.costs), self.features
+        before = gmae(self.models.compute.predict([features[i] for i in test]), costs[test])
+        compute = copy.deepcopy(self.models.compute)
+        compute.fine_tune([features[i] for i in train], costs[train], [features[i] for i in val], costs[val],
+                          epochs=self.epochs)
+        after = gmae(compute.predict([features[i] for i in test]), costs[test])
+        kept = after > before  # fine-tuning made it worse on held-out sets (too few, too noisy): keep the pre-trained
+        if kept:
+            log.warning("calibration: the fine-tuned model is worse on the held-out sets (%.1f%% vs %.1f%%); keeping "
+                        "the pre-trained model", 100 * after, 100 * before)
+            compute = self.models.compute
+        self.seconds += time.perf_counter() - start
+        report = CalibrationReport(int((kinds == "table").sum()), len(features), len(test), before, after,
+                                   self.seconds, kept, int((kinds == "plan").sum()))
+        models = self.models
+        calibrated = CostModels(compute, models.comm, models.batch_size,
+                                hardware={**models.hardware, "calibrated_on": self.config["hardware"],
+                                          "calibration_kernel": self.config["kernel"],
+                                          # a kept pre-trained model still predicts its own precision
+                                          "weights_precision": (model_precision(models) if kept
+                                                                else self.weights_precision)},
+                                name=f"{models.name}+calibrated:{self.tables.name}",
+                                metrics={**models.metrics, "calibration": report.to_dict()},
+                                data_summary=models.data_summary)
+        log.info(report.format())
+        self.report = report
+        return calibrated, report
+
+
+def start_calibration(tables: TableSet, models: CostModels, devices: int = 8, sets: int = DEFAULT_SETS,
+                      seed: int = 0, **options: Any) -> Calibration:
+    """A ``Calibration`` with the task's tables alone and ``sets`` random device-sized sets
+    measured (``options``: ``Calibration``'s row_cap, kernel, epochs, weights_precision)."""
+    from ..search.simulator import Piece
+    if not isinstance(sets, int) or isinstance(sets, bool) or sets < 8:
+        raise NeuroShardError(f"calibration needs at least 8 random sets, got {sets!r}")
+    calibration = Calibration(tables, models, seed, **options)
+    singles = [[Piece(i, 0, t.num_embeddings, 0, t.embedding_dim)] for i, t in enumerate(tables)]
+    randoms = _random_sets(tables, devices, sets, calibration.row_cap, calibration.rng)
+    log.info("calibration: timing %d tables alone and %d random sets on this machine", len(singles), len(randoms))
+    calibration.add(singles, "table")
+    calibration.add(randoms, "random")
+    return calibration
+
+
+def calibrate(tables: TableSet, models: CostModels, devices: int = 8, sets: int = DEFAULT_SETS, seed: int = 0,
+              **options: Any) -> tuple[CostModels, CalibrationReport]:
+    """Measure ``tables`` on this machine and fine-tune ``models``' compute model (see the
+    module docstring), the kernels timed with weights of ``options["weights_precision"]``
+    (recorded: the calibrated model predicts that precision). Returns the calibrated
+    models (a copy) and the report."""
+    return start_calibration(tables, models, devices, sets, seed, **options).fit()
 
 
 def _cache_key(tables: TableSet, models: CostModels, devices: int, sets: int, seed: int,

@@ -131,10 +131,32 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
     return plan.validate()
 
 
+def _calibration_options(calibrate: bool | int, bytes_per_element: int) -> dict:
+    """``calibrated_models``' sets and weights precision for ``shard(calibrate=...)``."""
+    from ..costmodels.calibrate import DEFAULT_SETS
+    sets = DEFAULT_SETS if calibrate in (True, False) else check_int(calibrate, "calibrate (random sets)", 8, 100000)
+    precision = precision_of(bytes_per_element)  # timed at the plan's precision where a kernel trains it
+    return {"sets": sets, **({"weights_precision": precision}
+                             if precision in WEIGHTS_PRECISIONS and precision != "fp32" else {})}
+
+
+def _refined(tables: TableSet, devices: int, memory: Any, algorithm: str, models: Any, bytes_per_element: int,
+             seed: int, calibrate: bool | int, rounds: Any, **options: Any) -> Plan:
+    """``shard(refine=rounds)``: calibrate afresh (the measurements are the refinement's
+    data, so no cache), then ``search.refine.refine``."""
+    from ..costmodels.calibrate import start_calibration
+    from .refine import check_refine, refine
+    rounds = check_refine(algorithm, rounds)
+    calibration = start_calibration(tables, models, devices=devices, seed=seed,
+                                    **_calibration_options(calibrate, bytes_per_element))
+    return refine(tables, devices, memory, calibration, rounds, algorithm=algorithm,
+                  bytes_per_element=bytes_per_element, seed=seed, **options)
+
+
 def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list | None, algorithm: str = "neuroshard",
           cost_models: Any = None, bytes_per_element: int = 4, seed: int = 0, calibrate: bool | int = False,
           *, optimizer: str = DEFAULT_OPTIMIZER, data_parallel: str = DEFAULT_DATA_PARALLEL, topology: Any = None,
-          comm_precision: str = "fp32", **params: Any) -> Plan:
+          comm_precision: str = "fp32", refine: int = 0, **params: Any) -> Plan:
     """Search a sharding plan for ``tables`` over ``devices`` devices of ``memory`` each
     (bytes, or a size like ``"16GiB"``) with ``algorithm`` (one of ``ALGORITHMS``),
     against ``cost_models`` (a ``CostModels``, a checkpoint path, or None for the
@@ -150,7 +172,10 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
     ``topology`` (a ``Topology``, a ``neuroshard.topology/v1`` file or its object) states hosts,
     links, per-device memory and speed; ``memory`` may list one size per device.
     ``bytes_per_element`` 2 means fp16 weights, costed at fp16 (``costmodels.precision``);
-    ``comm_precision`` (fp32, fp16, bf16) is what the all-to-all sends: fp16/bf16 halve its bytes."""
+    ``comm_precision`` (fp32, fp16, bf16) is what the all-to-all sends: fp16/bf16 halve its bytes.
+    ``refine=N`` (with calibration, ``calibrate=True`` when not given) then runs N rounds of
+    measured refinement (``search.refine``): each round's plan is timed on this machine,
+    the models fine-tuned on its devices, and the plan measured cheapest is returned."""
     tables = as_table_set(tables)
     devices = check_devices(devices)
     bytes_per_element = check_bytes_per_element(bytes_per_element)
@@ -178,12 +203,13 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
         log.warning("a large task (%d tables on %d devices): the %s search may take minutes", len(tables), devices,
                     algorithm)
     models = resolve_cost_models(cost_models)
+    if refine:
+        return _refined(tables, devices, memory, algorithm, models, bytes_per_element, seed, calibrate, refine,
+                        optimizer=optimizer, data_parallel=data_parallel, topology=topology,
+                        comm_precision=comm_precision, **params)
     if calibrate is not False:
-        from ..costmodels.calibrate import DEFAULT_SETS, calibrated_models
-        sets = DEFAULT_SETS if calibrate is True else check_int(calibrate, "calibrate (random sets)", 8, 100000)
-        precision = precision_of(bytes_per_element)  # timed at the plan's precision where a kernel trains it
-        options = {"weights_precision": precision} if precision in WEIGHTS_PRECISIONS and precision != "fp32" else {}
-        models = calibrated_models(tables, models, devices=devices, sets=sets, **options)
+        from ..costmodels.calibrate import calibrated_models
+        models = calibrated_models(tables, models, devices=devices, **_calibration_options(calibrate, bytes_per_element))
     sim = Simulator(tables, devices, models, bytes_per_element, optimizer=optimizer, topology=topology,
                     comm_precision=comm_precision)
     if sim.cost_precision != precision_of(bytes_per_element):

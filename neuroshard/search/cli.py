@@ -42,7 +42,7 @@ def _search(args: argparse.Namespace) -> int:
     plan = shard(tables, devices=args.devices, memory=args.memory, algorithm=args.algorithm,
                  calibrate=args.calibrate, cost_models=args.cost_model, bytes_per_element=args.bytes_per_element,
                  seed=args.seed, optimizer=args.optimizer, data_parallel=args.data_parallel,
-                 comm_precision=args.comm_precision, topology=topology,
+                 comm_precision=args.comm_precision, topology=topology, refine=args.refine,
                  **dict(args.param or []))
     say = write_output(args.output, json.dumps(plan.validate().to_dict(), indent=1) + "\n")
     say(plan.format_summary())
@@ -51,6 +51,11 @@ def _search(args: argparse.Namespace) -> int:
     if ratio is not None:
         say(f"balanced bound (sum of single-table costs / {plan.num_devices} devices): "
               f"{est['balanced_bound_ms']:.3f} ms; this plan is {ratio:.3f}x that")
+    for r in prov.get("refine", {}).get("rounds", []):
+        say(f"refine round {r['round']}: models {100 * r['device_gmae']:.1f}% off on the plan's devices; measured "
+            f"max compute {r['measured_max_compute_ms']:.2f} ms (estimated {r['estimated_max_compute_ms']:.2f}), "
+            f"measured cost {r['measured_cost_ms']:.2f} ms" + (" <- written" if r["round"] == prov["refine"]["chosen_round"]
+                                                              else ""))
     measured_on = prov.get("parameters", {}).get("measured_on")
     if measured_on:
         say(f"{args.algorithm} timed the tables on this machine ({measured_on}): the plan is for this hardware")
@@ -98,6 +103,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    metavar="SETS", help="first calibrate the cost models on this machine and these tables (as "
                    "`neuroshard calibrate`, with SETS random sets, default 200; a few minutes, cached per machine, "
                    "checkpoint and tables)")
+    p.add_argument("--refine", nargs="?", const=True, default=0, type=int_in(1, 20, "a round count"),
+                   metavar="ROUNDS", help="then refine on this machine (calibrating first, implied): each round "
+                   "times the plan's devices, fine-tunes the models on them and searches again; the plan measured "
+                   "cheapest is written (default 2 rounds, about a minute each for 8 devices)")
     p.add_argument("--bytes-per-element", type=bytes_per_element_int, default=4,
                    help="bytes per weight: 4 fp32, 2 fp16 (costed at fp16 and trained so by the runtime), 1 int8 "
                         "(memory only, costed as fp32) (default: 4)")
