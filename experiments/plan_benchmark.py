@@ -24,8 +24,10 @@ baseline of the task (five greedy, measured-greedy, TorchRec; geometric mean and
 max/mean balance, the cost model's per-device error against the measurement (GMAE,
 Spearman of devices within a plan), search time, and all-to-all bytes per device (the
 largest device's forward pooled output at the tables' batch size, fp32). The A/A control
-line shows the noise of the run. Results go to ``--out`` (default
-``experiments/results/plan_benchmark``): ``tasks.csv`` (one row per task and plan,
+line shows the noise of the run. The "balance bound" line is 1 / the best baseline's
+max/mean balance: the ratio a perfectly balanced plan with the same total compute would
+reach, so a target below it asks for less total work, not better balance. Results go
+to ``--out`` (default ``experiments/results/plan_benchmark``): ``tasks.csv`` (one row per task and plan,
 appended as each task finishes, so an interrupted run resumes where it stopped),
 ``summary.csv``, ``summary.md`` and ``ratios.png``.
 """
@@ -47,6 +49,7 @@ from neuroshard.runtime.measure_plan import estimate_gmae, estimate_spearman, me
 from neuroshard.search.api import shard
 from neuroshard.search.registry import ALGORITHMS
 from neuroshard.search.torchrec_planner import torchrec_available
+from neuroshard.topology import Topology
 
 log = logging.getLogger("plan_benchmark")
 
@@ -82,12 +85,14 @@ def a2a_bytes_per_device(plan, batch_size: int) -> float:
 def run_task(family: str, devices: int, index: int, tables, memory: int, args, models) -> list[dict]:
     """Plan the task with every algorithm, measure all plans in one interleaved run."""
     plans, rows = {}, []
+    # --one-host: every plan is for one host of D GPUs (analytic NVLink exchange, TorchRec's constants)
+    network = {"topology": Topology(devices, local_world_size=devices)} if args.one_host else {}
     calibrated = None
     others = {}  # label -> models: every plan's estimate error is also reported under each
     if args.also_model:
         other = load_cost_models(args.also_model)
         label = f"neuroshard@{Path(args.also_model).stem}"
-        plans[label] = shard(tables, devices=devices, memory=memory, cost_models=other, seed=index)
+        plans[label] = shard(tables, devices=devices, memory=memory, cost_models=other, seed=index, **network)
         others["also"] = other
     if args.calibrate:
         from neuroshard.costmodels.calibrate import start_calibration
@@ -97,13 +102,14 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
         calibrated, report = calibration.fit()
         log.info("%s task %d: %s", family, index, report.format())
         start = time.perf_counter() - start
-        plans[CALIBRATED] = shard(tables, devices=devices, memory=memory, cost_models=calibrated, seed=index)
+        plans[CALIBRATED] = shard(tables, devices=devices, memory=memory, cost_models=calibrated, seed=index,
+                                  **network)
         plans[CALIBRATED].provenance["calibration_s"] = start
         others["calibrated"] = calibrated
         if args.refine_rounds:
             start = time.perf_counter()
             plans[REFINED] = refine(tables, devices, memory, calibration, args.refine_rounds, models=calibrated,
-                                    seed=index)
+                                    seed=index, **network)
             plans[REFINED].provenance["calibration_s"] = plans[CALIBRATED].provenance["calibration_s"] + (
                 time.perf_counter() - start)
     for algo in algorithms(args.torchrec):
@@ -113,7 +119,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
         start = time.perf_counter()
         try:
             plans[algo] = shard(tables, devices=devices, memory=memory, algorithm=algo, cost_models=models,
-                                seed=index, **params)
+                                seed=index, **network, **params)
         except NeuroShardError as exc:
             log.warning("%s task %d on %d devices: %s found no plan: %s", family, index, devices, algo, exc)
             rows.append({"algorithm": algo, "failed": str(exc).splitlines()[0]})
@@ -182,6 +188,15 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                     out[-1][f"estimate_gmae_{label}"] = float(g[f"estimate_gmae_{label}"].mean())
                     out[-1][f"estimate_spearman_{label}"] = float(g[f"estimate_spearman_{label}"].mean())
     summary = pd.DataFrame(out)
+    bounds = []  # what a perfectly balanced plan with the best baseline's total compute would reach
+    for family, part in [*plans.groupby("family"), ("all", plans)]:
+        best = part[(part["failed"] == "") & (part["ratio_to_best_baseline"] == 1.0)]
+        best = best.drop_duplicates(["family", "devices", "task"])
+        if len(best):
+            bounds.append({"family": family, "algorithm": "balance bound", "tasks": len(best),
+                           "ratio_geomean": float(np.exp(-np.log(best["balance"]).mean())),
+                           "ratio_worst": float((1 / best["balance"]).max())})
+    summary = pd.concat([summary, pd.DataFrame(bounds)], ignore_index=True)
     aa = df[df["algorithm"] == "A/A"]
     if len(aa):
         controls = [{"family": family, "algorithm": "A/A control", "tasks": len(g),
@@ -236,6 +251,10 @@ def main() -> None:
     parser.add_argument("--refine-rounds", type=int, default=2,
                         help="with --calibrate: also NeuroShard refined on this machine for this many rounds "
                              "(search.refine, from the same calibration; 0: not) (default: 2)")
+    parser.add_argument("--one-host", action="store_true",
+                        help="plan for one host of D GPUs: the exchange costed as bytes over NVLink (600 GB/s, "
+                             "TorchRec's constant) instead of by the communication models measured on this machine's "
+                             "gloo, so the search weighs compute, which is what this benchmark times")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true",
                         help="1 task per family on 4 devices with 10-15 tables per device")

@@ -519,9 +519,17 @@ class Simulator:
         pieces, devices = self.pieces_of_plan(plan)
         if compute_ms is None:
             return self.evaluate(pieces, devices[None, :], risk=0.0)
-        compute = np.asarray(compute_ms, dtype=np.float64)[None, :] / self.scale
-        widths, reduce_bytes = self._exchange_widths(self.piece_ids(pieces), devices)
-        return self._with_comm(compute, widths[None, :], None if reduce_bytes is None else reduce_bytes[None, :])
+        return self.evaluate_with_compute([(pieces, devices)], np.asarray(compute_ms, dtype=np.float64)[None, :])
+
+    def evaluate_with_compute(self, candidates: Sequence[tuple[Sequence[Piece], np.ndarray]],
+                              compute_ms: np.ndarray) -> Estimate:
+        """Estimates of ``P`` placements whose per-device compute is given ((P, D) ms at the
+        tables' batch size, e.g. measured): only communication is predicted."""
+        exchanges = [self._exchange_widths(self.piece_ids(pieces), np.asarray(devices))
+                     for pieces, devices in candidates]
+        widths = np.stack([w for w, _ in exchanges])
+        reduce_bytes = None if exchanges[0][1] is None else np.stack([r for _, r in exchanges])
+        return self._with_comm(np.asarray(compute_ms, dtype=np.float64) / self.scale, widths, reduce_bytes)
 
     def to_shards(self, pieces: Sequence[Piece], devices: np.ndarray) -> list[Shard]:
         """Pieces placed on devices as plan shards, ordered by table, rows, columns."""
