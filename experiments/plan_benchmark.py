@@ -62,7 +62,7 @@ COLUMNS = ["family", "devices", "task", "tables", "memory_bytes", "algorithm", "
            "max_total_ms", "search_time_s", "a2a_bytes_per_device", "a2a_ratio_to_best_baseline", "shards",
            "aa_ratio", "measure_seconds", "hardware", "calibration_s", "estimate_gmae_calibrated",
            "estimate_spearman_calibrated", "estimate_gmae_also", "estimate_spearman_also", "aa_spearman",
-           "refine_chosen_round"]
+           "refine_chosen_round", "polish_accepted"]
 
 
 def algorithms(include_torchrec: bool) -> list[str]:
@@ -137,6 +137,8 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                      "a2a_bytes_per_device": a2a_bytes_per_device(p.plan, tables.batch_size),
                      "shards": len(p.plan.shards), "failed": "",
                      "refine_chosen_round": p.plan.provenance.get("refine", {}).get("chosen_round", math.nan),
+                     "polish_accepted": p.plan.provenance.get("refine", {}).get("polish", {}).get("accepted",
+                                                                                                     math.nan),
                      "calibration_s": p.plan.provenance.get("calibration_s", float("nan"))})
         for label, other in others.items():
             sim = plan_simulator(p.plan, tables, result.config["batch_size"], other)

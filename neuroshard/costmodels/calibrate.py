@@ -130,24 +130,28 @@ class Calibration:
         self._held_out: tuple[np.ndarray, np.ndarray] | None = None
         self.report: CalibrationReport | None = None  # of the last fit
 
-    def add(self, sets: list, kind: str, rounds: int = 1) -> np.ndarray:
-        """Time ``sets`` (lists of pieces; empty ones are skipped) on this machine, the
-        median of ``rounds`` runs each; keep them for ``fit``. Returns their times (ms)."""
+    def time(self, sets: list, rounds: int = 1) -> np.ndarray:
+        """Time ``sets`` (lists of pieces; empty ones are skipped) on this machine in one
+        interleaved run, the median of ``rounds`` runs each (ms)."""
         from ..plan import Shard
         from ..runtime.measure_plan import time_devices
         start = time.perf_counter()
-        sets = [list(s) for s in sets if len(s)]
         names = [t.name for t in self.tables]
         shard_lists = [[Shard(names[p.table], p.row_offset, p.num_rows, p.col_offset, p.num_cols, 0) for p in s]
-                       for s in sets]
+                       for s in sets if len(s)]
         times, self.config = time_devices(shard_lists, self.tables, rounds=rounds, repeats=1,
                                           batch_size=self.models.batch_size, row_cap=self.row_cap, kernel=self.kernel,
                                           progress=True, weights_precision=self.weights_precision)
-        costs = np.array([float(np.median(t)) for t in times])
+        self.seconds += time.perf_counter() - start
+        return np.array([float(np.median(t)) for t in times])
+
+    def add(self, sets: list, kind: str, rounds: int = 1) -> np.ndarray:
+        """``time`` the sets and keep them for ``fit``. Returns their times (ms)."""
+        sets = [list(s) for s in sets if len(s)]
+        costs = self.time(sets, rounds)
         self.features += [self.sim.features_of(self.sim.piece_ids(s)) for s in sets]
         self.costs += costs.tolist()
         self.kinds += [kind] * len(sets)
-        self.seconds += time.perf_counter() - start
         return costs
 
     def predict(self, sets: list, models: CostModels | None = None) -> np.ndarray:

@@ -11,8 +11,9 @@ sets, measured on this machine) for ``rounds`` rounds:
    measure``'s protocol) and record the models' error on them: sets they never saw;
 3. add them to the calibration data and fine-tune the pre-trained model again.
 
-The plan of the last round's models is searched too (and timed), and the plan kept is
-the one whose measured cost is lowest: each device's measured compute plus the modelled
+The plan of the last round's models is searched too, all rounds' plans are timed again
+together in one interleaved run (this machine's speed drifts between runs), and the plan
+kept is the one whose measured cost is lowest there: each device's measured compute plus the modelled
 communication (the simulator's total, with the measured compute in place of the
 estimate). A round costs one search, ``D`` timed device sets and one fine-tuning: about
 a minute for 8 devices on 2 CPU cores.
@@ -74,11 +75,10 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         models, report = calibration.fit()
     else:
         report = calibration.report
-    history, plans, measured_of = [], [], []
+    history, plans = [], []
     for r in range(rounds + 1):
         plan = shard(tables, devices, memory, algorithm=algorithm, cost_models=models, **search_options)
-        pieces, where = calibration.sim.pieces_of_plan(plan)
-        sets = [[p for p, d in zip(pieces, where) if d == device] for device in range(plan.num_devices)]
+        sets = _device_sets(calibration, plan)
         used = [i for i, s in enumerate(sets) if s]
         estimated = calibration.predict([sets[i] for i in used], models)
         measured = calibration.add([sets[i] for i in used], "plan", rounds=timing_rounds)
@@ -94,18 +94,34 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
                  "%.2f ms (estimated %.2f), measured cost %.2f ms at batch %d", r, 100 * history[-1]["device_gmae"],
                  len(used), measured.max(), estimated.max(), cost, batch)
         plans.append(plan)
-        measured_of.append(compute)
         if r < rounds:
             models, report = calibration.fit()
-    best = int(np.argmin([h["measured_cost_ms"] for h in history]))
+    # This machine's speed drifts between runs minutes apart (15% seen on 10 ms sets), so the
+    # rounds' plans are compared in ONE interleaved run of all their devices.
+    distinct = {tuple(p.shards): i for i, p in reversed(list(enumerate(plans)))}  # the first round of each plan
+    candidates = sorted(distinct.values())
+    every = [_device_sets(calibration, plans[i]) for i in candidates]
+    times = iter(calibration.time([s for sets in every for s in sets], timing_rounds))
+    finals = []
+    for i, sets in zip(candidates, every):
+        compute = np.array([next(times) if s else 0.0 for s in sets])
+        cost = float(plan_simulator(plans[i], tables, batch, models).evaluate_plan(plans[i], compute.tolist()).max_ms[0])
+        finals.append((cost, i, compute))
+        history[i]["final_measured_cost_ms"] = round(cost, 4)
+    _, best, compute = min(finals, key=lambda f: f[0])
     chosen = plans[best]
     record = {"rounds": history, "chosen_round": best, "timing_rounds": timing_rounds, "batch_size": batch,
               "hardware": calibration.config.get("hardware", "")}
     if polish_steps:
-        chosen, record["polish"] = polish(chosen, tables, calibration, models, measured_of[best], polish_steps,
-                                          timing_rounds)
+        chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps, timing_rounds)
     chosen.provenance["refine"] = record
     return chosen
+
+
+def _device_sets(calibration: Any, plan: Plan) -> list[list]:
+    """The plan's pieces on each device (empty lists for idle devices)."""
+    pieces, where = calibration.sim.pieces_of_plan(plan)
+    return [[p for p, d in zip(pieces, where) if d == device] for device in range(plan.num_devices)]
 
 
 def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured_ms: np.ndarray,
@@ -113,9 +129,10 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     """A measured local search from ``plan`` whose devices measured ``measured_ms`` (at the
     models' batch size): each step proposes the move of one shard off the slowest device, or
     its swap with a shard of another device, that the models predict best (each device's
-    prediction scaled by its measured/predicted ratio), times the two changed devices, and
-    keeps the change only when the plan's measured cost (measured compute plus modelled
-    communication) drops. Row blocks stay where they are (TorchRec runs them in rank
+    prediction scaled by its measured/predicted ratio), times the two devices before and
+    after the change in one interleaved run (the machine's speed drifts between runs; the
+    other devices' times are scaled by that drift), and keeps the change only when the
+    plan's measured cost (measured compute plus modelled communication) drops. Row blocks stay where they are (TorchRec runs them in rank
     order). Stops after ``steps`` steps or when no change is predicted to help."""
     from ..runtime.measure_plan import plan_simulator
     record = {"steps": 0, "accepted": 0}
@@ -173,19 +190,24 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         tried.add((out, back, b))
         record["steps"] += 1
         moved = candidates[k][1]
-        timed = calibration.add([[pieces[i] for i in np.flatnonzero(moved == d)] for d in (a, b)], "plan",
-                                rounds=timing_rounds)
-        trial = measured.copy()
-        nonempty = [d for d in (a, b) if (moved == d).any()]
-        trial[[a, b]] = 0.0
-        trial[nonempty] = timed
+        # the two devices before and after the change, timed in one interleaved run (drift-free)
+        before = [[pieces[i] for i in np.flatnonzero(where == d)] for d in (a, b)]
+        after = [[pieces[i] for i in np.flatnonzero(moved == d)] for d in (a, b)]
+        timed = iter(calibration.time([*before, *after], timing_rounds))
+        now = [next(timed) if s else 0.0 for s in (*before, *after)]
+        drift = (now[0] + now[1]) / max(measured[a] + measured[b], 1e-9)  # the other devices, at today's speed
+        current, trial = measured * drift, measured * drift
+        current[[a, b]], trial[[a, b]] = now[:2], now[2:]
+        old_cost = float(sim.evaluate_with_compute([(pieces, where)], current[None, :]).max_ms[0])
         new_cost = float(sim.evaluate_with_compute([(pieces, moved)], trial[None, :]).max_ms[0])
-        log.info("polish step %d: %s tables %s between devices %d and %d: predicted %.2f, measured %.2f ms "
-                 "(was %.2f)", record["steps"], "swap" if back else "move", [pieces[i].table for i in (*out, *back)],
-                 a, b, guesses[k], new_cost, cost)
-        if new_cost < cost * (1 - MIN_GAIN):
+        log.info("polish step %d: %s tables %s between devices %d and %d: measured cost %.2f -> %.2f ms "
+                 "(predicted %.2f)", record["steps"], "swap" if back else "move", [pieces[i].table for i in (*out, *back)],
+                 a, b, old_cost, new_cost, guesses[k] * drift)
+        if new_cost < old_cost * (1 - MIN_GAIN):
             where, measured, cost = moved, trial, new_cost
             record["accepted"] += 1
+        else:
+            measured, cost = current, old_cost
     record["measured_cost_after_ms"] = round(cost, 4)
     if not record["accepted"]:
         return plan, record
