@@ -56,6 +56,7 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
                  "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "refine round 0" in printed and "refine round 1" in printed and "<- written" in printed
+    assert "timed changes kept" in printed
     from neuroshard.plan import Plan
     refine = Plan.read(out).provenance["refine"]
     rounds = refine["rounds"]
@@ -75,12 +76,12 @@ def test_calibration_keeps_plan_sets_in_training_and_its_held_out_sets_fixed():
     from neuroshard.search.simulator import Piece
     calibration = start_calibration(TABLES, load_cost_models(), devices=3, sets=8, epochs=5)
     _, first = calibration.fit()
-    held_out = calibration._held_out
+    held_out = calibration.held_out
     times = calibration.add([[Piece(0, 0, 1000, 0, 32), Piece(3, 0, 4000, 0, 16)], []], "plan", rounds=2)
     assert len(times) == 1 and times[0] > 0  # the empty set (an idle device) is skipped
     _, second = calibration.fit()
     assert second.plan_sets == 1 and second.sets_measured == first.sets_measured + 1
-    assert calibration._held_out is held_out and second.gmae_before == first.gmae_before
+    assert calibration.held_out is held_out and second.gmae_before == first.gmae_before
     assert "1 devices of searched plans" in second.format()
 
 

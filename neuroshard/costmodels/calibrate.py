@@ -122,12 +122,13 @@ class Calibration:
         self.epochs, self.weights_precision = epochs, weights_precision
         self.rng = np.random.default_rng(seed)
         self.sim = Simulator(TableSet(tables.name, list(tables), models.batch_size, tables.extra), 1, models)
+        self.sets: list[list] = []  # the measured sets of pieces, in the order of features and costs
         self.features: list[np.ndarray] = []
         self.costs: list[float] = []
         self.kinds: list[str] = []
         self.config: dict = {}
         self.seconds = 0.0
-        self._held_out: tuple[np.ndarray, np.ndarray] | None = None
+        self.held_out: tuple[np.ndarray, np.ndarray] | None = None  # (test, validation) set numbers, first fit
         self.report: CalibrationReport | None = None  # of the last fit
 
     def time(self, sets: list, rounds: int = 1) -> np.ndarray:
@@ -149,6 +150,7 @@ class Calibration:
         """``time`` the sets and keep them for ``fit``. Returns their times (ms)."""
         sets = [list(s) for s in sets if len(s)]
         costs = self.time(sets, rounds)
+        self.sets += sets
         self.features += [self.sim.features_of(self.sim.piece_ids(s)) for s in sets]
         self.costs += costs.tolist()
         self.kinds += [kind] * len(sets)
@@ -166,11 +168,11 @@ class Calibration:
         randoms = np.flatnonzero(kinds == "random")
         if len(randoms) < 8:
             raise NeuroShardError(f"calibration needs at least 8 measured random sets, got {len(randoms)}")
-        if self._held_out is None:  # fixed at the first fit, so every refit is judged on the same sets
+        if self.held_out is None:  # fixed at the first fit, so every refit is judged on the same sets
             order = randoms[self.rng.permutation(len(randoms))]
             test = order[:max(2, len(randoms) // 4)]
-            self._held_out = (test, order[len(test):len(test) + max(2, len(randoms) // 8)])
-        test, val = self._held_out
+            self.held_out = (test, order[len(test):len(test) + max(2, len(randoms) // 8)])
+        test, val = self.held_out
         train = np.setdiff1d(np.arange(len(self.features)), np.concatenate([test, val]))
         costs, features = np.array(self.costs), self.features
         before = gmae(self.models.compute.predict([features[i] for i in test]), costs[test])

@@ -209,7 +209,8 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
                         comm_precision=comm_precision, **params)
     if calibrate is not False:
         from ..costmodels.calibrate import calibrated_models
-        models = calibrated_models(tables, models, devices=devices, **_calibration_options(calibrate, bytes_per_element))
+        options = _calibration_options(calibrate, bytes_per_element)
+        models = calibrated_models(tables, models, devices=devices, **options)
     sim = Simulator(tables, devices, models, bytes_per_element, optimizer=optimizer, topology=topology,
                     comm_precision=comm_precision)
     if sim.cost_precision != precision_of(bytes_per_element):

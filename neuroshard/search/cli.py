@@ -51,11 +51,17 @@ def _search(args: argparse.Namespace) -> int:
     if ratio is not None:
         say(f"balanced bound (sum of single-table costs / {plan.num_devices} devices): "
               f"{est['balanced_bound_ms']:.3f} ms; this plan is {ratio:.3f}x that")
-    for r in prov.get("refine", {}).get("rounds", []):
+    refine = prov.get("refine", {})
+    for r in refine.get("rounds", []):
+        written = " <- written" if r["round"] == refine["chosen_round"] else ""
         say(f"refine round {r['round']}: models {100 * r['device_gmae']:.1f}% off on the plan's devices; measured "
             f"max compute {r['measured_max_compute_ms']:.2f} ms (estimated {r['estimated_max_compute_ms']:.2f}), "
-            f"measured cost {r['measured_cost_ms']:.2f} ms" + (" <- written" if r["round"] == prov["refine"]["chosen_round"]
-                                                              else ""))
+            f"measured cost {r['measured_cost_ms']:.2f} ms{written}")
+    if "polish" in refine:
+        polish = refine["polish"]
+        say(f"polish: {polish['accepted']} of {polish['steps']} timed changes kept; measured cost "
+            f"{polish.get('measured_cost_before_ms', float('nan')):.2f} -> "
+            f"{polish.get('measured_cost_after_ms', float('nan')):.2f} ms")
     measured_on = prov.get("parameters", {}).get("measured_on")
     if measured_on:
         say(f"{args.algorithm} timed the tables on this machine ({measured_on}): the plan is for this hardware")

@@ -105,7 +105,8 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     finals = []
     for i, sets in zip(candidates, every):
         compute = np.array([next(times) if s else 0.0 for s in sets])
-        cost = float(plan_simulator(plans[i], tables, batch, models).evaluate_plan(plans[i], compute.tolist()).max_ms[0])
+        estimate = plan_simulator(plans[i], tables, batch, models).evaluate_plan(plans[i], compute.tolist())
+        cost = float(estimate.max_ms[0])
         finals.append((cost, i, compute))
         history[i]["final_measured_cost_ms"] = round(cost, 4)
     _, best, compute = min(finals, key=lambda f: f[0])
@@ -132,8 +133,9 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     prediction scaled by its measured/predicted ratio), times the two devices before and
     after the change in one interleaved run (the machine's speed drifts between runs; the
     other devices' times are scaled by that drift), and keeps the change only when the
-    plan's measured cost (measured compute plus modelled communication) drops. Row blocks stay where they are (TorchRec runs them in rank
-    order). Stops after ``steps`` steps or when no change is predicted to help."""
+    plan's measured cost (measured compute plus modelled communication) drops. Row
+    blocks stay where they are (TorchRec runs them in rank order). Stops after ``steps``
+    steps or when no change is predicted to help."""
     from ..runtime.measure_plan import plan_simulator
     record = {"steps": 0, "accepted": 0}
     if plan.data_parallel_tables:
@@ -173,7 +175,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
             moved = where.copy()
             moved[list(out)], moved[list(back)] = b, a
             candidates.append((pieces, moved))
-            new_sets += [[pieces[k] for k in np.flatnonzero(moved == a)], [pieces[k] for k in np.flatnonzero(moved == b)]]
+            new_sets += [[pieces[k] for k in np.flatnonzero(moved == d)] for d in (a, b)]
         predicted = calibration.predict([s for s in new_sets if s], models) if any(new_sets) else np.array([])
         flat = iter(predicted)
         pairs = np.array([[next(flat) if s else 0.0 for s in new_sets[k:k + 2]] for k in range(0, len(new_sets), 2)])
@@ -201,8 +203,8 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         old_cost = float(sim.evaluate_with_compute([(pieces, where)], current[None, :]).max_ms[0])
         new_cost = float(sim.evaluate_with_compute([(pieces, moved)], trial[None, :]).max_ms[0])
         log.info("polish step %d: %s tables %s between devices %d and %d: measured cost %.2f -> %.2f ms "
-                 "(predicted %.2f)", record["steps"], "swap" if back else "move", [pieces[i].table for i in (*out, *back)],
-                 a, b, old_cost, new_cost, guesses[k] * drift)
+                 "(predicted %.2f)", record["steps"], "swap" if back else "move",
+                 [pieces[i].table for i in (*out, *back)], a, b, old_cost, new_cost, guesses[k] * drift)
         if new_cost < old_cost * (1 - MIN_GAIN):
             where, measured, cost = moved, trial, new_cost
             record["accepted"] += 1
