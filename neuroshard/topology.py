@@ -56,8 +56,9 @@ class Topology:
     relative_speed: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        # Built directly (not by make_topology, which checks): stating hosts or a link
-        # states hosts, and what is left out takes the same defaults as make_topology's.
+        # The one place the link defaults are filled in (make_topology checks, then builds
+        # through here): stating hosts or a link states hosts, and what is left out takes
+        # the GPU-cluster defaults (one host of all devices when only links are given).
         if any(v is not None for v in (self.local_world_size, self.intra_host_gbps, self.inter_host_gbps)):
             for name, default in (("local_world_size", self.num_devices),
                                   ("intra_host_gbps", DEFAULT_INTRA_HOST_GBPS),
@@ -166,19 +167,14 @@ def make_topology(num_devices: int, local_world_size: Any = None, intra_host_gbp
     is left out takes the GPU-cluster defaults (``DEFAULT_*``; one host of all devices
     when only bandwidths are given). Memory: one size for all or one per device."""
     check_devices(num_devices, "num_devices")
-    hosts = any(v is not None for v in (local_world_size, intra_host_gbps, inter_host_gbps))
-    if hosts:
-        local = num_devices if local_world_size is None else _field(
-            lambda v: check_devices(v, "value"), local_world_size, source, "local_world_size", error)
-        if num_devices % local:
-            raise error(f"{source}: field 'local_world_size' ({local} devices per host) must divide the "
-                        f"{num_devices} devices")
-        intra, inter = (DEFAULT_INTRA_HOST_GBPS if intra_host_gbps is None else intra_host_gbps,
-                        DEFAULT_INTER_HOST_GBPS if inter_host_gbps is None else inter_host_gbps)
-        intra, inter = (_field(lambda v: check_number(v, "value", 0.0, MAX_GBPS, low_open=True), v, source, k, error)
-                        for v, k in ((intra, "intra_host_gbps"), (inter, "inter_host_gbps")))
-    else:
-        local = intra = inter = None
+    local = None if local_world_size is None else _field(
+        lambda v: check_devices(v, "value"), local_world_size, source, "local_world_size", error)
+    if local is not None and num_devices % local:
+        raise error(f"{source}: field 'local_world_size' ({local} devices per host) must divide the "
+                    f"{num_devices} devices")
+    intra, inter = (None if v is None else
+                    _field(lambda v: check_number(v, "value", 0.0, MAX_GBPS, low_open=True), v, source, k, error)
+                    for v, k in ((intra_host_gbps, "intra_host_gbps"), (inter_host_gbps, "inter_host_gbps")))
     memory = None
     if device_memory_bytes is not None:
         sizes = device_memory_bytes if isinstance(device_memory_bytes, list) else [device_memory_bytes]
@@ -195,7 +191,7 @@ def make_topology(num_devices: int, local_world_size: Any = None, intra_host_gbp
         speed = tuple(_field(lambda v: check_number(v, "value", *SPEED_RANGE), s, source, "relative_speed", error)
                       for s in relative_speed)
         speed = None if all(s == 1.0 for s in speed) else speed
-    return Topology(num_devices, local, intra, inter, memory, speed)
+    return Topology(num_devices, local, intra, inter, memory, speed)  # it fills in the links left out
 
 
 def device_memory(topology: Topology | None, memory_bytes: int) -> int | np.ndarray:

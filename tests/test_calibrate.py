@@ -114,3 +114,14 @@ def test_polish_moves_shards_off_the_slowest_measured_device():
     assert polished is not lopsided and not polished.problems()
     assert len(polished.shards_on(1)) > 1 and polished.estimate["max_device_cost_ms"] > 0
     assert sorted((s.table, s.col_offset) for s in polished.shards) == sorted((s.table, s.col_offset) for s in shards)
+
+
+def test_a_calibration_set_count_below_8_is_refused_before_measuring():
+    """calibrate=1 is a set count (not True), with or without refine."""
+    import pytest
+
+    import neuroshard
+    from neuroshard.errors import NeuroShardError
+    for extra in ({}, {"refine": 1}):
+        with pytest.raises(NeuroShardError, match=r"calibrate \(random sets\) must be an integer in \[8, 100000\]"):
+            neuroshard.shard(TABLES, devices=3, memory="4MiB", calibrate=1, **extra)

@@ -134,7 +134,9 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
 def _calibration_options(calibrate: bool | int, bytes_per_element: int) -> dict:
     """``calibrated_models``' sets and weights precision for ``shard(calibrate=...)``."""
     from ..costmodels.calibrate import DEFAULT_SETS
-    sets = DEFAULT_SETS if calibrate in (True, False) else check_int(calibrate, "calibrate (random sets)", 8, 100000)
+    # True (and False, from shard(refine=) without calibrate) mean the default; 1 is a set count, and refused
+    default = calibrate is True or calibrate is False
+    sets = DEFAULT_SETS if default else check_int(calibrate, "calibrate (random sets)", 8, 100000)
     precision = precision_of(bytes_per_element)  # timed at the plan's precision where a kernel trains it
     return {"sets": sets, **({"weights_precision": precision}
                              if precision in WEIGHTS_PRECISIONS and precision != "fp32" else {})}

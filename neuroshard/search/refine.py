@@ -79,11 +79,10 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     for r in range(rounds + 1):
         plan = shard(tables, devices, memory, algorithm=algorithm, cost_models=models, **search_options)
         sets = _device_sets(calibration, plan)
-        used = [i for i, s in enumerate(sets) if s]
-        estimated = calibration.predict([sets[i] for i in used], models)
-        measured = calibration.add([sets[i] for i in used], "plan", rounds=timing_rounds)
-        compute = np.zeros(plan.num_devices)
-        compute[used] = measured
+        used = [s for s in sets if s]
+        estimated = calibration.predict(used, models)
+        measured = calibration.add(used, "plan", rounds=timing_rounds)
+        compute = _per_set(sets, measured)
         cost = float(plan_simulator(plan, tables, batch, models).evaluate_plan(plan, compute.tolist()).max_ms[0])
         history.append({"round": r, "calibration_gmae_held_out": round(float(report.gmae_after), 4),
                         "device_gmae": round(float(gmae(estimated, measured)), 4),
@@ -100,11 +99,11 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     # rounds' plans are compared in ONE interleaved run of all their devices.
     distinct = {tuple(p.shards): i for i, p in reversed(list(enumerate(plans)))}  # the first round of each plan
     candidates = sorted(distinct.values())
-    every = [_device_sets(calibration, plans[i]) for i in candidates]
-    times = iter(calibration.time([s for sets in every for s in sets], timing_rounds))
+    every = [s for i in candidates for s in _device_sets(calibration, plans[i])]
+    times = _per_set(every, calibration.time(every, timing_rounds))
     finals = []
-    for i, sets in zip(candidates, every):
-        compute = np.array([next(times) if s else 0.0 for s in sets])
+    for n, i in enumerate(candidates):
+        compute = times[n * devices:(n + 1) * devices]
         estimate = plan_simulator(plans[i], tables, batch, models).evaluate_plan(plans[i], compute.tolist())
         cost = float(estimate.max_ms[0])
         finals.append((cost, i, compute))
@@ -117,6 +116,14 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps, timing_rounds)
     chosen.provenance["refine"] = record
     return chosen
+
+
+def _per_set(sets: list[list], values: np.ndarray) -> np.ndarray:
+    """``values`` of the non-empty ``sets`` (timed or predicted in order) spread back over
+    all of them, 0 for an empty set (an idle device)."""
+    out = np.zeros(len(sets))
+    out[[i for i, s in enumerate(sets) if s]] = values
+    return out
 
 
 def _device_sets(calibration: Any, plan: Plan) -> list[list]:
@@ -176,9 +183,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
             moved[list(out)], moved[list(back)] = b, a
             candidates.append((pieces, moved))
             new_sets += [[pieces[k] for k in np.flatnonzero(moved == d)] for d in (a, b)]
-        predicted = calibration.predict([s for s in new_sets if s], models) if any(new_sets) else np.array([])
-        flat = iter(predicted)
-        pairs = np.array([[next(flat) if s else 0.0 for s in new_sets[k:k + 2]] for k in range(0, len(new_sets), 2)])
+        pairs = _per_set(new_sets, calibration.predict([s for s in new_sets if s], models)).reshape(-1, 2)
         compute = np.repeat(measured[None, :], len(changes), axis=0)
         rows = np.arange(len(changes))
         a_idx, b_idx = np.array([c[0] for c in changes]), np.array([c[1] for c in changes])
@@ -195,8 +200,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         # the two devices before and after the change, timed in one interleaved run (drift-free)
         before = [[pieces[i] for i in np.flatnonzero(where == d)] for d in (a, b)]
         after = [[pieces[i] for i in np.flatnonzero(moved == d)] for d in (a, b)]
-        timed = iter(calibration.time([*before, *after], timing_rounds))
-        now = [next(timed) if s else 0.0 for s in (*before, *after)]
+        now = _per_set([*before, *after], calibration.time([*before, *after], timing_rounds))
         drift = (now[0] + now[1]) / max(measured[a] + measured[b], 1e-9)  # the other devices, at today's speed
         current, trial = measured * drift, measured * drift
         current[[a, b]], trial[[a, b]] = now[:2], now[2:]
