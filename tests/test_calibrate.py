@@ -55,7 +55,7 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
     assert main(["search", str(tmp_path / "t.json"), "-d", "3", "-m", "4MiB", "--calibrate", "8", "--refine", "1",
                  "-o", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "refine round 0" in printed and "refine round 1" in printed and "<- written" in printed
+    assert "refine round 0" in printed and "refine round 1" in printed and "all plans in one timed run" in printed
     assert "timed changes kept" in printed
     from neuroshard.plan import Plan
     refine = Plan.read(out).provenance["refine"]
@@ -63,9 +63,15 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
     assert [r["round"] for r in rounds] == [0, 1] and refine["timing_rounds"] == 3
     costs = [r["measured_cost_ms"] for r in rounds]
     assert all(c > 0 and np.isfinite(c) for c in costs)
-    # the distinct plans are timed again together, and the cheapest there is written
-    finals = {r["round"]: r["final_measured_cost_ms"] for r in rounds if "final_measured_cost_ms" in r}
-    assert 0 in finals and refine["chosen_round"] == min(finals, key=finals.get)
+    # the distinct plans, the rounds' and the compared baselines', are timed again together, and the
+    # cheapest there is written
+    finals = {f"round {r['round']}": r["final_measured_cost_ms"] for r in rounds if "final_measured_cost_ms" in r}
+    assert [c["algorithm"] for c in refine["compared"]] == ["measured-greedy", "size-lookup"]
+    finals.update((c["algorithm"], c["final_measured_cost_ms"]) for c in refine["compared"]
+                  if "final_measured_cost_ms" in c)  # (absent: the same plan as one before it)
+    assert "round 0" in finals and "measured-greedy" in finals
+    assert refine["chosen"] == min(finals, key=finals.get) and f"written: {refine['chosen']}'s plan" in printed
+    assert refine["chosen_round"] == (int(refine["chosen"][6:]) if refine["chosen"].startswith("round") else None)
     assert refine["polish"]["steps"] >= 0 and refine["polish"]["measured_cost_after_ms"] > 0
     assert all(r["measured_cost_ms"] >= r["measured_max_compute_ms"] > 0 for r in rounds)  # comm is added
     assert not list(cache_dir().glob("*.pt"))  # refinement's calibration is its data: not cached

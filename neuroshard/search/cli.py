@@ -53,10 +53,16 @@ def _search(args: argparse.Namespace) -> int:
               f"{est['balanced_bound_ms']:.3f} ms; this plan is {ratio:.3f}x that")
     refine = prov.get("refine", {})
     for r in refine.get("rounds", []):
-        written = " <- written" if r["round"] == refine["chosen_round"] else ""
         say(f"refine round {r['round']}: models {100 * r['device_gmae']:.1f}% off on the plan's devices; measured "
             f"max compute {r['measured_max_compute_ms']:.2f} ms (estimated {r['estimated_max_compute_ms']:.2f}), "
-            f"measured cost {r['measured_cost_ms']:.2f} ms{written}")
+            f"measured cost {r['measured_cost_ms']:.2f} ms")
+    if refine:
+        finals = [(f"round {r['round']}", r) for r in refine.get("rounds", [])]
+        finals += [(c["algorithm"], c) for c in refine.get("compared", [])]
+        say("refine, all plans in one timed run: " + "; ".join(
+            f"{name} {e['final_measured_cost_ms']:.2f} ms" if "final_measured_cost_ms" in e
+            else f"{name} {'no plan' if 'failed' in e else 'same plan as above'}" for name, e in finals)
+            + f"; written: {refine.get('chosen', 'round %s' % refine.get('chosen_round'))}'s plan")
     if "polish" in refine:
         polish = refine["polish"]
         say(f"polish: {polish['accepted']} of {polish['steps']} timed changes kept; measured cost "

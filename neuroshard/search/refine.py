@@ -11,12 +11,15 @@ sets, measured on this machine) for ``rounds`` rounds:
    measure``'s protocol) and record the models' error on them: sets they never saw;
 3. add them to the calibration data and fine-tune the pre-trained model again.
 
-The plan of the last round's models is searched too, all rounds' plans are timed again
-together in one interleaved run (this machine's speed drifts between runs), and the plan
-kept is the one whose measured cost is lowest there: each device's measured compute plus the modelled
-communication (the simulator's total, with the measured compute in place of the
-estimate). A round costs one search, ``D`` timed device sets and one fine-tuning: about
-a minute for 8 devices on 2 CPU cores.
+The plan of the last round's models is searched too. All rounds' plans, and the plans of
+the baselines a user would otherwise run (``compare``: measured-greedy, size-lookup), are
+timed again together in one interleaved run (this machine's speed drifts between runs),
+and the plan kept is the one whose measured cost is lowest there: each device's measured
+compute plus the modelled communication (the simulator's total, with the measured compute
+in place of the estimate). So the plan written is never measurably slower here than
+those baselines' (up to the noise of one run), and provenance says whose plan it started
+from. A round costs one search, ``D`` timed device sets and one fine-tuning: about a
+minute for 8 devices on 2 CPU cores.
 
 Then ``polish`` takes up to ``polish_steps`` measured local-search steps from that plan:
 the move (or swap) of a shard off the slowest measured device that the models predict
@@ -49,6 +52,11 @@ POLISH_STEPS = 12
 MIN_GAIN = 0.005
 #: the algorithms that search against the cost models, the only ones refinement can correct
 REFINABLE = ("neuroshard", "bayes")
+#: the baselines whose plans join the final measured comparison: what a user would otherwise run
+#: (measured-greedy and size-lookup were the best baseline in 25 of 27 benchmark tasks, experiments/results)
+COMPARE = ("measured-greedy", "size-lookup")
+#: the ``shard`` options that describe the plan (not the algorithm): the compared baselines get them too
+PLAN_OPTIONS = ("bytes_per_element", "seed", "optimizer", "topology", "comm_precision")
 
 
 def check_refine(algorithm: str, rounds: Any) -> int:
@@ -61,12 +69,13 @@ def check_refine(algorithm: str, rounds: Any) -> int:
 
 def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds: int = DEFAULT_ROUNDS,
            timing_rounds: int = TIMING_ROUNDS, algorithm: str = "neuroshard", models: Any = None,
-           polish_steps: int = POLISH_STEPS, **search_options: Any) -> Plan:
+           polish_steps: int = POLISH_STEPS, compare: tuple[str, ...] = COMPARE, **search_options: Any) -> Plan:
     """Search ``rounds + 1`` plans, each against models fine-tuned on the devices of the
-    plans before it (see the module docstring), and return the one measured cheapest.
-    ``calibration`` is a ``Calibration`` with its random sets measured (``start_calibration``);
-    ``models``: what ``calibration.fit()`` gave, when already fitted. ``search_options`` go
-    to ``search.api.shard``."""
+    plans before it (see the module docstring), time them with the plans of the ``compare``
+    algorithms, and return the one measured cheapest, polished. ``calibration`` is a
+    ``Calibration`` with its random sets measured (``start_calibration``); ``models``: what
+    ``calibration.fit()`` gave, when already fitted. ``search_options`` go to
+    ``search.api.shard`` (only ``PLAN_OPTIONS`` of them for the compared algorithms)."""
     from ..runtime.measure_plan import plan_simulator
     from .api import shard
     rounds = check_refine(algorithm, rounds)
@@ -95,9 +104,19 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         plans.append(plan)
         if r < rounds:
             models, report = calibration.fit()
+    compared = []  # the baselines' plans: {"algorithm", then "final_measured_cost_ms" or "failed"}
+    options = {k: v for k, v in search_options.items() if k in PLAN_OPTIONS}
+    for name in (c for c in compare if c != algorithm):
+        try:
+            plans.append(shard(tables, devices, memory, algorithm=name, cost_models=models, **options))
+            compared.append({"algorithm": name})
+        except NeuroShardError as exc:  # e.g. no plan fits, or tables only data_parallel may hold
+            log.warning("refine: %s found no plan to compare with: %s", name, exc)
+            compared.append({"algorithm": name, "failed": str(exc).splitlines()[0]})
+    entries = history + [c for c in compared if "failed" not in c]  # one per plan, in order
     # This machine's speed drifts between runs minutes apart (15% seen on 10 ms sets), so the
-    # rounds' plans are compared in ONE interleaved run of all their devices.
-    distinct = {tuple(p.shards): i for i, p in reversed(list(enumerate(plans)))}  # the first round of each plan
+    # plans are compared in ONE interleaved run of all their devices.
+    distinct = {tuple(p.shards): i for i, p in reversed(list(enumerate(plans)))}  # the first of each plan
     candidates = sorted(distinct.values())
     every = [s for i in candidates for s in _device_sets(calibration, plans[i])]
     times = _per_set(every, calibration.time(every, timing_rounds))
@@ -107,10 +126,12 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         estimate = plan_simulator(plans[i], tables, batch, models).evaluate_plan(plans[i], compute.tolist())
         cost = float(estimate.max_ms[0])
         finals.append((cost, i, compute))
-        history[i]["final_measured_cost_ms"] = round(cost, 4)
+        entries[i]["final_measured_cost_ms"] = round(cost, 4)
     _, best, compute = min(finals, key=lambda f: f[0])
     chosen = plans[best]
-    record = {"rounds": history, "chosen_round": best, "timing_rounds": timing_rounds, "batch_size": batch,
+    record = {"rounds": history, "chosen_round": best if best < len(history) else None,
+              "chosen": f"round {best}" if best < len(history) else entries[best]["algorithm"],
+              "compared": compared, "timing_rounds": timing_rounds, "batch_size": batch,
               "hardware": calibration.config.get("hardware", "")}
     if polish_steps:
         chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps, timing_rounds)
