@@ -62,7 +62,7 @@ COLUMNS = ["family", "devices", "task", "tables", "memory_bytes", "algorithm", "
            "max_total_ms", "search_time_s", "a2a_bytes_per_device", "a2a_ratio_to_best_baseline", "shards",
            "aa_ratio", "measure_seconds", "hardware", "calibration_s", "estimate_gmae_calibrated",
            "estimate_spearman_calibrated", "estimate_gmae_also", "estimate_spearman_also", "aa_spearman",
-           "refine_chosen_round", "polish_accepted"]
+           "refine_chosen_round", "polish_accepted", "refine_chosen", "polish_gain"]
 
 
 def algorithms(include_torchrec: bool) -> list[str]:
@@ -80,6 +80,16 @@ def a2a_bytes_per_device(plan, batch_size: int) -> float:
     widths = [sum(s.num_cols for s in plan.shards_on(d)) for d in range(plan.num_devices)]
     share = (plan.num_devices - 1) / plan.num_devices
     return max(widths) * batch_size * 4 * share
+
+
+def refine_columns(refine: dict) -> dict:
+    """Whose plan refinement kept (a round's or a compared baseline's) and the measured cost
+    its polish removed (before / after)."""
+    if not refine:
+        return {}
+    polish = refine.get("polish", {})
+    gain = polish.get("measured_cost_before_ms", math.nan) / polish.get("measured_cost_after_ms", math.nan)
+    return {"refine_chosen": refine.get("chosen", ""), "polish_gain": gain}
 
 
 def run_task(family: str, devices: int, index: int, tables, memory: int, args, models) -> list[dict]:
@@ -139,6 +149,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                      "refine_chosen_round": p.plan.provenance.get("refine", {}).get("chosen_round", math.nan),
                      "polish_accepted": p.plan.provenance.get("refine", {}).get("polish", {}).get("accepted",
                                                                                                      math.nan),
+                     **refine_columns(p.plan.provenance.get("refine", {})),
                      "calibration_s": p.plan.provenance.get("calibration_s", float("nan"))})
         for label, other in others.items():
             sim = plan_simulator(p.plan, tables, result.config["batch_size"], other)
