@@ -62,7 +62,7 @@ COLUMNS = ["family", "devices", "task", "tables", "memory_bytes", "algorithm", "
            "max_total_ms", "search_time_s", "a2a_bytes_per_device", "a2a_ratio_to_best_baseline", "shards",
            "aa_ratio", "measure_seconds", "hardware", "calibration_s", "estimate_gmae_calibrated",
            "estimate_spearman_calibrated", "estimate_gmae_also", "estimate_spearman_also", "aa_spearman",
-           "refine_chosen_round", "polish_accepted", "refine_chosen", "polish_gain"]
+           "refine_chosen_round", "polish_accepted", "refine_chosen"]
 
 
 def algorithms(include_torchrec: bool) -> list[str]:
@@ -83,13 +83,8 @@ def a2a_bytes_per_device(plan, batch_size: int) -> float:
 
 
 def refine_columns(refine: dict) -> dict:
-    """Whose plan refinement kept (a round's or a compared baseline's) and the measured cost
-    its polish removed (before / after)."""
-    if not refine:
-        return {}
-    polish = refine.get("polish", {})
-    gain = polish.get("measured_cost_before_ms", math.nan) / polish.get("measured_cost_after_ms", math.nan)
-    return {"refine_chosen": refine.get("chosen", ""), "polish_gain": gain}
+    """Whose plan refinement kept: a round's (``round N``) or a compared baseline's."""
+    return {"refine_chosen": refine.get("chosen", "")} if refine else {}
 
 
 def run_task(family: str, devices: int, index: int, tables, memory: int, args, models) -> list[dict]:
