@@ -46,3 +46,24 @@ neuroshard collect compute $D/compute-wide/tables.json --samples 3000 -o $D/comp
 #    device, memory 1.2-1.5x the tables); weights allocated per set at most 3 GiB (rows capped).
 neuroshard collect compute $D/compute-wide/tables.json --sets plans --samples 2000 -o $D/compute-plans \
   --memory 64GiB --seed 0 --repeats 3 --max-repeats 5 --max-minutes 50
+
+# 6. (2026-11-23, session 4) One width per set, mostly one-hot: the DLRM reference models give every table the
+#    same width and one lookup per sample, and the pre-trained model predicted such sets 40-50% too high
+#    (criteo-kaggle, held out). 120 new tables (rows 3..1e7 log-uniform, pooling 0.5-4 around 1, zipf
+#    0.9-1.3; no benchmark family's rows), sets of 1-40 shards cut to one width each: 16, 32, 64, 128.
+python - <<'PY'
+import numpy as np
+from neuroshard.tables import Table, TableSet
+rng = np.random.default_rng(1006)
+rows = np.round(10 ** rng.uniform(0.5, 7, 120)).astype(int)
+pooling = np.clip(rng.lognormal(0.0, 0.5, 120), 0.5, 4.0)
+alphas = rng.uniform(0.9, 1.3, 120)
+TableSet("pretrain-one-width", [Table(f"w{i:03d}", int(max(rows[i], 3)), 128, float(round(pooling[i], 3)),
+                                      {"zipf_alpha": float(round(alphas[i], 3)), "row_order": "scattered"}) for i in range(120)],
+         4096, {"family": "one-width s1006"}).write("neuroshard/checkpoints/data/cpu/compute-one-width/tables.json")
+PY
+for w in 16 32 64 128; do
+  neuroshard collect compute $D/compute-one-width/tables.json --samples 250 -o $D/compute-one-width/w$w \
+    --max-tables-per-device 40 --memory 2GiB --dims $w --row-split-prob 0.1 --seed $w \
+    --repeats 3 --max-repeats 5 --max-minutes 6
+done
