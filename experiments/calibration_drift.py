@@ -44,9 +44,7 @@ def main() -> None:
     groups = {"held-out random sets, timed again": [calibration.sets[i] for i in calibration.held_out[0]]}
     for algorithm in ("neuroshard", "size-lookup"):
         plan = shard(tables, args.devices, memory, algorithm=algorithm, cost_models=calibrated, seed=args.task)
-        pieces, where = calibration.sim.pieces_of_plan(plan)
-        groups[f"{algorithm} plan's devices"] = [[p for p, d in zip(pieces, where) if d == k]
-                                                 for k in range(args.devices)]
+        groups[f"{algorithm} plan's devices"] = calibration.sim.device_sets(plan)
     split = Simulator(tables, args.devices, calibrated).memory_split(memory)
     rng = np.random.default_rng(args.task)
     groups["random placements of the pieces"] = [[p for p, d in zip(split, where) if d == k]

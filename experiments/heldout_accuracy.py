@@ -4,7 +4,7 @@
 
 For each family and task (``datasets.families.family_tasks``, as ``plan_benchmark.py``),
 the plans of NeuroShard (searched against each checkpoint in turn), size-lookup and lookup
-are cut into their devices, every device set is timed in ONE interleaved run on this
+are cut into their devices, every device set of a task is timed in ONE interleaved run on this
 machine (``neuroshard measure``'s protocol, median of ``--rounds``), and each checkpoint
 predicts every set. Printed per family and checkpoint: GMAE, bias (median predicted /
 measured: the part of the error that is this machine's level, not the model's shape),
@@ -39,31 +39,23 @@ def main() -> None:
     checkpoints = [(str(path or "shipped"), load_cost_models(path)) for path in args.cost_model]
     print(f"{'family':16s} {'checkpoint':40s} sets  GMAE   bias  GMAE/level  Spearman")
     for family in args.families:
-        plans = []  # (label, device sets) of every task
-        timer = None
+        plans = []  # (timer, device sets, measured ms) of every plan of every task
         for index, (tables, memory) in enumerate(family_tasks(family, args.devices, args.tasks, (10, 20))):
             timer = Calibration(tables, checkpoints[0][1])  # times and describes sets of pieces
             algorithms = [("neuroshard", models) for _, models in checkpoints] + [("size-lookup", None),
                                                                                   ("lookup", None)]
-            for algorithm, models in algorithms:
-                plan = shard(tables, args.devices, memory, algorithm=algorithm, cost_models=models, seed=index)
-                pieces, where = timer.sim.pieces_of_plan(plan)
-                sets = [[p for p, d in zip(pieces, where) if d == k] for k in range(args.devices)]
-                plans.append((timer, [s for s in sets if s]))
-        # every device of every plan of the family in one interleaved run per task's timer
-        measured = {}
-        for t in dict.fromkeys(timer for timer, _ in plans):
-            mine = [sets for timer, sets in plans if timer is t]
-            times = iter(t.time([s for sets in mine for s in sets], args.rounds))
-            for sets in mine:
-                measured[id(sets)] = np.array([next(times) for _ in sets])
+            task = [[s for s in timer.sim.device_sets(shard(tables, args.devices, memory, algorithm=algorithm,
+                                                            cost_models=models, seed=index)) if s]
+                    for algorithm, models in algorithms]
+            times = iter(timer.time([s for sets in task for s in sets], args.rounds))  # one interleaved run
+            plans += [(timer, sets, np.array([next(times) for _ in sets])) for sets in task]
         for name, models in checkpoints:
             ratios, spearman = [], []
-            for timer, sets in plans:
+            for timer, sets, measured in plans:
                 predicted = timer.predict(sets, models)
-                ratios.append(predicted / measured[id(sets)])
+                ratios.append(predicted / measured)
                 if len(sets) > 2:
-                    spearman.append(spearmanr(predicted, measured[id(sets)])[0])
+                    spearman.append(spearmanr(predicted, measured)[0])
             ratio = np.concatenate(ratios)
             level = np.exp(np.median(np.log(ratio)))
             print(f"{family:16s} {name[-40:]:40s} {len(ratio):4d} {100 * np.mean(np.abs(ratio - 1)):5.1f}% "

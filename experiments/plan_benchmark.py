@@ -83,8 +83,13 @@ def a2a_bytes_per_device(plan, batch_size: int) -> float:
 
 
 def refine_columns(refine: dict) -> dict:
-    """Whose plan refinement kept: a round's (``round N``) or a compared baseline's."""
-    return {"refine_chosen": refine.get("chosen", "")} if refine else {}
+    """What refinement kept (empty for other plans): the round (NaN for a compared baseline's
+    plan), whose plan (``round N`` or the baseline) and the polish changes kept."""
+    if not refine:
+        return {}
+    return {"refine_chosen_round": math.nan if refine.get("chosen_round") is None else refine["chosen_round"],
+            "refine_chosen": refine.get("chosen", ""),
+            "polish_accepted": refine.get("polish", {}).get("accepted", math.nan)}
 
 
 def run_task(family: str, devices: int, index: int, tables, memory: int, args, models) -> list[dict]:
@@ -141,9 +146,6 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                      "search_time_s": p.plan.provenance.get("search_time_s", float("nan")),
                      "a2a_bytes_per_device": a2a_bytes_per_device(p.plan, tables.batch_size),
                      "shards": len(p.plan.shards), "failed": "",
-                     "refine_chosen_round": p.plan.provenance.get("refine", {}).get("chosen_round", math.nan),
-                     "polish_accepted": p.plan.provenance.get("refine", {}).get("polish", {}).get("accepted",
-                                                                                                     math.nan),
                      **refine_columns(p.plan.provenance.get("refine", {})),
                      "calibration_s": p.plan.provenance.get("calibration_s", float("nan"))})
         for label, other in others.items():

@@ -134,12 +134,9 @@ class Calibration:
     def time(self, sets: list, rounds: int = 1) -> np.ndarray:
         """Time ``sets`` (lists of pieces; empty ones are skipped) on this machine in one
         interleaved run, the median of ``rounds`` runs each (ms)."""
-        from ..plan import Shard
         from ..runtime.measure_plan import time_devices
         start = time.perf_counter()
-        names = [t.name for t in self.tables]
-        shard_lists = [[Shard(names[p.table], p.row_offset, p.num_rows, p.col_offset, p.num_cols, 0) for p in s]
-                       for s in sets if len(s)]
+        shard_lists = [self.sim.to_shards(s, np.zeros(len(s), dtype=np.int64)) for s in sets if len(s)]
         times, self.config = time_devices(shard_lists, self.tables, rounds=rounds, repeats=1,
                                           batch_size=self.models.batch_size, row_cap=self.row_cap, kernel=self.kernel,
                                           progress=True, weights_precision=self.weights_precision)

@@ -62,7 +62,7 @@ def _search(args: argparse.Namespace) -> int:
         say("refine, all plans in one timed run: " + "; ".join(
             f"{name} {e['final_measured_cost_ms']:.2f} ms" if "final_measured_cost_ms" in e
             else f"{name} {'no plan' if 'failed' in e else 'same plan as above'}" for name, e in finals)
-            + f"; written: {refine.get('chosen', 'round %s' % refine.get('chosen_round'))}'s plan")
+            + f"; written: {refine['chosen']}'s plan")
     if "polish" in refine:
         polish = refine["polish"]
         say(f"polish: {polish['accepted']} of {polish['steps']} timed changes kept; measured cost "

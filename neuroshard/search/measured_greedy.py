@@ -22,7 +22,6 @@ import numpy as np
 
 from ..kernels import DEFAULT_MAX_ROWS, trained_precision
 from ..optimizers import row_bytes
-from ..plan import Shard
 from .placer import greedy_place
 from .rowwise import place_with_splits, split_for_memory, split_rows
 from .registry import SearchFunction
@@ -69,7 +68,6 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
     from ..runtime.measure_plan import time_devices
 
     params = params or MeasuredGreedyParams()
-    names = [t.name for t in sim.tables]
     batch = params.batch_size or sim.cost_models.batch_size
     measured: dict[Piece, float] = {}
 
@@ -78,7 +76,7 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
         if not todo:
             return
         log.info("measured-greedy: timing %d units alone on this machine (batch %d)", len(todo), batch)
-        shards = [[Shard(names[p.table], p.row_offset, p.num_rows, p.col_offset, p.num_cols, 0)] for p in todo]
+        shards = [sim.to_shards([p], np.zeros(1, dtype=np.int64)) for p in todo]
         rounds, _ = time_devices(shards, sim.tables, rounds=params.rounds, repeats=params.repeats,
                                  batch_size=batch, row_cap=params.row_cap, kernel=params.kernel,
                                  weights_precision=trained_precision(sim.bytes_per_element))

@@ -87,7 +87,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     history, plans = [], []
     for r in range(rounds + 1):
         plan = shard(tables, devices, memory, algorithm=algorithm, cost_models=models, **search_options)
-        sets = _device_sets(calibration, plan)
+        sets = calibration.sim.device_sets(plan)
         used = [s for s in sets if s]
         estimated = calibration.predict(used, models)
         measured = calibration.add(used, "plan", rounds=timing_rounds)
@@ -118,7 +118,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     # plans are compared in ONE interleaved run of all their devices.
     distinct = {tuple(p.shards): i for i, p in reversed(list(enumerate(plans)))}  # the first of each plan
     candidates = sorted(distinct.values())
-    every = [s for i in candidates for s in _device_sets(calibration, plans[i])]
+    every = [s for i in candidates for s in calibration.sim.device_sets(plans[i])]
     times = _per_set(every, calibration.time(every, timing_rounds))
     finals = []
     for n, i in enumerate(candidates):
@@ -145,12 +145,6 @@ def _per_set(sets: list[list], values: np.ndarray) -> np.ndarray:
     out = np.zeros(len(sets))
     out[[i for i, s in enumerate(sets) if s]] = values
     return out
-
-
-def _device_sets(calibration: Any, plan: Plan) -> list[list]:
-    """The plan's pieces on each device (empty lists for idle devices)."""
-    pieces, where = calibration.sim.pieces_of_plan(plan)
-    return [[p for p, d in zip(pieces, where) if d == device] for device in range(plan.num_devices)]
 
 
 def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured_ms: np.ndarray,

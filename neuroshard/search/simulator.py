@@ -510,6 +510,11 @@ class Simulator:
         pieces = [Piece(index[s.table], s.row_offset, s.num_rows, s.col_offset, s.num_cols) for s in plan.shards]
         return pieces, np.array([s.device for s in plan.shards], dtype=np.int64)
 
+    def device_sets(self, plan: Plan) -> list[list[Piece]]:
+        """The plan's pieces on each device (an empty list for an idle device)."""
+        pieces, where = self.pieces_of_plan(plan)
+        return [[p for p, d in zip(pieces, where) if d == device] for device in range(plan.num_devices)]
+
     def evaluate_plan(self, plan: Plan, compute_ms: Sequence[float] | None = None) -> Estimate:
         """Predicted costs of one plan (a batch of one). With ``compute_ms`` (per device, ms
         at the tables' batch size, e.g. measured), only communication is predicted. The plan's
