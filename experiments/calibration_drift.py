@@ -20,7 +20,7 @@ import logging
 import numpy as np
 
 from neuroshard.costmodels import load_cost_models
-from neuroshard.costmodels.calibrate import start_calibration
+from neuroshard.measured.calibrate import start_calibration
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.search.api import shard
 from neuroshard.search.simulator import Simulator

@@ -50,7 +50,7 @@ from neuroshard.datasets.augment import benchmark_tables, sample_tasks
 from neuroshard.errors import NeuroShardError
 from neuroshard.search import shard
 from neuroshard.search.registry import GREEDY_ALGORITHMS, SIMULATED_ALGORITHMS
-from neuroshard.search.torchrec_planner import torchrec_available
+from neuroshard.torchrec.guard import torchrec_available
 from neuroshard.units import parse_bytes
 
 log = logging.getLogger("evaluate")

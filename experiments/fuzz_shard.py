@@ -51,7 +51,7 @@ def random_task(seed: int) -> tuple[TableSet, int, int]:
 def check_case(seed: int, models) -> str:
     """'plan', 'refused' (no baseline plans it either) or raises AssertionError."""
     from neuroshard.search.api import best_packing_greedy
-    from neuroshard.search.rowwise import check_feasible
+    from neuroshard.constraints import check_capacity
     from neuroshard.search.simulator import Simulator
     tables, devices, memory = random_task(seed)
     try:
@@ -60,7 +60,7 @@ def check_case(seed: int, models) -> str:
         message = str(exc)
         assert message and "\n" not in message, f"case {seed}: message is not one line: {message!r}"
         try:  # the baselines as shipped: behind the same feasibility check as every algorithm
-            check_feasible(tables, devices, memory, 4)
+            check_capacity(tables, devices, memory, 4)
             baseline = best_packing_greedy(Simulator(tables, devices, models), memory)
         except NeuroShardError:
             baseline = None

@@ -20,7 +20,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from neuroshard.costmodels import load_cost_models
-from neuroshard.costmodels.calibrate import Calibration
+from neuroshard.measured.calibrate import Calibration
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.search.api import shard
 

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from neuroshard.costmodels.measure import load_comm_data, load_compute_data, read_meta
-from neuroshard.costmodels.measure.collect import collect_comm, collect_compute
+from neuroshard.measured.collect import collect_comm, collect_compute
 
 
 def _compute_row(records: list[dict], minutes: float | None, label: str) -> dict:

@@ -45,10 +45,11 @@ import pandas as pd
 from neuroshard.costmodels import load_cost_models
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.errors import NeuroShardError
-from neuroshard.runtime.measure_plan import estimate_gmae, estimate_spearman, measure_plans, plan_simulator
+from neuroshard.runtime.measure_plan import estimate_gmae, estimate_spearman, measure_plans
+from neuroshard.search.simulator import Simulator
 from neuroshard.search.api import shard
 from neuroshard.search.registry import ALGORITHMS
-from neuroshard.search.torchrec_planner import torchrec_available
+from neuroshard.torchrec.guard import torchrec_available
 from neuroshard.topology import Topology
 
 log = logging.getLogger("plan_benchmark")
@@ -105,8 +106,8 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
         plans[label] = shard(tables, devices=devices, memory=memory, cost_models=other, seed=index, **network)
         others["also"] = other
     if args.calibrate:
-        from neuroshard.costmodels.calibrate import start_calibration
-        from neuroshard.search.refine import refine
+        from neuroshard.measured.calibrate import start_calibration
+        from neuroshard.measured.refine import refine
         start = time.perf_counter()
         calibration = start_calibration(tables, models, devices=devices, sets=args.calibration_sets, seed=index)
         calibrated, report = calibration.fit()
@@ -149,7 +150,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                      **refine_columns(p.plan.provenance.get("refine", {})),
                      "calibration_s": p.plan.provenance.get("calibration_s", float("nan"))})
         for label, other in others.items():
-            sim = plan_simulator(p.plan, tables, result.config["batch_size"], other)
+            sim = Simulator.from_plan(p.plan, other, tables, result.config["batch_size"])
             estimated = sim.evaluate_plan(p.plan).compute_ms[0]
             rows[-1][f"estimate_gmae_{label}"] = estimate_gmae(estimated, p.compute_ms)
             rows[-1][f"estimate_spearman_{label}"] = estimate_spearman(estimated, p.compute_ms)

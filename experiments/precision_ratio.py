@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from neuroshard.costmodels.measure.collect import sample_shard_set
-from neuroshard.costmodels.measure.kernel import DEFAULT_CPU_BATCH_SIZE, KernelBenchmark
+from neuroshard.measured.collect import sample_shard_set
+from neuroshard.constants import MEASURED_BATCH_SIZE
+from neuroshard.costmodels.measure.kernel import KernelBenchmark
 from neuroshard.costmodels.measure.store import cpu_model
 from neuroshard.costmodels.precision import SCALING_FILE
 from neuroshard.datasets.synthetic import generate
@@ -44,12 +45,12 @@ def main() -> None:
     args = parser.parse_args()
 
     tables = generate("dlrm-2021", num_tables=200, seed=args.seed).tables
-    benches = {p: KernelBenchmark(batch_size=DEFAULT_CPU_BATCH_SIZE, warmup=1, repeats=3, max_repeats=5,
+    benches = {p: KernelBenchmark(batch_size=MEASURED_BATCH_SIZE, warmup=1, repeats=3, max_repeats=5,
                                   weights_precision=p) for p in PRECISIONS}
     rows = []
     for i in range(args.sets):
         rng = np.random.default_rng(args.seed + i)
-        shards = sample_shard_set(tables, rng, 8, 1 << 30, DEFAULT_CPU_BATCH_SIZE, [4, 8, 16, 32, 64, 128])
+        shards = sample_shard_set(tables, rng, 8, 1 << 30, MEASURED_BATCH_SIZE, [4, 8, 16, 32, 64, 128])
         times: dict[str, list[float]] = {p: [] for p in PRECISIONS}
         for r in range(args.rounds):
             for p in (PRECISIONS if r % 2 == 0 else PRECISIONS[::-1]):
@@ -73,7 +74,7 @@ def main() -> None:
         return
     record = {"fp16": {"compute_ratio_to_fp32": round(geo, 4), "quartiles": [round(q1, 4), round(q3, 4)],
                        "sets": len(df), "rounds": args.rounds, "kernel": benches["fp32"].kernel,
-                       "batch_size": DEFAULT_CPU_BATCH_SIZE, "machine": cpu_model(),
+                       "batch_size": MEASURED_BATCH_SIZE, "machine": cpu_model(),
                        "command": " ".join(["python experiments/precision_ratio.py", *sys.argv[1:]]),
                        "created": dt.date.today().isoformat()}}
     SCALING_FILE.write_text(json.dumps(record, indent=1) + "\n")

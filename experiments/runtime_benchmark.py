@@ -24,7 +24,7 @@ import numpy as np
 
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.evaluate import evaluate
-from neuroshard.runtime.launch import launch, step_progress
+from neuroshard.launch import launch, step_progress
 from neuroshard.tables import Table, TableSet
 
 log = logging.getLogger("runtime_benchmark")

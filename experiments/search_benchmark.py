@@ -34,8 +34,8 @@ from neuroshard.datasets.synthetic import generate
 from neuroshard.errors import NeuroShardError
 from neuroshard.search import Simulator, search_placement
 from neuroshard.search.registry import GREEDY_ALGORITHMS, SIMULATED_ALGORITHMS
-from neuroshard.search.rowwise import check_feasible
-from neuroshard.search.torchrec_planner import torchrec_available
+from neuroshard.constraints import check_capacity
+from neuroshard.torchrec.guard import torchrec_available
 from neuroshard.tables import TableSet
 from neuroshard.units import parse_bytes
 
@@ -66,7 +66,7 @@ def run_quality(args: argparse.Namespace, models) -> pd.DataFrame:
     for devices in args.devices:
         tasks = benchmark_tasks(args.tasks, devices, args, seed=args.seed + devices)
         for task, memory in tqdm(tasks, desc=f"{devices} devices", disable=args.quiet):
-            check_feasible(task, devices, memory, 4)
+            check_capacity(task, devices, memory, 4)
             sim = Simulator(task, devices, models)
             for algorithm in algorithms:
                 start = time.perf_counter()

@@ -9,14 +9,15 @@ The one call most users need::
 from .errors import FormatError, InfeasibleError, InvalidPlanError, NeuroShardError
 from .plan import Plan, Shard
 from .tables import Table, TableSet
-
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def shard(tables, devices: int, memory, **kwargs) -> Plan:
     """Search a sharding plan for ``tables`` over ``devices`` devices of ``memory`` each
-    (bytes or a string like ``"16GiB"``). See ``neuroshard.search.shard``."""
-    from .search import shard as _shard
+    (bytes or a string like ``"16GiB"``), with the measured loop when asked (``calibrate``,
+    ``refine``). See ``neuroshard.measured.api.shard``. Imported on first call: ``import
+    neuroshard`` stays fast (no torch)."""
+    from .measured.api import shard as _shard
     return _shard(tables, devices=devices, memory=memory, **kwargs)
 
 

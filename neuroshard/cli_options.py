@@ -97,7 +97,7 @@ def add_comm_precision(p: argparse.ArgumentParser) -> None:
 def add_topology_options(p: argparse.ArgumentParser) -> None:
     """``--topology FILE`` and the flags that state or replace its hosts and links
     (``neuroshard.topology``; the GPU-cluster defaults fill in what is left out)."""
-    from .topology import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS
+    from .constants import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS
     from .validate import device_count, positive_float
     p.add_argument("--topology", default=None, metavar="FILE",
                    help="topology file (neuroshard.topology/v1): devices per host, link bandwidths, per-device "

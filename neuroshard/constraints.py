@@ -18,21 +18,22 @@ layouts (``allowed_state``) and placements to allowed devices (``device_mask``).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from .constants import DATA_PARALLEL, SHARDING_TYPES, default_local_world_size
 from .errors import FormatError, InfeasibleError
+from .optimizers import DEFAULT_OPTIMIZER, row_bytes, shard_bytes
+from .types import Piece, layout_kind, narrowest_cols, split_rows
 from .units import format_bytes
 
 if TYPE_CHECKING:
     from .plan import Plan
-    from .search.simulator import Piece
-    from .tables import Table
+    from .tables import Table, TableSet
 
-SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", "data_parallel")
-DATA_PARALLEL = "data_parallel"
 _KEYS = ("sharding_types", "devices", "min_shards", "max_shards")
 #: layouts that split columns / rows (``data_parallel`` is not a shard layout)
 _COLUMN_KINDS = {"column_wise", "grid_shard"}
@@ -114,16 +115,6 @@ class TableConstraints:
         return None
 
 
-def layout_kind(blocks_per_strip: Sequence[int], num_devices: int, local: int) -> str:
-    """TorchRec's name for a table cut into column strips of these row block counts."""
-    if len(blocks_per_strip) == 1:
-        blocks = blocks_per_strip[0]
-        if blocks == 1:
-            return "table_wise"
-        return "table_row_wise" if blocks == local < num_devices else "row_wise"
-    return "column_wise" if max(blocks_per_strip) == 1 else "grid_shard"
-
-
 def table_constraints(tables: Sequence["Table"]) -> list[TableConstraints] | None:
     """Every table's constraints, by table index; None when no table has any (the fast path)."""
     rules = [TableConstraints.of(t) for t in tables]
@@ -170,8 +161,6 @@ def conform(pieces: list["Piece"], table: "Table", rule: TableConstraints, memor
     ``pieces`` (its memory split) when allowed, else the first allowed of table-, column-,
     row-, table-row-wise and grid layouts; InfeasibleError naming the table when none fits.
     ``row_bytes_of(cols)``: memory of one row of a shard that wide."""
-    from .search.rowwise import narrowest_cols, split_rows
-    from .search.simulator import Piece
     fits = (lambda ps: all(p.num_rows * row_bytes_of(p.num_cols) <= memory_bytes for p in ps))
     ok = (lambda ps: fits(ps) and rule.layout_problem(list(_blocks(ps).values())[0], num_devices, local) is None)
     if ok(pieces):
@@ -208,12 +197,38 @@ def conform(pieces: list["Piece"], table: "Table", rule: TableConstraints, memor
                           f"columns{'' if row_splits else ', row-wise splits off'}); relax its constraints")
 
 
+def check_capacity(tables: "TableSet", num_devices: int, memory_bytes: int, bytes_per_element: int,
+                   row_splits: bool = True, optimizer: str = DEFAULT_OPTIMIZER) -> None:
+    """Raise InfeasibleError, saying by how much, when no plan can exist (weights and
+    ``optimizer``'s state)."""
+    total = sum(shard_bytes(t.num_embeddings, t.embedding_dim, bytes_per_element, optimizer) for t in tables)
+    capacity = float(np.sum(memory_bytes)) if np.ndim(memory_bytes) else num_devices * memory_bytes
+    memory_bytes = float(np.max(memory_bytes))  # per-device memory: a shard must fit the largest device
+    if total > capacity:
+        raise InfeasibleError(
+            f"tables '{tables.name}' need {format_bytes(total)}{_with_state(optimizer)} but {num_devices} devices x "
+            f"{format_bytes(memory_bytes)} hold {format_bytes(capacity)}: {format_bytes(total - capacity)} too much "
+            f"(need at least {math.ceil(total / memory_bytes)} devices of this memory)")
+    for table in tables:
+        narrowest = narrowest_cols(table.embedding_dim)
+        need = (1 if row_splits else table.num_embeddings) * row_bytes(narrowest, bytes_per_element, optimizer)
+        if need > memory_bytes:
+            raise InfeasibleError(
+                f"table '{table.name}' fits on no device even fully split: its smallest shard "
+                f"({'1' if row_splits else table.num_embeddings} rows x {narrowest} columns) needs "
+                f"{format_bytes(need)}{_with_state(optimizer)}, {format_bytes(need - memory_bytes)} over the {format_bytes(memory_bytes)} "
+                f"of a device" + ("" if row_splits else " (row-wise splits are off)"))
+
+
+def _with_state(optimizer: str) -> str:
+    return "" if optimizer == DEFAULT_OPTIMIZER else f" (weights and {optimizer} state)"
+
+
 def check_feasible(tables: Sequence["Table"], num_devices: int, memory_bytes: Any, row_bytes_of,
                    local: int, row_splits: bool = True) -> None:
     """Refuse, before any search, constraints no plan can meet (one line naming the table):
     unknown pinned devices, pinned devices without the memory for their tables, layouts
     that cannot fit (``conform``)."""
-    from .search.simulator import Piece
     memory = np.broadcast_to(np.asarray(memory_bytes, dtype=np.float64), (num_devices,))
     rules = table_constraints(tables)
     if rules is None:
@@ -245,11 +260,10 @@ def check_feasible(tables: Sequence["Table"], num_devices: int, memory_bytes: An
 
 def plan_problems(plan: "Plan") -> list[str]:
     """Every way ``plan`` breaks its tables' constraints, one sentence each."""
-    from .search.rowwise import local_ranks
     out: list[str] = []
     topology = getattr(plan, "topology", None)
     local = (topology.local_world_size if topology is not None and topology.local_world_size
-             else local_ranks(plan.num_devices))
+             else default_local_world_size(plan.num_devices))
     replicated = set(getattr(plan, "data_parallel_tables", ()) or ())
     for table in plan.tables:
         rule = TableConstraints.of(table)

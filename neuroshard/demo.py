@@ -12,10 +12,15 @@ import json
 import os
 from pathlib import Path
 
-from .search.registry import GREEDY_ALGORITHMS
+from .costmodels import load_cost_models
+from .costmodels.measure.store import cpu_model
+from .datasets.synthetic import generate
 from .errors import NeuroShardError
-
-
+from .measured.api import shard
+from .measured.calibrate import calibrated_models
+from .runtime.evaluate import measure_alternating, paired_improvement
+from .search.registry import GREEDY_ALGORITHMS
+from .validate import check_output_folder
 
 #: random sets timed when the demo calibrates (a few seconds for its tables)
 DEMO_CALIBRATION_SETS = 48
@@ -26,10 +31,6 @@ def _improvement(best_baseline: float, ours: float) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from .costmodels import load_cost_models
-    from .datasets.synthetic import generate
-    from .runtime.evaluate import measure_alternating, paired_improvement
-    from .search import shard
 
     if args.devices is None:
         # A runtime device is a process running one thread: with more processes than cores they
@@ -38,7 +39,6 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.tables is None:
         # A small task: the demo runs both plans on the training runtime in about a minute.
         args.tables = 6 * args.devices
-    from .validate import check_output_folder
     out = check_output_folder(args.out, "demo folder")
     if args.devices < 2:
         raise NeuroShardError(f"the demo compares plans across devices: --devices must be >= 2, got {args.devices}")
@@ -56,10 +56,8 @@ def run_demo(args: argparse.Namespace) -> int:
           f"{args.devices} devices of {memory / 2**30:.2f} GiB each")
 
     measured_on = models.hardware.get("hardware", {}).get("cpu_model", "unknown hardware")
-    from .costmodels.measure.store import cpu_model
     here = cpu_model()
     if args.calibrate == "always" or (args.calibrate == "auto" and here != measured_on):
-        from .costmodels.calibrate import calibrated_models
         print(f"\n== 1b. calibrate: the checkpoint was measured on {measured_on}, this is {here}: timing the "
               f"tables here and fine-tuning (cached for the next run)")
         models = calibrated_models(tables, models, devices=args.devices, sets=DEMO_CALIBRATION_SETS)

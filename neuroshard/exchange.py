@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 import torch.distributed as dist
 
+from .validate import check_comm_precision
+
 if TYPE_CHECKING:
     from .plan import Plan
     from .tables import Table
@@ -50,7 +52,6 @@ class PooledExchange:
     def __init__(self, rank: int, world_size: int, batch_size: int, widths: Sequence[int],
                  dest_cols: Sequence[int], output_width: int, device: torch.device,
                  comm_precision: str = "fp32") -> None:
-        from .validate import check_comm_precision
         self.rank, self.world_size, self.device = rank, world_size, device
         self.dtype = COMM_DTYPES[check_comm_precision(comm_precision)]
         self.batch_sizes = batch_shares(batch_size, world_size)

@@ -110,7 +110,8 @@ def fbgemm_available(backend: str = "cpu") -> bool:
     """Whether fbgemm's table-batched embedding can run on ``backend``."""
     try:
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: F401
-            SplitTableBatchedEmbeddingBagsCodegen)
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
     except Exception:  # ImportError, or a library load error of a mismatched build
         return False
     if backend == "cuda":
@@ -219,9 +220,13 @@ class FusedEmbedding:
     def _build_tbe(self, init, buffer) -> None:
         import torch
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
-        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+            EmbeddingLocation,
+        )
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-            ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
+            ComputeDevice,
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
         cuda = self.device.type == "cuda"
         location = EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST
         compute = ComputeDevice.CUDA if cuda else ComputeDevice.CPU

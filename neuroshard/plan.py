@@ -10,11 +10,20 @@ import numpy as np
 
 from .constraints import plan_problems as constraint_problems
 from .errors import FormatError, InvalidPlanError, NeuroShardError
+from .io import atomic_write_text
 from .kernels import precision_of
 from .optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer, shard_bytes
 from .tables import Table, TableSet, _is_int, _is_number
 from .topology import Topology
-from .validate import COMM_PRECISIONS, MAX_BYTES_PER_ELEMENT, MAX_DEVICES, MAX_MEMORY_BYTES, MAX_TABLES, read_json
+from .units import format_bytes
+from .validate import (
+    COMM_PRECISIONS,
+    MAX_BYTES_PER_ELEMENT,
+    MAX_DEVICES,
+    MAX_MEMORY_BYTES,
+    MAX_TABLES,
+    read_json,
+)
 
 PLAN_FORMAT = "neuroshard.plan/v1"
 _SHARD_KEYS = ("table", "row_offset", "num_rows", "col_offset", "num_cols", "device")
@@ -277,7 +286,6 @@ class Plan:
 
     def write(self, path: str | Path) -> Path:
         """Validate, then write atomically: an invalid plan never leaves the tool."""
-        from .io import atomic_write_text
         self.validate()
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
@@ -307,7 +315,6 @@ class Plan:
 
     def format_summary(self) -> str:
         """The per-device table as text, with a header line a person reads at a glance."""
-        from .units import format_bytes
         df = self.summary()
         df["memory_used"] = df["memory_used"].map(format_bytes)
         df["memory_limit"] = df["memory_limit"].map(format_bytes)

@@ -11,12 +11,11 @@ from .cli_options import add_input
 def show_torchrec_export(path: str) -> bool:
     """Print a per-rank table of a ``neuroshard.torchrec-sharding/v1`` file, or of
     TorchRec's plan as JSON, and return True; False when ``path`` is something else."""
-    from .search.export import TORCHREC_FORMAT
-    from .search.score import read_document
-    from .search.torchrec_import import shards_from_torchrec
     from .errors import NeuroShardError
-    from .search.torchrec_import import table_records
-    data = read_document(path)
+    from .torchrec.export import TORCHREC_FORMAT
+    from .torchrec.import_plan import shards_from_torchrec, table_records
+    from .validate import read_json
+    data = read_json(path, "plan file")
     if not isinstance(data, dict):
         return False
     if data.get("format") == TORCHREC_FORMAT:
@@ -55,14 +54,13 @@ def show_torchrec_export(path: str) -> bool:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from .search.score import read_document
-    from .search.torchrec_import import plan_from_torchrec
     from .tables import TableSet
+    from .torchrec.import_plan import plan_from_torchrec
     from .units import format_bytes
-    from .validate import check_output
+    from .validate import check_output, read_json
     check_output(args.output, [args.source, args.tables], "plan file")
     tables = TableSet.read(args.tables)
-    plan = plan_from_torchrec(read_document(args.source, "TorchRec plan"), tables, num_devices=args.devices,
+    plan = plan_from_torchrec(read_json(args.source, "TorchRec plan"), tables, num_devices=args.devices,
                               memory_bytes=args.memory,
                               bytes_per_element=args.bytes_per_element, where=str(args.source),
                               provenance={"source": str(args.source), "format": args.format})
@@ -77,8 +75,9 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
-    from .search.score import plan_batch_size, read_any_plan, score_plan
+    from .search.score import plan_batch_size, score_plan
     from .tables import TableSet
+    from .torchrec.import_plan import read_any_plan
     from .validate import check_output
     if args.output:
         check_output(args.output, [args.plan, args.tables, args.cost_model], "plan file")
@@ -87,6 +86,7 @@ def _score(args: argparse.Namespace) -> int:
     scored = score_plan(plan, tables, cost_models=args.cost_model)
     print(scored.format_summary())
     from dataclasses import replace
+
     from .constraints import plan_problems
     for problem in plan_problems(replace(plan, tables=list(tables)))[:3]:  # the tables file's constraints
         print(f"warning: plan breaks a constraint of {args.tables}: {problem}", file=sys.stderr)

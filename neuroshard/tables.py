@@ -8,13 +8,21 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from .access_spec import NUM_BINS, ROW_ORDERS
+from .constants import TABLES_BATCH_SIZE
 from .constraints import check_constraints
 from .errors import FormatError
-from .validate import (MAX_BATCH_SIZE, MAX_EMBEDDING_DIM, MAX_LOOKUPS_PER_BATCH, MAX_NUM_EMBEDDINGS,
-                       MAX_POOLING_FACTOR, MAX_TABLES, read_json)
+from .io import atomic_write_text
+from .validate import (
+    MAX_BATCH_SIZE,
+    MAX_EMBEDDING_DIM,
+    MAX_LOOKUPS_PER_BATCH,
+    MAX_NUM_EMBEDDINGS,
+    MAX_POOLING_FACTOR,
+    MAX_TABLES,
+    read_json,
+)
 
 TABLES_FORMAT = "neuroshard.tables/v1"
-DEFAULT_BATCH_SIZE = 65536
 _TABLE_KEYS = ("name", "num_embeddings", "embedding_dim", "pooling_factor", "access", "constraints")
 
 
@@ -118,7 +126,7 @@ class TableSet:
 
     name: str
     tables: list[Table]
-    batch_size: int = DEFAULT_BATCH_SIZE
+    batch_size: int = TABLES_BATCH_SIZE
     extra: dict = field(default_factory=dict, repr=False)
     path: Path | None = field(default=None, repr=False, compare=False)
 
@@ -147,7 +155,7 @@ class TableSet:
         fmt = data.get("format")
         if fmt != TABLES_FORMAT:
             raise FormatError(f"{source}: field 'format' is {fmt!r}; this version of neuroshard reads {TABLES_FORMAT!r}")
-        batch_size = data.get("batch_size", DEFAULT_BATCH_SIZE)
+        batch_size = data.get("batch_size", TABLES_BATCH_SIZE)
         if not (_is_int(batch_size) and 1 <= batch_size <= MAX_BATCH_SIZE):
             raise FormatError(f"{source}: field 'batch_size' must be an integer in [1, {MAX_BATCH_SIZE}] "
                               f"(MAX_BATCH_SIZE), got {batch_size!r}")
@@ -192,7 +200,6 @@ class TableSet:
 
     def write(self, path: str | Path) -> Path:
         """Write atomically (a temporary file renamed into place)."""
-        from .io import atomic_write_text
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     # --------------------------------------------------------------- summary

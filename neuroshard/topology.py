@@ -25,16 +25,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .constants import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS
 from .errors import FormatError, NeuroShardError
+from .units import format_bytes
 from .validate import check_devices, check_memory, check_number, read_json
 
 TOPOLOGY_FORMAT = "neuroshard.topology/v1"
-#: GB/s (10**9 bytes per second) within a host: TorchRec's INTRA_NODE_BANDWIDTH (NVLink)
-DEFAULT_INTRA_HOST_GBPS = 600.0
-#: GB/s per device across hosts: TorchRec's CROSS_NODE_BANDWIDTH (one 100 Gbit/s NIC per GPU)
-DEFAULT_INTER_HOST_GBPS = 12.5
-#: devices per host of a common GPU server (and TorchRec's default LOCAL_WORLD_SIZE)
-DEFAULT_LOCAL_WORLD_SIZE = 8
 #: most GB/s a link may be given (a typo guard: 100 TB/s)
 MAX_GBPS = 1e5
 #: slowest and fastest relative device speed accepted
@@ -100,7 +96,6 @@ class Topology:
 
     def describe(self) -> str:
         """One line for ``plan show`` and the search's output."""
-        from .units import format_bytes
         parts = []
         if self.hosts_stated:
             parts.append(f"{self.num_hosts} host{'s' if self.num_hosts > 1 else ''} x {self.local_world_size} "

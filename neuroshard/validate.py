@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .errors import FormatError, NeuroShardError
+from .units import parse_bytes
 
 # ------------------------------------------------------------------- limits
 #: most tables in one tables file (the NeuroShard search over 4096 tables on 512 devices takes about a minute)
@@ -153,7 +154,6 @@ def check_batch_size(value: Any, name: str = "batch_size") -> int:
 
 def check_memory(value: Any, name: str = "memory") -> int:
     """A device memory size: bytes (int) or a size like ``"16GiB"``, in [1, MAX_MEMORY_BYTES]."""
-    from .units import parse_bytes
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise NeuroShardError(f"{name} must be a size in bytes or like '16GiB', got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):

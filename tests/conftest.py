@@ -45,7 +45,7 @@ def run_ranks(target, world: int, args: tuple, timeout: float) -> dict:
     """Start ``world`` spawned processes ``target(rank, port, *args, results)`` on one free
     port; return what each put on ``results`` as ``{rank: value}`` (a string: its error)."""
     import torch.multiprocessing
-    from neuroshard.runtime.launch import free_port
+    from neuroshard.launch import free_port
     ctx = torch.multiprocessing.get_context("spawn")
     results, port = ctx.Queue(), free_port()
     procs = [ctx.Process(target=target, args=(r, port, *args, results)) for r in range(world)]

@@ -579,7 +579,7 @@ API_CASES = [
 
 @pytest.mark.parametrize("kwargs, text", [c[1:] for c in API_CASES], ids=[c[0] for c in API_CASES])
 def test_bad_api_arguments_raise_one_line(kwargs, text):
-    from neuroshard.search.api import resolve_cost_models
+    from neuroshard.costmodels import resolve_cost_models
     call = {"tables": _tables(), "devices": 2, "memory": "1GiB", "cost_models": _analytic(), **kwargs}
     if "cost_models" in kwargs:
         call["cost_models"] = kwargs["cost_models"]
@@ -596,7 +596,8 @@ def _analytic():
 
 # ------------------------------------------------------------- collections
 def test_a_refused_collection_leaves_no_description_and_a_torn_tail_is_cut(files, tmp_path):
-    from neuroshard.costmodels.measure import collect, store
+    from neuroshard.measured import collect
+    from neuroshard.costmodels.measure import store
     out = tmp_path / "data"
     with pytest.raises(NeuroShardError, match="holds no shard"):
         collect.collect_compute(files / "T.json", 2, out, memory_bytes=256, progress=False)
@@ -701,7 +702,7 @@ def test_kill_9_of_the_launcher_leaves_no_worker(files, tmp_path):
 
 
 def test_a_worker_whose_parent_is_gone_exits_at_once():
-    code = ("import os, sys; from neuroshard.runtime.launch import die_with_parent; "
+    code = ("import os, sys; from neuroshard.launch import die_with_parent; "
             "die_with_parent(os.getppid() + 1); print('still here')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "still here" not in out.stdout

@@ -5,7 +5,7 @@ import numpy as np
 
 from neuroshard.cli import main
 from neuroshard.costmodels import load_cost_models
-from neuroshard.costmodels.calibrate import cache_dir, calibrate
+from neuroshard.measured.calibrate import cache_dir, calibrate
 from neuroshard.costmodels.base import CostModels
 from neuroshard.tables import Table, TableSet
 
@@ -78,8 +78,8 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
 
 
 def test_calibration_keeps_plan_sets_in_training_and_its_held_out_sets_fixed():
-    from neuroshard.costmodels.calibrate import start_calibration
-    from neuroshard.search.simulator import Piece
+    from neuroshard.measured.calibrate import start_calibration
+    from neuroshard.types import Piece
     calibration = start_calibration(TABLES, load_cost_models(), devices=3, sets=8, epochs=5)
     _, first = calibration.fit()
     held_out = calibration.held_out
@@ -105,8 +105,8 @@ def test_polish_moves_shards_off_the_slowest_measured_device():
     from dataclasses import replace
 
     import neuroshard
-    from neuroshard.costmodels.calibrate import start_calibration
-    from neuroshard.search.refine import polish
+    from neuroshard.measured.calibrate import start_calibration
+    from neuroshard.measured.refine import polish
     calibration = start_calibration(TABLES, load_cost_models(), devices=2, sets=8, epochs=5)
     models, _ = calibration.fit()
     plan = neuroshard.shard(TABLES, devices=2, memory="64MiB", algorithm="size", cost_models=models)

@@ -8,11 +8,13 @@ import pytest
 
 import neuroshard
 from neuroshard.cli import main
-from neuroshard.constraints import SHARDING_TYPES, TableConstraints, layout_kind
+from neuroshard.constants import SHARDING_TYPES
+from neuroshard.constraints import TableConstraints
+from neuroshard.types import layout_kind
 from neuroshard.errors import FormatError, InvalidPlanError
 from neuroshard.plan import Plan, Shard
 from neuroshard.search.registry import ALGORITHMS
-from neuroshard.search.torchrec_planner import torchrec_available
+from neuroshard.torchrec.guard import torchrec_available
 from neuroshard.tables import Table, TableSet
 
 from conftest import tables_dict
@@ -143,7 +145,7 @@ def test_search_cli_honours_constraints_and_plan_score_and_import_report_them(tm
     assert "table 't0' has shards on device 1, outside its pinned devices [2]" in err
     if not torchrec_available():
         return
-    from neuroshard.search.export import torchrec_sharding
+    from neuroshard.torchrec.export import torchrec_sharding
     exported = tmp_path / "tr.json"
     exported.write_text(json.dumps(torchrec_sharding(bare, compute_device="cpu")))
     assert main(["plan", "import", str(exported), "--format", "torchrec", "--tables", str(moved_path),

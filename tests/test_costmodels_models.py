@@ -26,7 +26,7 @@ def measured_folders(tmp_path_factory) -> dict[str, Path]:
     all-to-all samples, measured once per test session."""
     if _MEASURED:
         return _MEASURED
-    from neuroshard.costmodels.measure.collect import collect_comm, collect_compute
+    from neuroshard.measured.collect import collect_comm, collect_compute
     root = tmp_path_factory.mktemp("cost-data")
     tables = []
     for i in range(14):

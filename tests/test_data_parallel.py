@@ -14,7 +14,7 @@ from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.model import init_rows, train_reference
 from neuroshard.runtime.trainer import RunConfig, run
 from neuroshard.search import shard
-from neuroshard.search.replicate import allreduce_ms
+from neuroshard.search.simulator import allreduce_ms
 from neuroshard.search.simulator import Simulator
 from neuroshard.tables import Table, TableSet
 
@@ -147,8 +147,8 @@ def test_replicated_training_matches_unsharded(devices, kernel):
 
 
 def test_export_and_import_keep_replicated_tables():
-    from neuroshard.search.export import torchrec_sharding
-    from neuroshard.search.torchrec_import import plan_from_torchrec
+    from neuroshard.torchrec.export import torchrec_sharding
+    from neuroshard.torchrec.import_plan import plan_from_torchrec
     plan = _plan(2)
     doc = json.loads(json.dumps(torchrec_sharding(plan, compute_device="cpu")))
     assert doc["tables"]["hot"] == {"sharding_type": "data_parallel", "compute_kernel": "dense", "ranks": [0, 1]}

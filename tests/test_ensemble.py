@@ -9,10 +9,11 @@ from sklearn.base import clone
 from neuroshard import shard
 from neuroshard.costmodels import load_cost_models
 from neuroshard.costmodels.base import CostModels
-from neuroshard.costmodels.calibrate import calibrate
+from neuroshard.measured.calibrate import calibrate
 from neuroshard.costmodels.ensemble import EnsembleComputeModel
 from neuroshard.errors import NeuroShardError
-from neuroshard.search.simulator import Simulator, whole_pieces
+from neuroshard.search.simulator import Simulator
+from neuroshard.types import whole_pieces
 from neuroshard.tables import Table, TableSet
 
 TABLES = TableSet("ens", [Table(f"t{i}", 2_000 * (i + 1), (16, 32, 64)[i % 3], 0.5 + 3 * (i % 5),

@@ -5,7 +5,7 @@ import pytest
 from neuroshard.cli import main
 from neuroshard.datasets import families
 from neuroshard.errors import NeuroShardError
-from neuroshard.search.rowwise import check_feasible
+from neuroshard.constraints import check_capacity
 from neuroshard.tables import TableSet
 
 NEW = ["criteo-kaggle", "criteo-terabyte", "broad", "hot-few"]
@@ -70,7 +70,7 @@ def test_family_tasks_are_feasible(family):
         assert tables.name == f"{family}-d4-task{i:03d}"
         assert len(tables) % 4 == 0 and 20 <= len(tables) <= 48 and len({t.name for t in tables}) == len(tables)
         assert 1.2 <= 4 * memory / tables.total_bytes() <= 1.5 + 1e-6
-        check_feasible(tables, 4, memory, 4)
+        check_capacity(tables, 4, memory, 4)
     again = families.family_tasks(family, num_devices=4, num_tasks=3, tables_per_device=(5, 12), seed=2)
     assert [t.to_dict() for t, _ in again] == [t.to_dict() for t, _ in tasks]
 
@@ -79,7 +79,7 @@ def test_terabyte_tasks_have_tables_larger_than_a_device():
     tasks = families.family_tasks("criteo-terabyte", num_devices=8, num_tasks=2, tables_per_device=(2, 3))
     for tables, memory in tasks:
         assert max(t.size_bytes() for t in tables) > memory  # the planner must split it
-        check_feasible(tables, 8, memory, 4)
+        check_capacity(tables, 8, memory, 4)
 
 
 def test_errors_and_cli(tmp_path, capsys):

@@ -12,7 +12,7 @@ import pytest
 
 from neuroshard.costmodels.measure import (comm_arrays, compute_arrays, load_comm_data, load_compute_data,
                                            read_meta, record_shards)
-from neuroshard.costmodels.measure.collect import collect_comm, parse_dims, sample_shard_set
+from neuroshard.measured.collect import collect_comm, parse_dims, sample_shard_set
 from neuroshard.costmodels.measure.store import locked
 from neuroshard.errors import NeuroShardError
 from neuroshard.tables import Table, TableSet

@@ -16,7 +16,8 @@ from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.model import init_rows, train_reference
 from neuroshard.runtime.trainer import RunConfig, run
 from neuroshard.search.registry import SIMULATED_ALGORITHMS
-from neuroshard.search.torchrec_planner import TORCHREC_OPTIMIZERS, torchrec_available
+from neuroshard.torchrec.planner import TORCHREC_OPTIMIZERS
+from neuroshard.torchrec.guard import torchrec_available
 from neuroshard.tables import Table, TableSet
 
 from conftest import tables_dict
@@ -178,8 +179,8 @@ def test_adam_is_refused_on_cpu_before_any_process_starts():
 
 
 def test_torchrec_export_carries_the_optimizer_as_fused_params_and_import_reads_it_back():
-    from neuroshard.search.export import fused_params, torchrec_sharding
-    from neuroshard.search.torchrec_import import plan_from_torchrec
+    from neuroshard.torchrec.export import fused_params, torchrec_sharding
+    from neuroshard.torchrec.import_plan import plan_from_torchrec
     tables = TableSet.from_dict(tables_dict())
     shards = [Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, i % 2) for i, t in enumerate(tables)]
     plan = Plan(list(tables), shards, 2, 4 * 10**6, optimizer="adagrad").validate()

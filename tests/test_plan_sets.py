@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 
-from neuroshard.costmodels.measure.plan_sets import DEVICES_PER_TASK, TASK_DEVICES, PlanSetSampler
+from neuroshard.measured.plan_sets import DEVICES_PER_TASK, TASK_DEVICES, PlanSetSampler
 from neuroshard.costmodels.pretrain import load_compute
 from neuroshard.tables import Table, TableSet
 

@@ -31,10 +31,10 @@ from neuroshard.costmodels.base import CostModels
 from neuroshard.costmodels.precision import compute_scaling, measured_ratios
 from neuroshard.kernels import FusedEmbedding, fbgemm_available
 from neuroshard.plan import Plan
-from neuroshard.runtime.launch import launch
+from neuroshard.launch import launch
 from neuroshard.runtime.model import init_rows, train_reference
 from neuroshard.runtime.trainer import RunConfig, run
-from neuroshard.search.api import resolve_cost_models
+from neuroshard.costmodels import resolve_cost_models
 from neuroshard.search.score import score_plan
 from neuroshard.search.simulator import Simulator
 from neuroshard.tables import TableSet
@@ -208,8 +208,8 @@ def test_exported_qcomms_run_in_torchrec_within_fp16_rounding():
     pytest.importorskip("torchrec.distributed.planner")
     from test_torchrec_interop import TABLES as INTEROP_TABLES
     from test_torchrec_interop import _exported, _plan, _run_in_torchrec, _spec
-    from neuroshard.search.export import qcomms_config
-    from neuroshard.search.torchrec_import import plan_from_torchrec
+    from neuroshard.torchrec.export import qcomms_config
+    from neuroshard.torchrec.import_plan import plan_from_torchrec
     cases = {}
     for kind in ("table_wise", "column_wise", "row_wise"):
         doc = _exported(replace(_plan(kind), comm_precision="fp16"))
@@ -227,7 +227,7 @@ def test_exported_qcomms_run_in_torchrec_within_fp16_rounding():
 # ------------------------------------------------------------- measurement
 @TBE
 def test_collect_compute_at_fp16_records_it_and_keeps_fp32_folders_apart(tmp_path):
-    from neuroshard.costmodels.measure.collect import collect_compute
+    from neuroshard.measured.collect import collect_compute
     from neuroshard.errors import NeuroShardError
     tables = tmp_path / "t.json"
     TableSet("small", list(TABLES), 512).write(tables)
@@ -242,7 +242,7 @@ def test_collect_compute_at_fp16_records_it_and_keeps_fp32_folders_apart(tmp_pat
 
 @TBE
 def test_calibrate_at_fp16_fine_tunes_an_fp16_model():
-    from neuroshard.costmodels.calibrate import calibrate
+    from neuroshard.measured.calibrate import calibrate
     from neuroshard.costmodels.precision import model_precision
     models = resolve_cost_models(None)
     calibrated, report = calibrate(_tables(), models, devices=2, sets=8, epochs=20, weights_precision="fp16")

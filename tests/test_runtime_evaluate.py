@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from neuroshard.plan import Plan, Shard
-from neuroshard.runtime.launch import free_port
+from neuroshard.launch import free_port
 from neuroshard.tables import Table, TableSet
 
 TABLES = [Table("big", 50_000, 16, 2.0, {"zipf_alpha": 1.05}), Table("a", 300, 8, 1.0),

@@ -11,7 +11,7 @@ import pytest
 from neuroshard.errors import InvalidPlanError
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.evaluate import evaluate
-from neuroshard.runtime.launch import RunFailedError
+from neuroshard.launch import RunFailedError
 from neuroshard.runtime.trainer import RunConfig, run
 from neuroshard.tables import Table, TableSet
 

@@ -10,7 +10,7 @@ from neuroshard.datasets.synthetic import generate
 from neuroshard.errors import InfeasibleError, NeuroShardError
 from neuroshard.search import ALGORITHMS, Simulator, search_placement, shard
 from neuroshard.search.api import GREEDY_ALGORITHMS
-from neuroshard.search.torchrec_planner import torchrec_available
+from neuroshard.torchrec.guard import torchrec_available
 from neuroshard.tables import Table, TableSet
 
 SMALL = {"beam_width": 2, "depth": 4, "top_n": 2, "grid_size": 5}

@@ -12,8 +12,8 @@ from neuroshard.errors import NeuroShardError
 from neuroshard.plan import Plan, Shard
 from neuroshard.search import ALGORITHMS
 from neuroshard.search.cli import ALGORITHM_CHOICES
-from neuroshard.search.export import TORCHREC_FORMAT, to_parameter_shardings, torchrec_sharding
-from neuroshard.search.torchrec_planner import torchrec_available
+from neuroshard.torchrec.export import TORCHREC_FORMAT, to_parameter_shardings, torchrec_sharding
+from neuroshard.torchrec.guard import torchrec_available
 from neuroshard.tables import Table, TableSet
 
 needs_torchrec = pytest.mark.skipif(not torchrec_available(), reason="torchrec is not importable")

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from neuroshard.costmodels import analytic_cost_models
-from neuroshard.search.simulator import Piece, Simulator, whole_pieces
+from neuroshard.types import Piece, whole_pieces
+from neuroshard.search.simulator import Simulator
 from neuroshard.tables import Table, TableSet
 
 

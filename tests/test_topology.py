@@ -13,11 +13,12 @@ from neuroshard.costmodels import analytic_cost_models
 from neuroshard.errors import NeuroShardError
 from neuroshard.plan import Plan
 from neuroshard.search.registry import ALGORITHMS
-from neuroshard.search.simulator import Piece, Simulator
-from neuroshard.search.torchrec_planner import torchrec_available
+from neuroshard.types import Piece
+from neuroshard.search.simulator import Simulator
+from neuroshard.torchrec.guard import torchrec_available
 from neuroshard.tables import Table, TableSet
-from neuroshard.topology import (DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS, Topology, make_topology,
-                                 resolve_topology, topology_from_options)
+from neuroshard.constants import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS
+from neuroshard.topology import Topology, make_topology, resolve_topology, topology_from_options
 
 from conftest import run_cli, run_ranks
 
@@ -157,7 +158,7 @@ def _twrw_plan() -> Plan:
 
 
 def test_the_search_lays_out_row_blocks_on_one_host_and_exports_table_row_wise():
-    from neuroshard.search.export import torchrec_sharding
+    from neuroshard.torchrec.export import torchrec_sharding
     plan = _twrw_plan()
     assert plan.topology.local_world_size == 2 and plan.provenance["topology"].startswith("2 hosts x 2")
     blocks = sorted(plan.shards_of("g"), key=lambda s: s.row_offset)
@@ -220,7 +221,7 @@ def test_the_table_row_wise_export_runs_exactly_in_torchrec():
     """The exported plan in DistributedModelParallel on 4 gloo processes, LOCAL_WORLD_SIZE=2:
     the same pooled outputs and SGD step as the unsharded model."""
     pytest.importorskip("torchrec.distributed.planner")
-    from neuroshard.search.export import torchrec_sharding
+    from neuroshard.torchrec.export import torchrec_sharding
     plan = _twrw_plan()
     doc = json.loads(json.dumps(torchrec_sharding(plan, compute_device="cpu")))
     assert "table_row_wise" in {r["sharding_type"] for r in doc["tables"].values()}

@@ -16,8 +16,8 @@ import torch  # noqa: E402
 
 from neuroshard.errors import NeuroShardError  # noqa: E402
 from neuroshard.plan import Plan, Shard  # noqa: E402
-from neuroshard.search.export import torchrec_sharding  # noqa: E402
-from neuroshard.search.rowwise import ceil_blocks  # noqa: E402
+from neuroshard.torchrec.export import torchrec_sharding  # noqa: E402
+from neuroshard.types import ceil_blocks  # noqa: E402
 from neuroshard.tables import Table, TableSet  # noqa: E402
 
 from conftest import run_ranks  # noqa: E402
@@ -93,7 +93,7 @@ def _compare(rank: int, tables: list[Table], doc: dict) -> dict:
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from neuroshard.search.export import to_parameter_shardings
+    from neuroshard.torchrec.export import to_parameter_shardings
 
     configs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
                                   feature_names=[f"f_{t.name}"]) for t in tables]
@@ -178,7 +178,7 @@ def _compare(rank: int, tables: list[Table], doc: dict) -> dict:
 def _qcomms(doc: dict):
     """The export's reduced-precision communication as TorchRec's codecs (None: fp32)."""
     from torchrec.distributed.fbgemm_qcomm_codec import get_qcomm_codecs_registry
-    from neuroshard.search.export import qcomms_config
+    from neuroshard.torchrec.export import qcomms_config
     config = qcomms_config(doc)
     return None if config is None else get_qcomm_codecs_registry(config, device=torch.device("cpu"))
 
@@ -228,7 +228,7 @@ def _torchrec_made() -> tuple[list, dict]:
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from neuroshard.search.torchrec_import import plan_from_torchrec
+    from neuroshard.torchrec.import_plan import plan_from_torchrec
     tables = [Table("tw", 50, 8, 1.0), Table("cw", 41, 16, 1.0), Table("rw", 77, 8, 1.0), Table("twrw", 65, 12, 1.0),
               Table("grid", 99, 256, 1.0), Table("dp", 30, 8, 1.0)]
     ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim,

@@ -12,9 +12,9 @@ from neuroshard.costmodels import analytic_cost_models
 from neuroshard.errors import FormatError, InvalidPlanError
 from neuroshard.plan import Plan
 from neuroshard.search import shard
-from neuroshard.search.export import torchrec_sharding
+from neuroshard.torchrec.export import torchrec_sharding
 from neuroshard.search.score import score_plan
-from neuroshard.search.torchrec_import import plan_from_torchrec, record_of, sharding_plan_json
+from neuroshard.torchrec.import_plan import plan_from_torchrec, record_of, sharding_plan_json
 from neuroshard.tables import Table, TableSet
 
 TABLES = TableSet("roundtrip", [Table("a", 100, 16, 2.0), Table("b", 57, 32, 1.0), Table("c", 1001, 16, 3.0),

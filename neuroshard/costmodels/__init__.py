@@ -8,7 +8,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from .base import CommAtDevices, CommCostModel, CommSamples, ComputeCostModel, CostModel, CostModels
+from ..constants import MEASURED_BATCH_SIZE
+from ..errors import NeuroShardError
+from .analytic import AnalyticCommModel, AnalyticComputeModel
+from .base import (
+    CommAtDevices,
+    CommCostModel,
+    CommSamples,
+    ComputeCostModel,
+    CostModel,
+    CostModels,
+)
 
 log = logging.getLogger(__name__)
 
@@ -18,8 +28,7 @@ DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "c
 
 def analytic_cost_models(batch_size: int | None = None) -> CostModels:
     """The analytic compute and communication models with their default (unfitted) constants."""
-    from .analytic import DEFAULT_BATCH_SIZE, AnalyticCommModel, AnalyticComputeModel
-    batch_size = int(batch_size or DEFAULT_BATCH_SIZE)
+    batch_size = int(batch_size or MEASURED_BATCH_SIZE)
     return CostModels(AnalyticComputeModel(batch_size), AnalyticCommModel(batch_size), batch_size,
                       hardware={"note": "unfitted analytic defaults"}, name="analytic-defaults")
 
@@ -35,5 +44,15 @@ def load_cost_models(path: str | Path | None = None) -> CostModels:
     return analytic_cost_models()
 
 
-__all__ = ["CostModel", "ComputeCostModel", "CommCostModel", "CommSamples", "CommAtDevices", "CostModels",
+def resolve_cost_models(cost_models: CostModels | str | Path | None = None) -> CostModels:
+    """A ``CostModels`` bundle from a bundle, a checkpoint path, or None (the shipped default)."""
+    if isinstance(cost_models, CostModels):
+        return cost_models
+    if cost_models is None or isinstance(cost_models, (str, Path)):
+        return load_cost_models(cost_models)
+    raise NeuroShardError(f"cost_models must be a CostModels bundle or a checkpoint path, "
+                          f"got {type(cost_models).__name__}")
+
+
+__all__ = ["resolve_cost_models", "CostModel", "ComputeCostModel", "CommCostModel", "CommSamples", "CommAtDevices", "CostModels",
            "load_cost_models", "analytic_cost_models", "DEFAULT_CHECKPOINT"]

@@ -27,7 +27,15 @@ from typing import Sequence
 import numpy as np
 from scipy.optimize import nnls
 
-from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, pack_sets, set_sums
+from ..constants import MEASURED_BATCH_SIZE
+from .base import (
+    CommCostModel,
+    CommSamples,
+    ComputeCostModel,
+    as_comm_groups,
+    pack_sets,
+    set_sums,
+)
 from .features import FEATURE_NAMES
 
 log = logging.getLogger(__name__)
@@ -36,7 +44,6 @@ _DIM = FEATURE_NAMES.index("dim")
 _POOL = FEATURE_NAMES.index("pooling_factor")
 _LOG_SIZE = FEATURE_NAMES.index("log2_size_bytes")
 _LOG_REUSE = FEATURE_NAMES.index("log2_mean_reuse")
-DEFAULT_BATCH_SIZE = 4096  # the CPU measurement default (measure.kernel.DEFAULT_CPU_BATCH_SIZE)
 
 
 def _constants(values, count: int, name: str) -> np.ndarray:
@@ -68,7 +75,7 @@ class AnalyticComputeModel(ComputeCostModel):
     #: single-thread CPU guesses: ~0.05 ms launch, ~2 GB/s gathers fwd+bwd, ~8 GB/s streams
     DEFAULTS = (0.05, 0.01, 5e-7, 1.2e-7, 3e-7, 5e-7)
 
-    def __init__(self, batch_size: int = DEFAULT_BATCH_SIZE, cache_bytes: float = 2**23):
+    def __init__(self, batch_size: int = MEASURED_BATCH_SIZE, cache_bytes: float = 2**23):
         self.batch_size = batch_size
         self.cache_bytes = cache_bytes
 
@@ -157,7 +164,7 @@ class AnalyticCommModel(CommCostModel):
     BWD_DEFAULTS = (0.1, 0.03, 5e-7, 5e-7, 2e-7)
     REDUCE_DEFAULTS = (0.05, 0.03, 1e-6)
 
-    def __init__(self, batch_size: int = DEFAULT_BATCH_SIZE):
+    def __init__(self, batch_size: int = MEASURED_BATCH_SIZE):
         self.batch_size = batch_size
 
     @property

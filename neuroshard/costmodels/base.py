@@ -32,6 +32,8 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from ..errors import NeuroShardError
+from . import checkpoint
+from .metrics import comm_metrics, cost_metrics
 
 
 @contextlib.contextmanager
@@ -182,7 +184,6 @@ class ComputeCostModel(CostModel, ABC):
 
     def evaluate(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray, **kwargs) -> dict:
         """GMAE, MAPE, Kendall tau and plan-pair accuracy on measured sets (see ``metrics``)."""
-        from .metrics import cost_metrics
         return cost_metrics(self.predict(sets), np.asarray(costs_ms), **kwargs)
 
 
@@ -210,7 +211,6 @@ class CommCostModel(CostModel, ABC):
 
     def evaluate(self, samples: "CommSamples | Sequence[CommSamples]", **kwargs) -> dict:
         """Metrics per direction (``fwd``, ``bwd``, ``reduce``) over all devices of all samples."""
-        from .metrics import comm_metrics
         return comm_metrics(self, as_comm_groups(samples), **kwargs)
 
 
@@ -266,11 +266,9 @@ class CostModels:
 
     def save(self, path: str | Path) -> Path:
         """Write one checkpoint file (atomically); see ``checkpoint``."""
-        from .checkpoint import save_cost_models
-        return save_cost_models(self, path)
+        return checkpoint.save_cost_models(self, path)
 
     @classmethod
     def load(cls, path: str | Path) -> "CostModels":
         """Read a checkpoint written by ``save``; refuses another feature schema version."""
-        from .checkpoint import load_cost_models_file
-        return load_cost_models_file(path)
+        return cls(**checkpoint.load_parts(path))

@@ -17,15 +17,17 @@ import io
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..errors import NeuroShardError
 from ..io import atomic_write_bytes
-from .base import CommCostModel, ComputeCostModel, CostModels
 from .features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
+
+if TYPE_CHECKING:  # the models are read by duck typing; base builds the bundle from load_parts
+    from .base import CommCostModel, ComputeCostModel, CostModels
 
 log = logging.getLogger(__name__)
 
@@ -155,12 +157,13 @@ def read_checkpoint(path: str | Path) -> dict:
     return payload
 
 
-def load_cost_models_file(path: str | Path) -> CostModels:
-    """Read a checkpoint written by ``save_cost_models``."""
+def load_parts(path: str | Path) -> dict:
+    """The keyword arguments of ``CostModels`` read from a checkpoint written by
+    ``save_cost_models`` (``CostModels.load`` builds the bundle from them)."""
     payload = read_checkpoint(path)
     fmt = payload["format"]
-    return CostModels(compute=model_from_entry(payload["compute"], str(path), fmt),
-                      comm=model_from_entry(payload["comm"], str(path), fmt),
-                      batch_size=int(payload["batch_size"]), hardware=payload.get("hardware", {}),
-                      name=payload.get("name", Path(path).stem), metrics=payload.get("metrics", {}),
-                      data_summary=payload.get("data_summary", {}), path=Path(path))
+    return dict(compute=model_from_entry(payload["compute"], str(path), fmt),
+                comm=model_from_entry(payload["comm"], str(path), fmt),
+                batch_size=int(payload["batch_size"]), hardware=payload.get("hardware", {}),
+                name=payload.get("name", Path(path).stem), metrics=payload.get("metrics", {}),
+                data_summary=payload.get("data_summary", {}), path=Path(path))

@@ -26,8 +26,9 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from .checkpoint import load_cost_models_file, read_checkpoint
-    load_cost_models_file(args.model)  # a checkpoint whose models do not load is refused, not shown
+    from .base import CostModels
+    from .checkpoint import read_checkpoint
+    CostModels.load(args.model)  # a checkpoint whose models do not load is refused, not shown
     payload = read_checkpoint(args.model)
     print(f"{args.model}: {payload['name']}, batch size {payload['batch_size']}, feature schema "
           f"v{payload['feature_schema_version']}")
@@ -40,10 +41,10 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from ..search.api import resolve_cost_models
+    from ..measured.calibrate import calibrate
+    from . import resolve_cost_models
     from ..tables import TableSet
     from ..validate import check_output
-    from .calibrate import calibrate
     check_output(args.output, [args.tables, args.cost_model], "checkpoint")
     tables = TableSet.read(args.tables)
     calibrated, report = calibrate(tables, resolve_cost_models(args.cost_model), devices=args.devices,
@@ -82,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "on all data after the held-out evaluation)")
     p.set_defaults(func=_pretrain)
 
-    from .calibrate import DEFAULT_SETS
+    from ..measured.calibrate import DEFAULT_SETS
     p = sub.add_parser("calibrate", help="fine-tune the cost models on this machine and these tables",
                        description="Time the task's tables on this machine (each table alone, then random "
                                    "device-sized sets of them) and fine-tune the pre-trained compute model on the "

@@ -30,10 +30,27 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from ..constants import MEASURED_BATCH_SIZE
 from ..errors import NeuroShardError
-from .analytic import (PEAK_BYTES, PEERS, REDUCE_BYTES, SEND_BYTES, AnalyticCommModel, AnalyticComputeModel,
-                       comm_terms, reduce_terms, wait_ms)
-from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, few_threads, pack_sets
+from .analytic import (
+    PEAK_BYTES,
+    PEERS,
+    REDUCE_BYTES,
+    SEND_BYTES,
+    AnalyticCommModel,
+    AnalyticComputeModel,
+    comm_terms,
+    reduce_terms,
+    wait_ms,
+)
+from .base import (
+    CommCostModel,
+    CommSamples,
+    ComputeCostModel,
+    as_comm_groups,
+    few_threads,
+    pack_sets,
+)
 from .features import FEATURE_NAMES, NUM_FEATURES
 
 log = logging.getLogger(__name__)
@@ -426,7 +443,7 @@ class NeuralCommModel(CommCostModel):
 
     name = "neural"
 
-    def __init__(self, batch_size: int = 4096, hidden: int = 32, depth: int = 2, lr: float = 3e-3,
+    def __init__(self, batch_size: int = MEASURED_BATCH_SIZE, hidden: int = 32, depth: int = 2, lr: float = 3e-3,
                  weight_decay: float = 1e-4, epochs: int = 300, train_batch_size: int = 256, patience: int = 30,
                  val_fraction: float = 0.15, seed: int = 0):
         self.batch_size = batch_size

@@ -19,11 +19,14 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import NeuroShardError
+from ..errors import FormatError, NeuroShardError
 from ..tables import Table
+from ..validate import check_number, check_seed
 from .analytic import AnalyticCommModel, AnalyticComputeModel
 from .base import CommSamples, CostModels
+from .ensemble import EnsembleComputeModel
 from .features import FEATURE_SCHEMA_VERSION, table_features
+from .measure.store import load_comm_data, load_compute_data, read_meta
 from .neural import NeuralCommModel, NeuralComputeModel
 from .tree import TreeCommModel, TreeComputeModel
 
@@ -55,13 +58,11 @@ class ComputeData:
 
 
 def _read_meta(folder: Path) -> dict:
-    from .measure.store import read_meta
     return read_meta(folder) or {}
 
 
 def load_compute(folder: str | Path) -> ComputeData:
     """Read ``compute.jsonl`` (+ ``meta.json``) of a measured folder into features."""
-    from .measure.store import load_compute_data
     folder = Path(folder)
     records = load_compute_data(folder)
     if not records:
@@ -100,7 +101,6 @@ def _is_number(value) -> bool:
 
 def _check_compute_record(record: dict, where: str) -> None:
     """FormatError naming the file, sample and field of a malformed compute record."""
-    from ..errors import FormatError
     if "batch_size" in record and not (isinstance(record["batch_size"], int) and not isinstance(record["batch_size"], bool)
                                        and 1 <= record["batch_size"] <= 2**20):
         raise FormatError(f"{where}: field 'batch_size' must be an integer in [1, {2**20}], got {record['batch_size']!r}")
@@ -117,7 +117,6 @@ def _check_compute_record(record: dict, where: str) -> None:
 
 
 def _check_comm_record(record: dict, where: str) -> None:
-    from ..errors import FormatError
     d = record.get("num_devices")
     if not (isinstance(d, int) and not isinstance(d, bool) and 2 <= d <= 1024):
         raise FormatError(f"{where}: field 'num_devices' must be an integer in [2, 1024], got {d!r}")
@@ -151,7 +150,6 @@ def load_compute_folders(folders: Sequence[str | Path]) -> ComputeData:
 def load_comm(folders: Sequence[str | Path]) -> tuple[list[CommSamples], dict]:
     """Read ``comm.jsonl`` of each folder; one ``CommSamples`` group per device count, and the
     first folder's ``meta.json`` with the samples' ``batch_size`` added."""
-    from .measure.store import load_comm_data
     by_devices: dict[int, list[dict]] = {}
     meta: dict = {}
     for folder in map(Path, folders):
@@ -349,7 +347,6 @@ def pretrain(data: str | Path | Sequence[str | Path], comm_data: Sequence[str | 
     on bootstrap resamples (``EnsembleComputeModel``) and ships them as the compute model."""
     folders = [data] if isinstance(data, (str, Path)) else list(data)
     compute = load_compute_folders(folders)
-    from ..validate import check_number, check_seed
     check_number(test_tables, "test_tables (share of tables held out)", 0.0, 1.0, low_open=True)
     check_seed(seed)
     if not (isinstance(ensemble, int) and (ensemble == 0 or 2 <= ensemble <= 64)):
@@ -387,7 +384,6 @@ def pretrain(data: str | Path | Sequence[str | Path], comm_data: Sequence[str | 
     metrics = {f"{r.target}/{r.model}": {c: getattr(r, c) for c in METRIC_COLUMNS} for r in table.itertuples()}
     shipped_compute, shipped_comm = compute_models["neural"], comm_models.get("neural")
     if ensemble:  # the evaluated recipe, K times on bootstrap resamples (of all sets, or the training sets)
-        from .ensemble import EnsembleComputeModel
         data = compute if refit else compute.subset(train_rows)
         shipped_compute = EnsembleComputeModel(ensemble, member_params=compute_models["neural"].hparams).fit(
             data.sets, data.costs_ms)

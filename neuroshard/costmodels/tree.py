@@ -15,8 +15,17 @@ import numpy as np
 import torch
 from sklearn.ensemble import HistGradientBoostingRegressor
 
+from ..constants import MEASURED_BATCH_SIZE
 from ..errors import NeuroShardError
-from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, few_threads, pack_sets, set_sums
+from .base import (
+    CommCostModel,
+    CommSamples,
+    ComputeCostModel,
+    as_comm_groups,
+    few_threads,
+    pack_sets,
+    set_sums,
+)
 from .neural import device_inputs, reduce_inputs, shard_inputs
 
 
@@ -166,7 +175,7 @@ class TreeCommModel(_Boosting, CommCostModel):
 
     name = "tree"
 
-    def __init__(self, batch_size: int = 4096, seed: int = 0, max_iter: int = 600, learning_rate: float = 0.05,
+    def __init__(self, batch_size: int = MEASURED_BATCH_SIZE, seed: int = 0, max_iter: int = 600, learning_rate: float = 0.05,
                  max_leaf_nodes: int = 31, min_samples_leaf: int = 10, l2_regularization: float = 1e-3):
         super().__init__(seed, max_iter, learning_rate, max_leaf_nodes, min_samples_leaf, l2_regularization)
         self.batch_size = batch_size

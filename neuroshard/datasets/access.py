@@ -16,6 +16,7 @@ from typing import Mapping
 import numpy as np
 
 from ..access_spec import NUM_BINS
+
 #: lower edges of the reuse bins: bin b holds counts in (BIN_EDGES[b], BIN_EDGES[b+1]]
 BIN_EDGES = [0] + [2**i for i in range(NUM_BINS - 1)]
 BIN_LABELS = [f"({lo}, {hi}]" for lo, hi in zip(BIN_EDGES[:-1], BIN_EDGES[1:])] + [f"({BIN_EDGES[-1]}, inf)"]

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import InfeasibleError, NeuroShardError
 from ..tables import Table, TableSet
+from .synthetic import generate
 
 
 def augment_widths(max_dim: int = 128, min_dim: int = 4) -> list[int]:
@@ -167,5 +168,4 @@ BENCHMARK_SEED = 0
 
 def benchmark_tables(preset: str = "dlrm-2021") -> tuple[TableSet, TableSet]:
     """(training, held-out) tables of the calibrated benchmark ``preset`` (seed 0)."""
-    from .synthetic import generate
     return split_by_table(generate(preset, seed=BENCHMARK_SEED), BENCHMARK_TEST_FRACTION, BENCHMARK_SEED)

@@ -4,7 +4,14 @@ from __future__ import annotations
 import argparse
 
 from ..cli_options import add_input
-from ..validate import MAX_EMBEDDING_DIM, MAX_TABLES, batch_size_int, float_in, int_in, seed_int
+from ..validate import (
+    MAX_EMBEDDING_DIM,
+    MAX_TABLES,
+    batch_size_int,
+    float_in,
+    int_in,
+    seed_int,
+)
 
 
 def _describe(args: argparse.Namespace) -> int:
@@ -24,7 +31,6 @@ def _describe(args: argparse.Namespace) -> int:
 
 
 def _from_dlrm(args: argparse.Namespace) -> int:
-    from pathlib import Path
     from ..validate import check_output
     from .dlrm import tables_from_dlrm
     out = check_output(args.output, [args.file], "tables file")
@@ -36,9 +42,9 @@ def _from_dlrm(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from ..validate import check_output
     from .families import generate
     from .synthetic import PRESETS, calibration_report
-    from ..validate import check_output
     check_output(args.output, [], "tables file")
     tables = generate(args.preset, num_tables=args.num_tables, seed=args.seed)
     tables.write(args.output)

@@ -31,8 +31,10 @@ from typing import Callable
 
 import numpy as np
 
+from ..constraints import check_capacity
 from ..errors import NeuroShardError
 from ..tables import Table, TableSet
+from .synthetic import generate as calibrated
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +119,6 @@ def hot_few(num_tables: int | None, seed: int) -> TableSet:
 
 def _calibrated(name: str) -> Generator:
     def generate(num_tables: int | None, seed: int) -> TableSet:
-        from .synthetic import generate as calibrated
         return calibrated(name, num_tables=num_tables, seed=seed)
     return generate
 
@@ -151,9 +152,8 @@ def family_tasks(family: str, num_devices: int, num_tasks: int, tables_per_devic
     drawn from ``(seed, family, num_devices, i)`` (a fixed-list family larger than the
     task: a random subset of its list, without replacement). Memory per device is the
     tables' fp32 bytes x ``U{memory_headroom}`` / ``num_devices``; tables larger than
-    one device are kept (the planner splits them). Every task passes ``check_feasible``
+    one device are kept (the planner splits them). Every task passes ``constraints.check_capacity``
     with row splits."""
-    from ..search.rowwise import check_feasible
     if family not in FAMILIES:
         raise NeuroShardError(f"unknown preset {family!r}; choose one of {', '.join(sorted(FAMILIES))}")
     lo, hi = tables_per_device
@@ -180,6 +180,6 @@ def family_tasks(family: str, num_devices: int, num_tasks: int, tables_per_devic
                  "task": {"family": family, "num_devices": num_devices, "index": i, "seed": seed,
                           "memory_headroom": round(headroom, 4), "device_memory_bytes": memory}}
         task = TableSet(name, tables, pool.batch_size, extra)
-        check_feasible(task, num_devices, memory, BYTES_PER_ELEMENT, row_splits=True)
+        check_capacity(task, num_devices, memory, BYTES_PER_ELEMENT, row_splits=True)
         tasks.append((task, memory))
     return tasks

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..tables import Table, TableSet
 from . import access as acc
+from .dlrm import recorded_batch
 from .lookup_cache import cached, sampling_key
 
 if TYPE_CHECKING:
@@ -29,7 +30,6 @@ def default_seed(table: Table) -> int:
 def lookups_from(table: Table, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """One batch of lookups drawn with ``rng``: (row ids, lengths per sample)."""
     if "indices" in table.access:
-        from .dlrm import recorded_batch
         return recorded_batch(table, batch_size, rng)
     num = int(round(batch_size * table.pooling_factor))
     rows = acc.sample_rows(table.access, table.num_embeddings, num, rng)

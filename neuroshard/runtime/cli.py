@@ -10,8 +10,15 @@ import logging
 
 from ..cli_options import add_input, add_output
 from ..kernels import DEFAULT_MAX_ROWS, KERNELS
-from ..validate import (batch_size_int, device_count, float_in, nonneg_int, positive_float, positive_int,
-                        seed_int)
+from ..validate import (
+    batch_size_int,
+    device_count,
+    float_in,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    seed_int,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +46,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace):
+    from ..launch import torchrun_env
     from ..plan import Plan
     from ..tables import TableSet
-    from .launch import torchrun_env
     plan, tables = Plan.read(args.plan), TableSet.read(args.tables)
     env = torchrun_env()
     devices = args.devices if args.devices is not None else (env[1] if env else plan.num_devices)
@@ -128,7 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                metavar="OUT.json")
     p.set_defaults(func=_evaluate)
 
-    from .measure_plan import DEFAULT_REPEATS, DEFAULT_ROUNDS, DEFAULT_WARMUP_ROUNDS
+    from ..costmodels.measure.timing import DEFAULT_REPEATS, DEFAULT_ROUNDS, DEFAULT_WARMUP_ROUNDS
     p = sub.add_parser("measure", help="time every device of one or more plans on this machine, one at a time",
                        description="Time each device's shards as one fused kernel (forward, backward, update), "
                                    "one device at a time on one pinned thread, the devices of all plans taking "

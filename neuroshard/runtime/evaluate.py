@@ -17,8 +17,10 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import NeuroShardError
+from ..io import atomic_write_text
 from ..plan import Plan
 from ..tables import TableSet
+from ..validate import MAX_STEPS, check_int
 from .trainer import PHASES, RunConfig, RunResult, check_run, run
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,6 @@ class Measurement:
                 "per_device": self.per_device, "estimate": self.plan.estimate}
 
     def write_json(self, path: str | Path) -> Path:
-        from ..io import atomic_write_text
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
 
@@ -124,7 +125,6 @@ def evaluate_together(plans: Sequence[Plan], tables: TableSet, devices: int | No
     plans = list(plans)
     if not plans:
         raise NeuroShardError("no plan to measure")
-    from ..validate import MAX_STEPS, check_int
     check_int(iterations, "iterations", 1, MAX_STEPS)
     check_int(warmup, "warmup", 0, MAX_STEPS)
     devices = devices if devices is not None else max(p.num_devices for p in plans)

@@ -27,59 +27,27 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..datasets.sampler import sample_lookups
+from ..costmodels import resolve_cost_models
+from ..costmodels.measure.timing import time_devices
+from ..costmodels.metrics import gmae
 from ..errors import InvalidPlanError, NeuroShardError
-from ..kernels import (DEFAULT_MAX_ROWS, WEIGHTS_PRECISIONS, FusedEmbedding, FusedInputs, local_lookups, resolve_kernel,
-                       trained_precision, weights_dtype, weights_numel)
-from ..plan import Plan, Shard
+from ..io import atomic_write_text
+from ..kernels import trained_precision
+from ..plan import Plan
+from ..search.simulator import Simulator
 from ..tables import TableSet
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ROUNDS = 5
-#: whole rounds run first and not counted (each kernel also runs once, untimed, when it is built)
-DEFAULT_WARMUP_ROUNDS = 0
-#: timed runs per device and round; the round's figure is their median
-DEFAULT_REPEATS = 3
-#: most memory the shared weights buffer may take (default: this share of the machine's memory)
-MEMORY_SHARE = 0.5
-
-
-def available_memory_bytes() -> int:
-    """Memory available to this process now (``MemAvailable``; 8 GiB when unknown)."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 << 30
-
-
-@dataclass
-class DeviceTimes:
-    """One device's shards, its kernel's inputs, and its time in each round."""
-
-    shards: list[Shard]
-    shapes: list[tuple[int, int]]  # (allocated rows, width) per shard
-    inputs: list[tuple[Any, Any]]  # per shard (indices, offsets)
-    rounds_ms: list[float] = field(default_factory=list)
-    fused: FusedEmbedding | None = None
-    prepared: FusedInputs | None = None
-
-
 def estimate_gmae(estimated: Sequence[float], measured: Sequence[float]) -> float:
     """Geometric mean of |estimate - measured| / measured over the devices with shards."""
-    from ..costmodels.metrics import gmae
     keep = [i for i, c in enumerate(measured) if c > 0]
     return gmae(np.asarray(estimated)[keep], np.asarray(measured)[keep])
 
@@ -91,14 +59,6 @@ def estimate_spearman(estimated: Sequence[float], measured: Sequence[float]) -> 
         return float("nan")
     from scipy.stats import spearmanr
     return float(spearmanr(estimated, measured).statistic)
-
-
-def plan_simulator(plan: Plan, tables: TableSet, batch_size: int, models: Any):
-    """A simulator of ``plan``'s tables at ``batch_size`` (the batch a measurement ran at)."""
-    from ..search.simulator import Simulator
-    at_batch = TableSet(tables.name, list(tables), batch_size, tables.extra)
-    return Simulator(at_batch, plan.num_devices, models, plan.bytes_per_element, comm_precision=plan.comm_precision,
-                     topology=plan.topology)
 
 
 @dataclass
@@ -212,21 +172,7 @@ class MeasureResult:
         return {"config": self.config, "ratios_to_first": self.ratios(), "plans": [p.to_dict() for p in self.plans]}
 
     def write_json(self, path: str | Path) -> Path:
-        from ..io import atomic_write_text
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
-
-
-def _device_times(shards: Sequence[Shard], tables: TableSet, batch_size: int, row_cap: int) -> DeviceTimes:
-    """One device's shards with their allocated shapes and lookups."""
-    shapes, inputs = [], []
-    for s in shards:
-        table = tables[s.table]
-        rows, lengths = sample_lookups(table, batch_size)
-        allocated = min(s.num_rows, row_cap)
-        shapes.append((allocated, s.num_cols))
-        inputs.append(local_lookups(np.asarray(rows, dtype=np.int64), np.asarray(lengths, dtype=np.int64),
-                                    s.row_offset, s.num_rows, table.num_embeddings, allocated))
-    return DeviceTimes(list(shards), shapes, inputs)
 
 
 def _check_plans(plans: Mapping[str, Plan], tables: TableSet) -> None:
@@ -241,100 +187,6 @@ def _check_plans(plans: Mapping[str, Plan], tables: TableSet) -> None:
                                    f"timed device by device yet; measure the plan with `neuroshard evaluate`")
 
 
-def _run_once(fused: FusedEmbedding, inputs: FusedInputs) -> None:
-    """One untimed forward, backward and update."""
-    fused.pooled(inputs).sum().backward()
-    fused.step()
-
-
-def _pin_thread() -> set[int] | None:
-    """Pin this thread to one core (the last it may use); returns the previous set."""
-    if not hasattr(os, "sched_setaffinity"):
-        return None
-    previous = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {max(previous)})
-    return previous
-
-
-def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, rounds: int = DEFAULT_ROUNDS,
-                 warmup_rounds: int = DEFAULT_WARMUP_ROUNDS, repeats: int = DEFAULT_REPEATS,
-                 batch_size: int = 4096, row_cap: int = DEFAULT_MAX_ROWS, kernel: str = "auto",
-                 backend: str = "cpu", optimizer: str = "exact_sgd", max_memory_bytes: int | None = None,
-                 progress: bool = False, weights_precision: str = "fp32") -> tuple[list[list[float]], dict]:
-    """Time each device's shards (a list of shard lists, one per device, of any plans)
-    as one fused kernel with weights of ``weights_precision``, the devices taking turns
-    round-robin with the order rotated every round. Returns per device its time (ms) in
-    each measured round (empty for a device without shards), and how the run was made."""
-    import time
-
-    import torch
-
-    from ..costmodels.measure.kernel import KernelBenchmark
-    from ..costmodels.measure.store import cpu_model
-
-    for name, value, low in (("rounds", rounds, 1), ("warmup_rounds", warmup_rounds, 0), ("repeats", repeats, 1),
-                             ("row_cap", row_cap, 1), ("batch_size", batch_size, 1)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise NeuroShardError(f"{name} must be an integer >= {low}, got {value!r}")
-    kernel = resolve_kernel(kernel, backend)
-    # No warm-up run per turn: every kernel runs once when it is built, and after the
-    # cache flush each timed run starts as cold as the first would.
-    bench = KernelBenchmark(backend=backend, kernel=kernel, batch_size=batch_size, max_rows=row_cap,
-                            warmup=0, repeats=repeats, max_repeats=repeats, optimizer=optimizer,
-                            weights_precision=weights_precision)
-    element_bytes = WEIGHTS_PRECISIONS[weights_precision]
-    turns = [_device_times(shards, tables, batch_size, row_cap) for shards in devices]
-    capped = len({(s.table, s.row_offset, s.num_rows) for dt in turns
-                  for (r, _), s in zip(dt.shapes, dt.shards) if r < s.num_rows})
-    need = max((weights_numel(dt.shapes, kernel) for dt in turns if dt.shards), default=0)
-    limit = max_memory_bytes if max_memory_bytes is not None else int(MEMORY_SHARE * available_memory_bytes())
-    if need * element_bytes > limit:
-        raise NeuroShardError(f"the largest device needs {need * element_bytes / 2**30:.1f} GiB of weights with rows capped at "
-                              f"{row_cap:,}, over the {limit / 2**30:.1f} GiB allowed; lower --row-cap")
-    device = torch.device("cuda" if backend == "cuda" else "cpu")
-    buffer = None
-    if backend == "cpu" and need:
-        buffer = torch.full((need,), 0.01, dtype=weights_dtype(weights_precision))  # written once: pages mapped
-
-    busy = [dt for dt in turns if dt.shards]
-    total_rounds = warmup_rounds + rounds
-    start = time.perf_counter()
-    pinned = _pin_thread() if backend == "cpu" else None
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=total_rounds * len(busy), desc="measure", unit="device", leave=False, disable=None)
-    try:
-        for round_ in range(total_rounds):
-            shift = (round_ * max(1, len(busy) // total_rounds)) % max(1, len(busy))
-            for dt in busy[shift:] + busy[:shift]:
-                if dt.fused is None:
-                    dt.fused = FusedEmbedding(dt.shapes, kernel, device, lr=0.01, init=0.01, optimizer=optimizer,
-                                              weights_buffer=buffer, weights_precision=weights_precision)
-                    dt.prepared = dt.fused.prepare(dt.inputs)
-                    _run_once(dt.fused, dt.prepared)  # warm-up: first-call allocations are not timed
-                measured = bench.time_fused(dt.fused, dt.prepared)
-                if round_ >= warmup_rounds:
-                    dt.rounds_ms.append(measured.cost_ms)
-                if backend == "cuda":  # on CUDA, a device's weights live only for its turn
-                    dt.fused = dt.prepared = None
-                if bar is not None:
-                    bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-        if pinned is not None:
-            os.sched_setaffinity(0, pinned)
-    config = {"backend": backend, "hardware": cpu_model() if backend == "cpu" else torch.cuda.get_device_name(),
-              "kernel": kernel, "clock": bench.clock, "optimizer": optimizer, "batch_size": batch_size,
-              "rounds": rounds, "warmup_rounds": warmup_rounds, "repeats": repeats, "row_cap": row_cap,
-              "capped_shards": capped, "buffer_bytes": need * element_bytes,
-              "seconds": round(time.perf_counter() - start, 2)}
-    if weights_precision != "fp32":
-        config["weights_precision"] = weights_precision
-    return [list(dt.rounds_ms) for dt in turns], config
-
-
 def measure_plans(plans: Mapping[str, Plan] | Sequence[Plan], tables: TableSet, *, batch_size: int | None = None,
                   cost_models: Any = None, **options: Any) -> MeasureResult:
     """Time every device of every plan in one interleaved run (``time_devices``; its
@@ -342,8 +194,6 @@ def measure_plans(plans: Mapping[str, Plan] | Sequence[Plan], tables: TableSet, 
     the cost models' estimate. ``batch_size`` defaults to the cost models' (the batch
     their data was measured at); the estimates are made at the same batch. ``plans``
     is a name -> plan mapping or a list (named plan0, plan1, ...)."""
-    from ..search.api import resolve_cost_models
-
     if not isinstance(plans, Mapping):
         plans = {f"plan{i}": p for i, p in enumerate(plans)}
     if not plans:
@@ -365,7 +215,7 @@ def measure_plans(plans: Mapping[str, Plan] | Sequence[Plan], tables: TableSet, 
         mine = rounds_ms[first:first + plan.num_devices]
         first += plan.num_devices
         compute = [float(statistics.median(r)) if r else 0.0 for r in mine]
-        sim = plan_simulator(plan, tables, batch_size, models)
+        sim = Simulator.from_plan(plan, models, tables, batch_size)
         est = sim.evaluate_plan(plan)
         with_measured = sim.evaluate_plan(plan, compute)
         comm = (with_measured.fwd_comm_ms + with_measured.bwd_comm_ms + with_measured.reduce_ms)[0]
@@ -380,5 +230,4 @@ def plan_names(paths: Sequence[str]) -> list[str]:
     return [s if stems.count(s) == 1 else f"{s}#{i}" for i, s in enumerate(stems)]
 
 
-__all__ = ["measure_plans", "time_devices", "estimate_gmae", "estimate_spearman", "plan_simulator", "MeasureResult",
-           "PlanMeasurement", "plan_names", "DEFAULT_ROUNDS", "DEFAULT_WARMUP_ROUNDS", "DEFAULT_REPEATS"]
+__all__ = ["measure_plans", "estimate_gmae", "estimate_spearman", "MeasureResult", "PlanMeasurement", "plan_names"]

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..datasets.sampler import draw_lookups
 from ..exchange import batch_shares
+from ..kernels import FusedEmbedding, local_lookups
 from ..tables import Table
 
 #: rows per deterministic initialisation block (a shard's rows are made block by block)
@@ -194,7 +195,6 @@ def _train_reference_fused(tables: list[Table], steps: int, batch_size: int, lr:
                            optimizer: str, weights_precision: str = "fp32") -> ReferenceResult:
     """``train_reference`` with the embeddings as one unsharded fbgemm TBE (every table
     whole) of ``weights_precision`` updated by ``optimizer``."""
-    from ..kernels import FusedEmbedding, local_lookups
     dense = build_dense(tables, seed)
     fused = FusedEmbedding([(t.num_embeddings, t.embedding_dim) for t in tables], "fbgemm_tbe", "cpu", lr=lr,
                            init=[init_rows(t, seed, 0, t.num_embeddings) for t in tables], optimizer=optimizer,

@@ -46,10 +46,28 @@ import torch.distributed as dist
 from ..errors import InvalidPlanError, NeuroShardError
 from ..faults import Fault, training_fault
 from ..kernels import DEFAULT_MAX_ROWS, check_trainable_optimizer, resolve_kernel
+from ..launch import (
+    BACKWARD,
+    BUILT,
+    FINISHING,
+    FORWARD_EXCHANGE,
+    INPUTS,
+    JOINED,
+    WorkerContext,
+    launch,
+    step_progress,
+    torchrun_env,
+)
 from ..plan import Plan
 from ..tables import Table, TableSet
-from .launch import (BACKWARD, BUILT, FINISHING, FORWARD_EXCHANGE, INPUTS, JOINED, WorkerContext, launch,
-                     step_progress, torchrun_env)
+from ..validate import (
+    MAX_STEPS,
+    check_batch_size,
+    check_devices,
+    check_int,
+    check_number,
+    check_seed,
+)
 from .model import build_dense, local_slice, loss_sum, make_batch
 from .sharded import PhaseTimes, ShardedEmbeddings, synchronize
 
@@ -114,7 +132,6 @@ def check_run(plan: Plan, tables: TableSet, devices: int) -> None:
 
 def check_config(config: RunConfig) -> None:
     """Refuse, before any process starts, options out of range (one line naming the option)."""
-    from ..validate import MAX_STEPS, check_batch_size, check_devices, check_int, check_number, check_seed
     check_devices(config.world_size, "devices")
     check_int(config.steps, "steps", 1, MAX_STEPS)
     check_batch_size(config.batch_size, "batch size")

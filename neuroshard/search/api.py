@@ -4,25 +4,48 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..errors import NeuroShardError
+from ..constants import default_local_world_size
+from ..constraints import check_capacity
 from ..constraints import check_feasible as check_constraints_feasible
+from ..costmodels import CostModels, resolve_cost_models
+from ..errors import NeuroShardError
+from ..kernels import precision_of
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes
 from ..plan import Plan
 from ..tables import Table, TableSet
 from ..topology import device_memory, resolve_topology
-from ..kernels import WEIGHTS_PRECISIONS, precision_of
-from ..validate import (MAX_LOOKUPS_PER_BATCH, MAX_TABLES, check_batch_size, check_bytes_per_element, check_comm_precision,
-                        check_devices, check_int, check_memory, check_seed)
+from ..types import Placement
+from ..validate import (
+    MAX_LOOKUPS_PER_BATCH,
+    MAX_TABLES,
+    check_batch_size,
+    check_bytes_per_element,
+    check_comm_precision,
+    check_devices,
+    check_seed,
+)
+from ..version import __version__
 from .baselines import best_packing_greedy  # noqa: F401  (public here: the fuzz experiment uses it)
-from .registry import ALGORITHMS, GREEDY_ALGORITHMS, get_algorithm, make_params  # noqa: F401
-from .rowwise import check_feasible, local_ranks, runnable_row_splits
-from .replicate import (DEFAULT_DATA_PARALLEL, REPLICATING_ALGORITHMS, check_data_parallel, forced_tables,
-                        replicated_bytes, search_with_replication)
-from .simulator import Placement, Simulator
+from .registry import (  # noqa: F401
+    ALGORITHMS,
+    GREEDY_ALGORITHMS,
+    REPLICATING_ALGORITHMS,
+    get_algorithm,
+    get_trait,
+    make_params,
+)
+from .replicate import (
+    DEFAULT_DATA_PARALLEL,
+    check_data_parallel,
+    forced_tables,
+    search_with_replication,
+)
+from .rowwise import runnable_row_splits
+from .simulator import Simulator, replicated_bytes
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +67,6 @@ def search_placement(sim: Simulator, memory_bytes: int, algorithm: str = "neuros
     """Run one registered algorithm on a simulator (the simulator's caches carry over between calls)."""
     chosen = get_algorithm(algorithm)
     return chosen.search(sim, memory_bytes, make_params(chosen, params), seed)
-
-
-def resolve_cost_models(cost_models: Any = None):
-    """A ``CostModels`` bundle from a bundle, a checkpoint path, or None (the shipped default)."""
-    from ..costmodels import CostModels, load_cost_models
-    if isinstance(cost_models, CostModels):
-        return cost_models
-    if cost_models is None or isinstance(cost_models, (str, Path)):
-        return load_cost_models(cost_models)
-    raise NeuroShardError(f"cost_models must be a CostModels bundle or a checkpoint path, "
-                          f"got {type(cost_models).__name__}")
 
 
 def as_table_set(tables: TableSet | list[Table]) -> TableSet:
@@ -97,11 +109,7 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
         lambda pieces, devices: float(sim.evaluate(pieces, devices[None, :]).max_ms[0]), optimizer=sim.optimizer,
         local_world_size=sim.local_world_size, allowed=sim.allows_placement)
     placement = Placement(pieces, devices, placement.cost_ms, placement.details)
-    estimate = sim.evaluate(placement.pieces, placement.devices[None, :], risk=0.0).to_dict()  # the mean
-    estimate["batch_size"] = sim.tables.batch_size
-    bound = sim.balanced_bound_ms()
-    estimate["balanced_bound_ms"] = round(bound, 6)
-    estimate["ratio_to_balanced_bound"] = round(estimate["max_device_cost_ms"] / bound, 4) if bound > 0 else None
+    estimate = sim.plan_estimate(sim.evaluate(placement.pieces, placement.devices[None, :], risk=0.0))  # the mean
     models = sim.cost_models
     provenance = {"algorithm": algorithm, "parameters": placement.details.get("parameters", {}),
                   "cost_model": models.name,
@@ -131,53 +139,43 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
     return plan.validate()
 
 
-def _calibration_options(calibrate: bool | int, bytes_per_element: int) -> dict:
-    """``calibrated_models``' sets and weights precision for ``shard(calibrate=...)``."""
-    from ..costmodels.calibrate import DEFAULT_SETS
-    # True (and False, from shard(refine=) without calibrate) mean the default; 1 is a set count, and refused
-    default = calibrate is True or calibrate is False
-    sets = DEFAULT_SETS if default else check_int(calibrate, "calibrate (random sets)", 8, 100000)
-    precision = precision_of(bytes_per_element)  # timed at the plan's precision where a kernel trains it
-    return {"sets": sets, **({"weights_precision": precision}
-                             if precision in WEIGHTS_PRECISIONS and precision != "fp32" else {})}
+@dataclass(frozen=True)
+class Task:
+    """A checked sharding task: everything ``shard`` needs but the cost models."""
+
+    tables: TableSet
+    devices: int
+    memory: Any                 # as given (``Plan.memory_bytes`` records its resolved form)
+    memory_bytes: Any           # one size, or per device from the topology
+    limits: Any                 # what the placers compare with (per device when the topology says so)
+    algorithm: str
+    bytes_per_element: int
+    seed: int
+    optimizer: str
+    data_parallel: str
+    topology: Any
+    comm_precision: str
+    params: dict
+
+    @property
+    def replicating(self) -> bool:
+        """Whether the search may replicate tables (``data_parallel="auto"`` and an algorithm that can)."""
+        return self.data_parallel == "auto" and get_trait(self.algorithm, "replicates")
+
+    @property
+    def options(self) -> dict:
+        """The keyword options that describe this task's plan (what ``shard`` takes besides the
+        positional ones), e.g. to search the same task again with other models."""
+        return dict(optimizer=self.optimizer, data_parallel=self.data_parallel, topology=self.topology,
+                    comm_precision=self.comm_precision, **self.params)
 
 
-def _refined(tables: TableSet, devices: int, memory: Any, algorithm: str, models: Any, bytes_per_element: int,
-             seed: int, calibrate: bool | int, rounds: Any, **options: Any) -> Plan:
-    """``shard(refine=rounds)``: calibrate afresh (the measurements are the refinement's
-    data, so no cache), then ``search.refine.refine``."""
-    from ..costmodels.calibrate import start_calibration
-    from .refine import check_refine, refine
-    rounds = check_refine(algorithm, rounds)
-    calibration = start_calibration(tables, models, devices=devices, seed=seed,
-                                    **_calibration_options(calibrate, bytes_per_element))
-    return refine(tables, devices, memory, calibration, rounds, algorithm=algorithm,
-                  bytes_per_element=bytes_per_element, seed=seed, **options)
-
-
-def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list | None, algorithm: str = "neuroshard",
-          cost_models: Any = None, bytes_per_element: int = 4, seed: int = 0, calibrate: bool | int = False,
-          *, optimizer: str = DEFAULT_OPTIMIZER, data_parallel: str = DEFAULT_DATA_PARALLEL, topology: Any = None,
-          comm_precision: str = "fp32", refine: int = 0, **params: Any) -> Plan:
-    """Search a sharding plan for ``tables`` over ``devices`` devices of ``memory`` each
-    (bytes, or a size like ``"16GiB"``) with ``algorithm`` (one of ``ALGORITHMS``),
-    against ``cost_models`` (a ``CostModels``, a checkpoint path, or None for the
-    shipped one). ``params`` go to the algorithm (e.g. ``beam_width=4``). The plan is
-    validated and carries ``estimate`` and ``provenance``. Raises InfeasibleError when
-    the tables cannot fit. ``calibrate=True`` (or a number of random sets) first
-    calibrates the cost models on this machine and these tables
-    (``costmodels.calibrate.calibrated_models``, cached per machine and task).
-    ``optimizer`` (``optimizers.OPTIMIZERS``) counts its state in every shard's memory.
-    ``data_parallel="auto"`` lets the NeuroShard search replicate small hot tables on every
-    device when the simulator finds that cheaper (``replicate``); ``"never"`` (the default)
-    shards every table.
-    ``topology`` (a ``Topology``, a ``neuroshard.topology/v1`` file or its object) states hosts,
-    links, per-device memory and speed; ``memory`` may list one size per device.
-    ``bytes_per_element`` 2 means fp16 weights, costed at fp16 (``costmodels.precision``);
-    ``comm_precision`` (fp32, fp16, bf16) is what the all-to-all sends: fp16/bf16 halve its bytes.
-    ``refine=N`` (with calibration, ``calibrate=True`` when not given) then runs N rounds of
-    measured refinement (``search.refine``): each round's plan is timed on this machine,
-    the models fine-tuned on its devices, and the plan measured cheapest is returned."""
+def check_task(tables: TableSet | list[Table], devices: int, memory: int | str | list | None,
+               algorithm: str = "neuroshard", bytes_per_element: int = 4, seed: int = 0, *,
+               optimizer: str = DEFAULT_OPTIMIZER, data_parallel: str = DEFAULT_DATA_PARALLEL, topology: Any = None,
+               comm_precision: str = "fp32", **params: Any) -> Task:
+    """Every argument of ``shard`` checked, and the task refused (one line) when no plan can
+    exist, before any work: the measured loop calls this before minutes of timing."""
     tables = as_table_set(tables)
     devices = check_devices(devices)
     bytes_per_element = check_bytes_per_element(bytes_per_element)
@@ -186,7 +184,7 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
     data_parallel = check_data_parallel(data_parallel)
     comm_precision = check_comm_precision(comm_precision)
     get_algorithm(algorithm)  # an unknown name fails before any work
-    replicating = data_parallel == "auto" and algorithm in REPLICATING_ALGORITHMS
+    replicating = data_parallel == "auto" and get_trait(algorithm, "replicates")
     forced = forced_tables(tables)
     if forced and not replicating:
         raise NeuroShardError(f"table '{forced[0]}' allows only data_parallel sharding (its constraints): search "
@@ -197,37 +195,59 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
     row_splits = params.get("row_splits", True)
     if not isinstance(row_splits, bool):
         raise NeuroShardError(f"parameter row_splits must be true or false, got {row_splits!r}")
-    check_feasible(tables, devices, limits, bytes_per_element, row_splits, optimizer)
-    local = topology.local_world_size if topology is not None and topology.hosts_stated else local_ranks(devices)
+    check_capacity(tables, devices, limits, bytes_per_element, row_splits, optimizer)
+    local = (topology.local_world_size if topology is not None and topology.hosts_stated
+             else default_local_world_size(devices))
     check_constraints_feasible(tables, devices, limits, lambda cols: row_bytes(cols, bytes_per_element, optimizer),
                                local, row_splits)  # per-table constraints: one line naming the table
     if len(tables) * devices >= LARGE_TASK:  # say so before minutes without output
         log.warning("a large task (%d tables on %d devices): the %s search may take minutes", len(tables), devices,
                     algorithm)
-    models = resolve_cost_models(cost_models)
-    if refine:
-        return _refined(tables, devices, memory, algorithm, models, bytes_per_element, seed, calibrate, refine,
-                        optimizer=optimizer, data_parallel=data_parallel, topology=topology,
-                        comm_precision=comm_precision, **params)
-    if calibrate is not False:
-        from ..costmodels.calibrate import calibrated_models
-        options = _calibration_options(calibrate, bytes_per_element)
-        models = calibrated_models(tables, models, devices=devices, **options)
-    sim = Simulator(tables, devices, models, bytes_per_element, optimizer=optimizer, topology=topology,
-                    comm_precision=comm_precision)
-    if sim.cost_precision != precision_of(bytes_per_element):
+    return Task(tables, devices, memory, memory_bytes, limits, algorithm, bytes_per_element, seed, optimizer,
+                data_parallel, topology, comm_precision, dict(params))
+
+
+def search_task(task: Task, models: CostModels) -> Plan:
+    """The plan ``task.algorithm`` finds for a checked task against ``models``."""
+    sim = Simulator(task.tables, task.devices, models, task.bytes_per_element, optimizer=task.optimizer,
+                    topology=task.topology, comm_precision=task.comm_precision)
+    if sim.cost_precision != precision_of(task.bytes_per_element):
         log.warning("bytes_per_element=%d sizes the shards in memory, but no measured ratio carries the cost "
                     "models' %s kernels to %s: the cost estimates (and the search's choices) are for %s",
-                    bytes_per_element, sim.cost_precision, precision_of(bytes_per_element), sim.cost_precision)
+                    task.bytes_per_element, sim.cost_precision, precision_of(task.bytes_per_element),
+                    sim.cost_precision)
+    forced = forced_tables(task.tables)
     if forced:  # tables allowed only data_parallel are never pieces
         sim = sim.with_data_parallel(forced)
-    sim.memory_split(memory_bytes, row_splits)  # once, before any algorithm: every one starts from these pieces
+    sim.memory_split(task.memory_bytes, task.params.get("row_splits", True))  # once: every algorithm starts here
     start = time.perf_counter()
-    if replicating:
+    if task.replicating:
         sim, placement = search_with_replication(
-            sim, limits, lambda s, room: search_placement(s, room, algorithm, seed, **params))
+            sim, task.limits, lambda s, room: search_placement(s, room, task.algorithm, task.seed, **task.params))
     else:
-        placement = search_placement(sim, limits, algorithm, seed, **params)
+        placement = search_placement(sim, task.limits, task.algorithm, task.seed, **task.params)
     elapsed = time.perf_counter() - start
-    log.info("%s: %d shards, simulated %.4f ms, %.2f s", algorithm, len(placement.pieces), placement.cost_ms, elapsed)
-    return make_plan(sim, placement, memory_bytes, algorithm, elapsed)
+    log.info("%s: %d shards, simulated %.4f ms, %.2f s", task.algorithm, len(placement.pieces), placement.cost_ms,
+             elapsed)
+    return make_plan(sim, placement, task.memory_bytes, task.algorithm, elapsed)
+
+
+def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list | None, algorithm: str = "neuroshard",
+          cost_models: Any = None, bytes_per_element: int = 4, seed: int = 0, **options: Any) -> Plan:
+    """Search a sharding plan for ``tables`` over ``devices`` devices of ``memory`` each
+    (bytes, or a size like ``"16GiB"``) with ``algorithm`` (one of ``ALGORITHMS``),
+    against ``cost_models`` (a ``CostModels``, a checkpoint path, or None for the
+    shipped one), with no timing of hardware. The plan is validated and carries
+    ``estimate`` and ``provenance``. Raises InfeasibleError when the tables cannot fit.
+    ``options``: ``optimizer`` (``optimizers.OPTIMIZERS``) counts its state in every shard's
+    memory; ``data_parallel="auto"`` lets an algorithm with the ``replicates`` trait
+    replicate small hot tables on every device when the simulator finds that cheaper
+    (``replicate``), ``"never"`` (the default) shards every table; ``topology`` (a
+    ``Topology``, a ``neuroshard.topology/v1`` file or its object) states hosts, links,
+    per-device memory and speed, and ``memory`` may list one size per device;
+    ``comm_precision`` (fp32, fp16, bf16) is what the all-to-all sends; every other option
+    goes to the algorithm (e.g. ``beam_width=4``). ``bytes_per_element`` 2 means fp16
+    weights, costed at fp16 (``costmodels.precision``). ``neuroshard.shard`` adds the
+    measured loop (``calibrate``, ``refine``: ``neuroshard.measured.api``)."""
+    task = check_task(tables, devices, memory, algorithm, bytes_per_element, seed, **options)
+    return search_task(task, resolve_cost_models(cost_models))

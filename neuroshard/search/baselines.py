@@ -20,10 +20,10 @@ from typing import Callable
 import numpy as np
 
 from ..errors import InfeasibleError
-
+from ..types import Piece, Placement
 from .placer import greedy_place
 from .rowwise import place_with_splits, strip_groups
-from .simulator import Piece, Placement, Simulator
+from .simulator import Simulator
 
 KeyFn = Callable[[Simulator, list[Piece], np.random.Generator], np.ndarray]
 

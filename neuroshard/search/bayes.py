@@ -14,10 +14,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..types import Piece, Placement, split_rows, whole_pieces
+from ..validate import check_int, check_number
 from .placer import greedy_place
-from .rowwise import place_with_splits, split_rows, strip_groups
 from .registry import SearchFunction
-from .simulator import Piece, Placement, Simulator, whole_pieces
+from .rowwise import place_with_splits, strip_groups
+from .simulator import Simulator
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,6 @@ class BayesParams:
     max_cap_factor: float = 2.0  # width cap per device, x the mean width
 
     def __post_init__(self) -> None:
-        from ..validate import check_int, check_number
         for name, low, high in (("n_trials", 1, 100000), ("batch", 1, 1024), ("max_tables", 1, 10000),
                                 ("max_row_parts", 1, 1024), ("max_col_halvings", 0, 12)):
             check_int(getattr(self, name), f"parameter {name}", low, high)

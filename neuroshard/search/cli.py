@@ -4,10 +4,23 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..cli_options import STDOUT, add_comm_precision, add_input, add_output, add_topology_options, write_output
-from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, int_in, seed_int
+from ..cli_options import (
+    STDOUT,
+    add_comm_precision,
+    add_input,
+    add_output,
+    add_topology_options,
+    write_output,
+)
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
 from ..topology import memory_list
+from ..validate import (
+    MAX_DEVICES,
+    bytes_per_element_int,
+    device_count,
+    int_in,
+    seed_int,
+)
 from .registry import ALGORITHMS
 from .replicate import DATA_PARALLEL_CHOICES, DEFAULT_DATA_PARALLEL
 
@@ -78,8 +91,8 @@ def _search(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from ..plan import Plan
+    from ..torchrec.export import torchrec_sharding
     from ..validate import check_output
-    from .export import torchrec_sharding
     if args.output != STDOUT:
         check_output(args.output, [args.plan], "export file")
     plan = Plan.read(args.plan)

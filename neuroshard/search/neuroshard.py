@@ -33,10 +33,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..errors import InfeasibleError, NeuroShardError
+from ..types import Piece, Placement
+from ..validate import check_int, check_number
 from .baselines import GREEDY_KEYS, best_packing_greedy, greedy_by_key
 from .placer import greedy_place
 from .rowwise import halve_strip_cols, place_with_splits, split_table_rows, strip_groups
-from .simulator import Piece, Placement, Simulator
+from .simulator import Simulator
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,6 @@ class NeuroShardParams:
     baseline_seeds: bool = True  # also start refinement from the best classic greedy plan when cheaper
 
     def __post_init__(self) -> None:
-        from ..validate import check_int, check_number
         for name, low, high in (("beam_width", 1, 64), ("top_n", 1, 64), ("grid_size", 1, 64), ("patience", 1, 1000),
                                 ("depth", 0, 1000), ("refine_steps", 0, 10000)):
             check_int(getattr(self, name), f"parameter {name}", low, high)

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from ..errors import NeuroShardError
 
 if TYPE_CHECKING:
-    from .simulator import Placement, Simulator
+    from ..types import Placement
+    from .simulator import Simulator
 
 
 class SearchAlgorithm(Protocol):
@@ -48,31 +49,58 @@ class SearchFunction:
 
 @dataclass(frozen=True)
 class Registered:
-    """A registry entry: where the algorithm object lives and what kind it is."""
+    """A registry entry: where the algorithm object lives and its traits. Every list of
+    algorithms elsewhere (the greedy baselines, what refine can correct, what may replicate
+    tables, what plan-shaped pre-training sets are drawn from, what refine compares its
+    plan with) is derived from these traits, never written out again."""
 
     target: str                    # "module:attribute" of the algorithm object
     greedy_baseline: bool = False  # one of the classic greedy heuristics (fallback, seeds, comparisons)
     needs_hardware: bool = False   # times real kernels on this machine instead of predicting
+    model_guided: bool = False     # chooses by the cost models' predictions: the measured loop can correct it
+    replicates: bool = False       # may replicate tables on every device (``data_parallel="auto"``)
+    plan_sets: bool = False        # its plans' devices are drawn as pre-training sets (``measured.plan_sets``)
+    refine_compares: bool = False  # its plan joins refine's final measured comparison
 
 
+# Targets are strings, imported on first use: listing the algorithms imports none of them,
+# and algorithms of the layers above search (the measured loop's measured-greedy, the
+# torchrec package's planner) register here without search importing them.
 _REGISTRY: dict[str, Registered] = {
-    "neuroshard": Registered("neuroshard.search.neuroshard:ALGORITHM"),
-    "random": Registered("neuroshard.search.baselines:RANDOM", greedy_baseline=True),
-    "size": Registered("neuroshard.search.baselines:SIZE", greedy_baseline=True),
-    "dim": Registered("neuroshard.search.baselines:DIM", greedy_baseline=True),
-    "lookup": Registered("neuroshard.search.baselines:LOOKUP", greedy_baseline=True),
-    "size-lookup": Registered("neuroshard.search.baselines:SIZE_LOOKUP", greedy_baseline=True),
-    "measured-greedy": Registered("neuroshard.search.measured_greedy:ALGORITHM", needs_hardware=True),
-    "bayes": Registered("neuroshard.search.bayes:ALGORITHM"),
-    "torchrec": Registered("neuroshard.search.torchrec_planner:ALGORITHM"),
+    "neuroshard": Registered("neuroshard.search.neuroshard:ALGORITHM", model_guided=True, replicates=True,
+                             plan_sets=True),
+    "random": Registered("neuroshard.search.baselines:RANDOM", greedy_baseline=True, plan_sets=True),
+    "size": Registered("neuroshard.search.baselines:SIZE", greedy_baseline=True, plan_sets=True),
+    "dim": Registered("neuroshard.search.baselines:DIM", greedy_baseline=True, plan_sets=True),
+    "lookup": Registered("neuroshard.search.baselines:LOOKUP", greedy_baseline=True, plan_sets=True),
+    "size-lookup": Registered("neuroshard.search.baselines:SIZE_LOOKUP", greedy_baseline=True, plan_sets=True,
+                              refine_compares=True),
+    "measured-greedy": Registered("neuroshard.measured.greedy:ALGORITHM", needs_hardware=True, refine_compares=True),
+    "bayes": Registered("neuroshard.search.bayes:ALGORITHM", model_guided=True),
+    "torchrec": Registered("neuroshard.torchrec.planner:ALGORITHM"),
 }
+
+
+def with_trait(trait: str) -> tuple[str, ...]:
+    """The names of the algorithms with ``trait`` (a boolean field of ``Registered``), in registry order."""
+    return tuple(n for n, r in _REGISTRY.items() if getattr(r, trait))
+
+
+def get_trait(name: str, trait: str) -> bool:
+    """Whether algorithm ``name`` has ``trait`` (False for a name not registered)."""
+    return name in _REGISTRY and bool(getattr(_REGISTRY[name], trait))
+
 
 ALGORITHMS: tuple[str, ...] = tuple(_REGISTRY)
 """Every algorithm's name, in the order tables and choices list them."""
-GREEDY_ALGORITHMS: tuple[str, ...] = tuple(n for n, r in _REGISTRY.items() if r.greedy_baseline)
+GREEDY_ALGORITHMS: tuple[str, ...] = with_trait("greedy_baseline")
 """The classic greedy baselines."""
 SIMULATED_ALGORITHMS: tuple[str, ...] = tuple(n for n, r in _REGISTRY.items() if not r.needs_hardware)
 """The algorithms that need only the cost models (no kernel timing on this machine)."""
+MODEL_GUIDED_ALGORITHMS: tuple[str, ...] = with_trait("model_guided")
+"""The algorithms that choose by the cost models: what calibration and refine can correct."""
+REPLICATING_ALGORITHMS: tuple[str, ...] = with_trait("replicates")
+"""The algorithms that may replicate tables (``data_parallel="auto"``)."""
 
 
 def get_algorithm(name: str) -> SearchAlgorithm:

@@ -24,25 +24,27 @@ rest; the search then runs with and without the chosen set and keeps the cheaper
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
+from ..constants import DATA_PARALLEL
 from ..errors import InfeasibleError, NeuroShardError
+from .baselines import best_packing_greedy
+from .simulator import allreduce_ms, replicated_bytes, replicated_costs_ms  # noqa: F401  (computed by the simulator)
 
 if TYPE_CHECKING:
     from ..tables import Table
-    from .simulator import Placement, Simulator
+    from ..types import Placement
+    from .simulator import Simulator
 
 log = logging.getLogger(__name__)
 
 DATA_PARALLEL_CHOICES = ("never", "auto")
 DEFAULT_DATA_PARALLEL = "never"
 #: algorithms that decide replication with ``data_parallel="auto"``
-REPLICATING_ALGORITHMS = ("neuroshard",)
 #: most tables the forward selection tries adding
 MAX_CANDIDATES = 8
-DATA_PARALLEL = "data_parallel"
 
 
 def check_data_parallel(value: str, what: str = "data_parallel") -> str:
@@ -75,50 +77,6 @@ def must_replicate(table: "Table") -> bool:
     return allowed_kinds(table) == [DATA_PARALLEL]
 
 
-def replicated_bytes(sim: "Simulator", names: Sequence[str]) -> int:
-    """Memory every device gives to the replicated tables ``names`` (weights and optimizer state)."""
-    from ..plan import Shard
-    optimizer = getattr(sim, "optimizer", None)
-    args = (sim.bytes_per_element,) if optimizer is None else (sim.bytes_per_element, optimizer)
-    return sum(Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, 0).size_bytes(*args)
-               for t in sim.tables if t.name in names)
-
-
-def allreduce_ms(sim: "Simulator", gradient_bytes: float) -> float:
-    """Ring all-reduce of ``gradient_bytes`` over the simulator's devices, in ms: with a
-    topology that states hosts, the ring's bytes over its slowest link (the inter-host
-    bandwidth when there are several hosts); else the comm model's fitted reduction
-    constants (call, per peer, per byte)."""
-    from ..costmodels.analytic import AnalyticCommModel
-    devices = sim.num_devices
-    if devices < 2 or gradient_bytes <= 0:
-        return 0.0
-    ring_bytes = 2.0 * (devices - 1) / devices * gradient_bytes
-    topology = getattr(sim, "topology", None)
-    if topology is not None and topology.hosts_stated:
-        gbps = topology.inter_host_gbps if topology.num_hosts > 1 else topology.intra_host_gbps
-        return float(ring_bytes / (gbps * 1e6))  # GB/s = 1e6 bytes per ms
-    model = sim.cost_models.comm
-    analytic = model if isinstance(model, AnalyticCommModel) else getattr(model, "analytic", None)
-    one, per_peer, per_byte = (analytic.coefs[2] if analytic is not None else AnalyticCommModel.REDUCE_DEFAULTS)
-    return float(one + per_peer * (devices - 1) + per_byte * ring_bytes)
-
-
-def replicated_costs_ms(sim: "Simulator") -> tuple[float, float]:
-    """(compute in the models' ms at the models' batch, all-reduce ms) per device of the
-    simulator's replicated tables: the compute is for the local batch (1 / D of the batch),
-    still to be scaled to the tables' batch like every compute figure."""
-    from .simulator import Piece
-    names = set(sim.data_parallel_tables)
-    pieces = [Piece(i, 0, t.num_embeddings, 0, t.embedding_dim) for i, t in enumerate(sim.tables) if t.name in names]
-    if not pieces:
-        return 0.0, 0.0
-    ids = tuple(sorted(int(i) for i in sim.piece_ids(pieces)))
-    compute = float(sim.set_costs_ms([ids])[0]) / sim.num_devices
-    gradient_bytes = sum(4.0 * sim.tables[p.table].num_embeddings * sim.tables[p.table].embedding_dim for p in pieces)
-    return compute, allreduce_ms(sim, gradient_bytes)
-
-
 def candidates(sim: "Simulator", memory_bytes: int) -> list[str]:
     """Tables the search may replicate, most promising first: allowed by their constraints,
     at most half a device, ordered by lookups per byte (hot and small first)."""
@@ -132,7 +90,6 @@ def candidates(sim: "Simulator", memory_bytes: int) -> list[str]:
 
 def greedy_cost_ms(sim: "Simulator", memory_bytes: int, seed: int) -> float:
     """The simulated cost of the best classic greedy plan of ``sim`` (inf when none packs)."""
-    from .baselines import best_packing_greedy
     try:
         placed = best_packing_greedy(sim, memory_bytes, seed)
     except InfeasibleError:

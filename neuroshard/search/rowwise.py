@@ -32,62 +32,13 @@ from typing import Callable, Sequence, TypeVar
 import numpy as np
 
 from ..errors import InfeasibleError
-from ..optimizers import DEFAULT_OPTIMIZER, row_bytes, shard_bytes
-from ..tables import TableSet
+from ..optimizers import DEFAULT_OPTIMIZER, row_bytes
+from ..types import Piece, split_rows
 from ..units import format_bytes
-from .simulator import Piece
 
 log = logging.getLogger(__name__)
 
 PlacedT = TypeVar("PlacedT")
-
-
-def check_feasible(tables: TableSet, num_devices: int, memory_bytes: int, bytes_per_element: int,
-                   row_splits: bool = True, optimizer: str = DEFAULT_OPTIMIZER) -> None:
-    """Raise InfeasibleError, saying by how much, when no plan can exist (weights and
-    ``optimizer``'s state)."""
-    total = sum(shard_bytes(t.num_embeddings, t.embedding_dim, bytes_per_element, optimizer) for t in tables)
-    capacity = float(np.sum(memory_bytes)) if np.ndim(memory_bytes) else num_devices * memory_bytes
-    memory_bytes = float(np.max(memory_bytes))  # per-device memory: a shard must fit the largest device
-    if total > capacity:
-        raise InfeasibleError(
-            f"tables '{tables.name}' need {format_bytes(total)}{_with_state(optimizer)} but {num_devices} devices x "
-            f"{format_bytes(memory_bytes)} hold {format_bytes(capacity)}: {format_bytes(total - capacity)} too much "
-            f"(need at least {math.ceil(total / memory_bytes)} devices of this memory)")
-    for table in tables:
-        narrowest = narrowest_cols(table.embedding_dim)
-        need = (1 if row_splits else table.num_embeddings) * row_bytes(narrowest, bytes_per_element, optimizer)
-        if need > memory_bytes:
-            raise InfeasibleError(
-                f"table '{table.name}' fits on no device even fully split: its smallest shard "
-                f"({'1' if row_splits else table.num_embeddings} rows x {narrowest} columns) needs "
-                f"{format_bytes(need)}{_with_state(optimizer)}, {format_bytes(need - memory_bytes)} over the {format_bytes(memory_bytes)} "
-                f"of a device" + ("" if row_splits else " (row-wise splits are off)"))
-
-
-def _with_state(optimizer: str) -> str:
-    return "" if optimizer == DEFAULT_OPTIMIZER else f" (weights and {optimizer} state)"
-
-
-def narrowest_cols(dim: int) -> int:
-    """Width reached by halving ``dim`` while both halves stay multiples of 4."""
-    while dim % 8 == 0:
-        dim //= 2
-    return dim
-
-
-def ceil_blocks(num_rows: int, parts: int) -> list[tuple[int, int]]:
-    """``(row_offset, num_rows)`` of TorchRec's row-wise blocks: ``ceil(num_rows / parts)``
-    rows each, the last block smaller; fewer than ``parts`` blocks when the remainder
-    runs out (e.g. 5 rows in 4 parts: 2, 2, 1), never an empty one."""
-    block = -(-num_rows // max(1, parts))
-    return [(lo, min(block, num_rows - lo)) for lo in range(0, num_rows, block)]
-
-
-def split_rows(piece: Piece, parts: int) -> list[Piece]:
-    """``piece`` in ``parts`` row ranges, TorchRec's ceil blocks of its rows (``ceil_blocks``)."""
-    return [Piece(piece.table, piece.row_offset + lo, n, piece.col_offset, piece.num_cols)
-            for lo, n in ceil_blocks(piece.num_rows, parts)]
 
 
 def strip_of(pieces: Sequence[Piece], i: int) -> list[int]:
@@ -197,7 +148,7 @@ def fits_memory(devices: np.ndarray, sizes: np.ndarray, memory_bytes: int | np.n
     return bool(np.all(used <= memory_bytes))
 
 
-def local_ranks(num_devices: int) -> int:
+def default_local_world_size(num_devices: int) -> int:
     """Ranks per host TorchRec assumes by default: 8, or all when not a multiple of 8."""
     return 8 if num_devices % 8 == 0 else num_devices
 
@@ -234,7 +185,7 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
     aligned = align_row_blocks(pieces, devices, bytes_per_element, memory_bytes, optimizer)
     if allowed is None or allowed(*aligned):  # joining a strip may leave too few shards
         pieces, devices = aligned
-    local = local_world_size or local_ranks(num_devices)
+    local = local_world_size or default_local_world_size(num_devices)
     for table in sorted({p.table for p in pieces}):
         mine = [j for j, p in enumerate(pieces) if p.table == table]
         strips: dict[tuple[int, int], list[tuple[Piece, int]]] = {}
@@ -308,7 +259,7 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_eleme
             max_rows = max(1, memory_bytes // row_bytes(piece.num_cols, bytes_per_element, optimizer))
             parts = math.ceil(piece.num_rows / max_rows)
             if num_devices is not None:
-                local = local_world_size or local_ranks(num_devices)
+                local = local_world_size or default_local_world_size(num_devices)
                 parts = min((p for p in (local, num_devices) if p >= parts), default=parts)
             out.extend(split_rows(piece, parts))
         else:
@@ -328,7 +279,7 @@ def halve_largest(pieces: Sequence[Piece], bytes_per_element: int, row_splits: b
     for i in sorted(range(len(pieces)), key=lambda i: -pieces[i].size_bytes(bytes_per_element, optimizer)):
         splits = [halve_strip_cols(pieces, i)]
         if row_splits and num_devices is not None:  # TorchRec's block counts first
-            local = local_world_size or local_ranks(num_devices)
+            local = local_world_size or default_local_world_size(num_devices)
             splits.append(split_table_rows(pieces, i, valid_parts=sorted({local, num_devices})))
         if row_splits:
             splits.append(split_table_rows(pieces, i))

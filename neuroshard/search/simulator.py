@@ -41,120 +41,31 @@ by the sorted shard ids), and one call per communication term for the whole
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from ..constants import COMM_ELEMENT_BYTES, FP32_BYTES, default_local_world_size
+from ..constraints import allowed_state, conform, device_mask, table_constraints
+from ..costmodels.analytic import AnalyticCommModel
 from ..costmodels.base import CostModels
 from ..costmodels.features import FEATURE_NAMES, table_features
 from ..costmodels.precision import compute_scaling
 from ..datasets.sampler import shard_table
 from ..errors import NeuroShardError
 from ..kernels import precision_of
-from ..constraints import allowed_state, device_mask, table_constraints
-from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes, shard_bytes
+from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes
 from ..plan import Plan, Shard
 from ..tables import TableSet
 from ..topology import Topology, device_memory
+from ..types import Estimate, Piece, whole_pieces
 from ..validate import check_comm_precision
+from .rowwise import split_for_memory
 
 _DIM = FEATURE_NAMES.index("dim")
 _LOG_SIZE = FEATURE_NAMES.index("log2_size_bytes")
 #: the compute model is called on at most this many sets at once
 _PREDICT_CHUNK = 20000
-#: bytes per element sent by the exchange at each communication precision
-COMM_ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-
-
-class Piece(NamedTuple):
-    """A shard before it is placed: rows [row_offset, +num_rows) x cols [col_offset, +num_cols)
-    of table number ``table``. A tuple: cheap to hash, sorts by table, then rows, then columns."""
-
-    table: int
-    row_offset: int
-    num_rows: int
-    col_offset: int
-    num_cols: int
-
-    def size_bytes(self, bytes_per_element: int, optimizer: str = DEFAULT_OPTIMIZER) -> int:
-        """Memory of the piece: weights plus ``optimizer``'s state (``optimizers.shard_bytes``)."""
-        return shard_bytes(self.num_rows, self.num_cols, bytes_per_element, optimizer)
-
-    def can_halve_cols(self) -> bool:
-        """Two halves of widths that are multiples of 4."""
-        return self.num_cols % 8 == 0
-
-    def can_halve_rows(self) -> bool:
-        return self.num_rows >= 2
-
-    def halve_cols(self) -> tuple["Piece", "Piece"]:
-        half = self.num_cols // 2
-        return (Piece(self.table, self.row_offset, self.num_rows, self.col_offset, half),
-                Piece(self.table, self.row_offset, self.num_rows, self.col_offset + half, half))
-
-    def halve_rows(self) -> tuple["Piece", "Piece"]:
-        """Two row ranges in TorchRec's block layout: ``ceil(rows / 2)`` first, the rest
-        after. The search re-cuts whole tables instead (``rowwise.split_table_rows``),
-        so nested halvings never leave blocks TorchRec would route differently."""
-        half = (self.num_rows + 1) // 2
-        return (Piece(self.table, self.row_offset, half, self.col_offset, self.num_cols),
-                Piece(self.table, self.row_offset + half, self.num_rows - half, self.col_offset, self.num_cols))
-
-
-def whole_pieces(tables: TableSet) -> list[Piece]:
-    """One piece per table (table-wise)."""
-    return [Piece(i, 0, t.num_embeddings, 0, t.embedding_dim) for i, t in enumerate(tables)]
-
-
-@dataclass
-class Placement:
-    """A searched plan before it becomes a ``Plan``: pieces, the device of each, and what
-    the algorithm wants recorded (its parameters, its simulated cost)."""
-
-    pieces: list[Piece]
-    devices: np.ndarray
-    cost_ms: float = float("nan")
-    details: dict = field(default_factory=dict)
-
-
-@dataclass
-class Estimate:
-    """Predicted costs of ``P`` candidate plans over ``D`` devices (ms at the tables' batch size)."""
-
-    compute_ms: np.ndarray   # (P, D)
-    fwd_comm_ms: np.ndarray  # (P, D)
-    bwd_comm_ms: np.ndarray  # (P, D)
-    reduce_ms: np.ndarray    # (P, D)
-    allreduce_ms: np.ndarray | None = None  # (P, D) gradient all-reduce of data-parallel tables, when any
-    intra_host_ms: np.ndarray | None = None  # (P, D) of fwd + bwd: the intra-host part (topology with hosts)
-    inter_host_ms: np.ndarray | None = None  # (P, D) of fwd + bwd: the inter-host part (topology with hosts)
-
-    @property
-    def total_ms(self) -> np.ndarray:
-        """(P, D) per-device cost."""
-        total = self.compute_ms + self.fwd_comm_ms + self.bwd_comm_ms + self.reduce_ms
-        return total if self.allreduce_ms is None else total + self.allreduce_ms
-
-    @property
-    def max_ms(self) -> np.ndarray:
-        """(P,) cost of each plan: its slowest device."""
-        return self.total_ms.max(axis=1)
-
-    def to_dict(self, index: int = 0) -> dict:
-        """The plan file's ``estimate`` object for candidate ``index``."""
-        def ms(row: np.ndarray) -> list[float]:
-            return [round(float(x), 6) for x in row]
-        return {"max_device_cost_ms": round(float(self.max_ms[index]), 6),
-                "per_device_cost_ms": ms(self.total_ms[index]),
-                "per_device_compute_ms": ms(self.compute_ms[index]),
-                "per_device_fwd_comm_ms": ms(self.fwd_comm_ms[index]),
-                "per_device_bwd_comm_ms": ms(self.bwd_comm_ms[index]),
-                "per_device_reduce_ms": ms(self.reduce_ms[index]),
-                **({} if self.allreduce_ms is None else {"per_device_allreduce_ms": ms(self.allreduce_ms[index])}),
-                **({} if self.intra_host_ms is None else
-                   {"per_device_intra_host_comm_ms": ms(self.intra_host_ms[index]),
-                    "per_device_inter_host_comm_ms": ms(self.inter_host_ms[index])})}
 
 
 class Simulator:
@@ -199,13 +110,12 @@ class Simulator:
     # ------------------------------------------------------------ topology
     def _set_topology(self, topology: Topology | None) -> None:
         """Hosts, links, per-device memory and speed (None: identical devices, measured network)."""
-        from .rowwise import local_ranks
         if topology is not None and topology.num_devices != self.num_devices:
             raise NeuroShardError(f"topology has {topology.num_devices} devices, the simulator {self.num_devices}")
         self.topology = topology
         self.hosts_stated = topology is not None and topology.hosts_stated
         #: ranks per host of row splits kept on one host (TorchRec's default without hosts)
-        self.local_world_size = topology.local_world_size if self.hosts_stated else local_ranks(self.num_devices)
+        self.local_world_size = topology.local_world_size if self.hosts_stated else default_local_world_size(self.num_devices)
         #: devices per host when the topology states hosts (the placers keep such row splits on one host)
         self.host_size = topology.local_world_size if self.hosts_stated else None
         self._speed = None if topology is None or topology.relative_speed is None else topology.speeds()
@@ -218,7 +128,7 @@ class Simulator:
     # ------------------------------------------------- data-parallel tables
     def _set_data_parallel(self, names: Sequence[str]) -> None:
         """Replicate the tables ``names`` on every device: they leave the pieces (``sharded_pieces``)
-        and the all-to-all, and every device pays their cost (``replicate.replicated_costs_ms``)."""
+        and the all-to-all, and every device pays their cost (``replicated_costs_ms``)."""
         unknown = sorted(set(names) - {t.name for t in self.tables})
         if unknown:
             raise NeuroShardError(f"data-parallel table '{unknown[0]}' is not among the tables")
@@ -240,9 +150,8 @@ class Simulator:
 
     def replicated_ms(self) -> tuple[float, float]:
         """(compute at the local batch in the models' ms, all-reduce ms) every device pays for
-        the replicated tables (``replicate.replicated_costs_ms``), computed once."""
+        the replicated tables (``replicated_costs_ms``), computed once."""
         if self._replicated_ms is None:
-            from .replicate import replicated_costs_ms
             self._replicated_ms = replicated_costs_ms(self)
         return self._replicated_ms
 
@@ -253,7 +162,6 @@ class Simulator:
         (``shard()`` does it before any algorithm runs), a new list each call."""
         key = (int(np.max(memory_bytes)), bool(row_splits))  # per-device memory: split for the largest device
         if key not in self._memory_splits:
-            from .rowwise import split_for_memory
             self._memory_splits[key] = split_for_memory(self.sharded_pieces(), key[0],
                                                         self.bytes_per_element, row_splits, self.num_devices,
                                                         optimizer=self.optimizer,
@@ -266,7 +174,6 @@ class Simulator:
     def _conform(self, pieces: list[Piece], memory_bytes: int, row_splits: bool) -> list[Piece]:
         """Each constrained table's pieces in an allowed layout that fits its (pinned) devices
         (``constraints.conform``)."""
-        from ..constraints import conform
         limits = memory_bytes if np.ndim(memory_bytes) else self.memory_limits(memory_bytes)
         limits = np.broadcast_to(np.asarray(limits, dtype=np.float64), (self.num_devices,))
         out: list[Piece] = []
@@ -542,7 +449,72 @@ class Simulator:
         placed = sorted(zip(pieces, np.asarray(devices).tolist()))
         return [Shard(names[p.table], p.row_offset, p.num_rows, p.col_offset, p.num_cols, int(d)) for p, d in placed]
 
+    def plan_estimate(self, estimate: Estimate, index: int = 0) -> dict:
+        """The plan file's ``estimate`` object of candidate ``index``: its costs, the batch size
+        they are for, and the balanced bound with the plan's ratio to it (``make_plan``,
+        ``score_plan`` and ``polish`` all write it this way)."""
+        record = estimate.to_dict(index)
+        record["batch_size"] = self.tables.batch_size
+        bound = self.balanced_bound_ms()
+        record["balanced_bound_ms"] = round(bound, 6)
+        record["ratio_to_balanced_bound"] = round(record["max_device_cost_ms"] / bound, 4) if bound > 0 else None
+        return record
+
+    @classmethod
+    def from_plan(cls, plan: Plan, cost_models: CostModels, tables: TableSet | None = None,
+                  batch_size: int | None = None) -> "Simulator":
+        """The one simulator of a plan: its devices, weights and communication precision,
+        optimizer and topology, over ``tables`` (default: the plan's own) at ``batch_size``
+        (default: the tables' batch; a measurement passes the batch it ran at)."""
+        tables = tables if tables is not None else TableSet(plan.tables_name, list(plan.tables))
+        if batch_size:
+            tables = TableSet(tables.name, list(tables), batch_size, tables.extra)
+        return cls(tables, plan.num_devices, cost_models, plan.bytes_per_element, optimizer=plan.optimizer,
+                   comm_precision=plan.comm_precision, topology=plan.topology)
+
     def balanced_bound_ms(self) -> float:
         """Sum of the tables' predicted single-table compute costs over the devices: the
         per-device cost of a perfectly balanced plan without communication."""
         return float(self.single_costs_ms(whole_pieces(self.tables)).sum() / self.num_devices)
+
+
+# ------------------------------------------------- replicated (data-parallel) tables
+def replicated_bytes(sim: "Simulator", names: Sequence[str]) -> int:
+    """Memory every device gives to the replicated tables ``names`` (weights and optimizer state)."""
+    optimizer = getattr(sim, "optimizer", None)
+    args = (sim.bytes_per_element,) if optimizer is None else (sim.bytes_per_element, optimizer)
+    return sum(Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, 0).size_bytes(*args)
+               for t in sim.tables if t.name in names)
+
+
+def allreduce_ms(sim: "Simulator", gradient_bytes: float) -> float:
+    """Ring all-reduce of ``gradient_bytes`` over the simulator's devices, in ms: with a
+    topology that states hosts, the ring's bytes over its slowest link (the inter-host
+    bandwidth when there are several hosts); else the comm model's fitted reduction
+    constants (call, per peer, per byte)."""
+    devices = sim.num_devices
+    if devices < 2 or gradient_bytes <= 0:
+        return 0.0
+    ring_bytes = 2.0 * (devices - 1) / devices * gradient_bytes
+    topology = getattr(sim, "topology", None)
+    if topology is not None and topology.hosts_stated:
+        gbps = topology.inter_host_gbps if topology.num_hosts > 1 else topology.intra_host_gbps
+        return float(ring_bytes / (gbps * 1e6))  # GB/s = 1e6 bytes per ms
+    model = sim.cost_models.comm
+    analytic = model if isinstance(model, AnalyticCommModel) else getattr(model, "analytic", None)
+    one, per_peer, per_byte = (analytic.coefs[2] if analytic is not None else AnalyticCommModel.REDUCE_DEFAULTS)
+    return float(one + per_peer * (devices - 1) + per_byte * ring_bytes)
+
+
+def replicated_costs_ms(sim: "Simulator") -> tuple[float, float]:
+    """(compute in the models' ms at the models' batch, all-reduce ms) per device of the
+    simulator's replicated tables: the compute is for the local batch (1 / D of the batch),
+    still to be scaled to the tables' batch like every compute figure."""
+    names = set(sim.data_parallel_tables)
+    pieces = [Piece(i, 0, t.num_embeddings, 0, t.embedding_dim) for i, t in enumerate(sim.tables) if t.name in names]
+    if not pieces:
+        return 0.0, 0.0
+    ids = tuple(sorted(int(i) for i in sim.piece_ids(pieces)))
+    compute = float(sim.set_costs_ms([ids])[0]) / sim.num_devices
+    gradient_bytes = sum(float(FP32_BYTES) * sim.tables[p.table].num_embeddings * sim.tables[p.table].embedding_dim for p in pieces)
+    return compute, allreduce_ms(sim, gradient_bytes)

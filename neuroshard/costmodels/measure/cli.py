@@ -4,11 +4,22 @@ from __future__ import annotations
 import argparse
 
 from ...cli_options import add_input, add_output, add_weights_precision
+from ...constants import MEASURED_BATCH_SIZE
 from ...errors import NeuroShardError
 from ...kernels import DEFAULT_MAX_ROWS, KERNELS, OPTIMIZERS
-from ...validate import (MAX_DEVICES, batch_size_int, float_in, int_in, memory_size, nonneg_float, positive_float,
-                         positive_int, probability, seed_int)
-from .collect import SET_SOURCES
+from ...measured.collect import SET_SOURCES
+from ...validate import (
+    MAX_DEVICES,
+    batch_size_int,
+    float_in,
+    int_in,
+    memory_size,
+    nonneg_float,
+    positive_float,
+    positive_int,
+    probability,
+    seed_int,
+)
 from .kernel import CLOCKS, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS
 
 
@@ -19,7 +30,7 @@ def _flush_bytes(text: str) -> int | None:
 
 
 def _compute(args: argparse.Namespace) -> int:
-    from .collect import collect_compute, parse_dims
+    from ...measured.collect import collect_compute, parse_dims
     if args.max_repeats < args.repeats:
         raise NeuroShardError(f"--max-repeats {args.max_repeats} is below --repeats {args.repeats}")
     measured = collect_compute(
@@ -35,7 +46,7 @@ def _compute(args: argparse.Namespace) -> int:
 
 
 def _comm(args: argparse.Namespace) -> int:
-    from .collect import collect_comm
+    from ...measured.collect import collect_comm
     measured = collect_comm(
         args.devices, args.samples, args.out, batch_size=args.batch_size, max_width=args.max_width,
         max_skew_ms=args.max_skew_ms, max_reduce_width=args.max_reduce_width, seed=args.seed,
@@ -63,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tables-per-device", type=int_in(1, 1024, "a table count"), default=8,
                    help="most shards in one set (default 8)")
     p.add_argument("--memory", type=memory_size, default="1GiB", help="per-device memory cap of a set (default 1GiB)")
-    p.add_argument("--batch-size", type=batch_size_int, default=4096, help="samples per batch (default 4096 on CPU)")
+    p.add_argument("--batch-size", type=batch_size_int, default=MEASURED_BATCH_SIZE, help=f"samples per batch (default {MEASURED_BATCH_SIZE} on CPU)")
     p.add_argument("--dims", default="4..128", help="width ladder: 4..128 (halving) or a list 16,32,64")
     p.add_argument("--seed", type=seed_int, default=0, help="sample i is drawn from seed+i (default 0)")
     p.add_argument("--row-split-prob", type=probability, default=0.2, help="share of shards that are row slices")
@@ -101,7 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="samples in the dataset (in all, across reruns)")
     add_output(p, "dataset folder (comm.jsonl, meta.json)", dest="out", aliases=("--out",), required=True,
                metavar="DIR")
-    p.add_argument("--batch-size", type=batch_size_int, default=4096,
+    p.add_argument("--batch-size", type=batch_size_int, default=MEASURED_BATCH_SIZE,
                    help="global batch split across devices (default 4096)")
     p.add_argument("--max-width", type=int_in(4, 2**20, "a width >= 4"), default=2048,
                    help="largest per-device width (default 2048)")

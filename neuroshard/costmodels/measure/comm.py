@@ -38,12 +38,15 @@ from typing import Sequence
 
 import numpy as np
 
+from ...constants import MEASURED_BATCH_SIZE
 from ...errors import NeuroShardError
+from ...exchange import PooledExchange, batch_shares
 from ...faults import exit_if_chosen
+from ...launch import die_with_parent
+from ...validate import check_comm_precision
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BATCH_SIZE = 4096
 #: what forward and backward times cover (recorded with the data: older data timed the bare all-to-all)
 TIMED = "runtime exchange: all-to-all and column layout"
 
@@ -82,7 +85,6 @@ def _run_sample(rank: int, world: int, task: dict, device) -> dict:
     """One sample on one rank: warm-up + repeats of forward, backward, reduce."""
     import torch
     import torch.distributed as dist
-    from ...exchange import PooledExchange, batch_shares
     widths, skews, reduce_width = task["widths"], task["skews_ms"], int(task["reduce_width"])
     b = batch_shares(int(task["batch_size"]), world)
     batch = sum(b)
@@ -127,7 +129,6 @@ def _run_sample(rank: int, world: int, task: dict, device) -> dict:
 
 def _worker(rank: int, world: int, backend: str, init_method: str, timeout_s: float, conn) -> None:
     """A device: joins the group, then runs the tasks the parent sends until told to stop."""
-    from ...runtime.launch import die_with_parent
     die_with_parent()  # a collection killed with kill -9 leaves no worker behind
     import torch
     import torch.distributed as dist
@@ -163,7 +164,7 @@ class CommBenchmark:
     Use as a context manager (``with CommBenchmark(3) as bench: bench.measure(...)``);
     the workers start on entry and stop on exit."""
 
-    def __init__(self, num_devices: int, backend: str = "cpu", batch_size: int = DEFAULT_BATCH_SIZE,
+    def __init__(self, num_devices: int, backend: str = "cpu", batch_size: int = MEASURED_BATCH_SIZE,
                  warmup: int = 2, repeats: int = 7, timeout_s: float = 60.0) -> None:
         if not isinstance(num_devices, int) or num_devices < 2:
             raise NeuroShardError(f"communication needs at least 2 devices, got {num_devices!r}")
@@ -247,7 +248,6 @@ class CommBenchmark:
         """Per-device forward, backward and reduce times (ms, medians) of one sample, the
         exchange sending ``comm_precision``; a device that dies or stays silent past
         ``timeout_s`` (default: the benchmark's) raises."""
-        from ...validate import check_comm_precision
         check_comm_precision(comm_precision)
         if not self._procs:
             raise NeuroShardError("the communication benchmark is not running (use it as a context manager)")

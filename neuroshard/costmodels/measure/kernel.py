@@ -33,10 +33,20 @@ from typing import Sequence
 
 import numpy as np
 
+from ...constants import MEASURED_BATCH_SIZE
 from ...datasets.sampler import sample_lookups
 from ...errors import NeuroShardError
-from ...kernels import (BACKENDS, DEFAULT_MAX_ROWS, KERNELS, OPTIMIZERS, FusedEmbedding,  # noqa: F401
-                        FusedInputs, check_weights_precision, fbgemm_available, resolve_kernel)
+from ...kernels import (  # noqa: F401
+    BACKENDS,
+    DEFAULT_MAX_ROWS,
+    KERNELS,
+    OPTIMIZERS,
+    FusedEmbedding,
+    FusedInputs,
+    check_weights_precision,
+    fbgemm_available,
+    resolve_kernel,
+)
 from ...tables import Table
 from ..base import few_threads
 
@@ -45,7 +55,7 @@ log = logging.getLogger(__name__)
 CLOCKS = ("thread", "wall")
 DEFAULT_REPEATS = 7       # timed runs at least per shard set (``collect compute`` and Python alike)
 DEFAULT_MAX_REPEATS = 15  # timed runs at most while the runs still vary more than ``target_cv``
-DEFAULT_CPU_BATCH_SIZE = 4096   # a per-device share of a 64k-256k global batch that one CPU thread runs in ms
+
 DEFAULT_MEMORY_BYTES = 1 << 30
 
 
@@ -95,7 +105,7 @@ class KernelBenchmark:
     Hyper-parameters are set once; ``measure(shards)`` times one set. Reuse one
     benchmark for many sets (the cache-flush buffer is allocated once)."""
 
-    def __init__(self, backend: str = "cpu", kernel: str = "auto", batch_size: int = DEFAULT_CPU_BATCH_SIZE,
+    def __init__(self, backend: str = "cpu", kernel: str = "auto", batch_size: int = MEASURED_BATCH_SIZE,
                  max_rows: int = DEFAULT_MAX_ROWS, memory_bytes: int = DEFAULT_MEMORY_BYTES,
                  warmup: int = 2, repeats: int = DEFAULT_REPEATS, max_repeats: int = DEFAULT_MAX_REPEATS,
                  target_cv: float = 0.05,

@@ -35,9 +35,10 @@ import numpy as np
 
 from ...errors import FormatError, NeuroShardError
 from ...io import atomic_write_text, read_jsonl
-from ...validate import read_json
 from ...tables import Table
+from ...validate import read_json
 from ..base import reduce_time_ms
+from ..features import shard_set_features
 
 COSTDATA_FORMAT = "neuroshard.costdata/v1"
 COMPUTE_FILE = "compute.jsonl"
@@ -191,7 +192,6 @@ def record_shards(record: dict) -> list[Table]:
 
 def compute_arrays(records: list[dict]) -> tuple[list[np.ndarray], np.ndarray]:
     """(feature array per shard set, cost_ms per set): the inputs of ``ComputeCostModel.fit``."""
-    from ..features import shard_set_features
     sets = [shard_set_features(record_shards(r), int(r["batch_size"])) for r in records]
     return sets, np.asarray([r["cost_ms"] for r in records], dtype=np.float64)
 

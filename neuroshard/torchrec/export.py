@@ -40,16 +40,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..constants import DATA_PARALLEL, default_local_world_size
 from ..errors import NeuroShardError
 from ..optimizers import DEFAULT_OPTIMIZER, FBGEMM_OPTIMIZERS
 from ..plan import Plan, Shard
-from .rowwise import ceil_blocks
+from ..types import ceil_blocks
+from .guard import require_torchrec
 
 TORCHREC_FORMAT = "neuroshard.torchrec-sharding/v1"
 COMPUTE_DEVICES = ("cuda", "cpu")
 #: TorchRec's own default local world size (``torchrec.distributed.comm.get_local_size``)
-TORCHREC_LOCAL_SIZE = 8
-DATA_PARALLEL = "data_parallel"
 #: TorchRec's compute kernel for replicated tables (``EmbeddingComputeKernel.DENSE``)
 DATA_PARALLEL_KERNEL = "dense"
 
@@ -61,12 +61,6 @@ def default_compute_device() -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     except Exception:
         return "cpu"
-
-
-def default_local_world_size(world_size: int) -> int:
-    """TorchRec's rule when ``LOCAL_WORLD_SIZE`` is not set: 8 ranks per host, or all of
-    them when the world size is not a multiple of 8."""
-    return TORCHREC_LOCAL_SIZE if world_size % TORCHREC_LOCAL_SIZE == 0 else world_size
 
 
 def _placement(rank: int, compute_device: str, local_world_size: int) -> str:
@@ -200,7 +194,6 @@ def qcomms_config(exported: dict) -> Any:
     qcomms = exported.get("qcomms")
     if qcomms is None:
         return None
-    from .torchrec_planner import require_torchrec
     require_torchrec()
     from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig
     known = {t.value for t in CommType}
@@ -216,9 +209,11 @@ def to_parameter_shardings(exported: dict, table_sizes: dict[str, tuple[int, int
     """Real TorchRec ``ParameterSharding`` objects from ``torchrec_sharding``'s output
     (TorchRec must be importable). With ``table_sizes`` (name -> (rows, dim)), also check
     that each table's shards cover it exactly."""
-    from .torchrec_planner import require_torchrec
     require_torchrec()
-    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
+    from torch.distributed._shard.sharding_spec import (
+        EnumerableShardingSpec,
+        ShardMetadata,
+    )
     from torch.distributed._shard.sharding_spec._internals import check_tensor
     from torchrec.distributed.types import ParameterSharding, ShardingType
 

@@ -2,60 +2,31 @@
 
 ``EmbeddingShardingPlanner`` over a ``Topology`` of ``D`` devices with the given
 memory, table-wise, column-wise and row-wise allowed; its ``ShardingPlan`` is
-turned into our pieces (``torchrec_import``, the converter ``plan import`` uses too)
+turned into our pieces (``import_plan``, the converter ``plan import`` uses too)
 and scored by our simulator like every other algorithm.
 TorchRec counts more than the weights (optimizer state, buffers), so its plans are
 conservative under our memory accounting.
 """
 from __future__ import annotations
 
-import contextlib
-import logging
-import warnings
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 
-from ..constraints import DATA_PARALLEL, TableConstraints
-from ..errors import InfeasibleError, NeuroShardError
+from ..constants import DATA_PARALLEL
+from ..constraints import TableConstraints, plan_problems
+from ..errors import InfeasibleError
+from ..plan import Plan
+from ..search.registry import SearchFunction
+from ..search.simulator import Simulator
+from ..types import Piece, Placement
 from ..units import format_bytes
-from .registry import SearchFunction
-from .simulator import Piece, Placement, Simulator
-from .torchrec_import import shards_from_torchrec
+from .guard import quiet_torchrec, require_torchrec, torchrec_available  # noqa: F401
+from .import_plan import shards_from_torchrec
 
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
 #: TorchRec's optimizer class (``torchrec.optim``) of each of our optimizers
 TORCHREC_OPTIMIZERS = {"sgd": "SGD", "adagrad": "Adagrad", "rowwise-adagrad": "RowWiseAdagrad", "adam": "Adam"}
-
-
-def torchrec_available() -> bool:
-    try:
-        import torchrec.distributed.planner  # noqa: F401
-    except Exception:  # torchrec missing, or installed without a working fbgemm
-        return False
-    return True
-
-
-def require_torchrec() -> None:
-    """Raise a one-line NeuroShardError when TorchRec cannot be imported."""
-    if not torchrec_available():
-        raise NeuroShardError("this needs TorchRec (pip install --no-deps torchrec, see the README's TorchRec "
-                              "path); it is not importable here")
-
-
-@contextlib.contextmanager
-def _quiet_torchrec() -> Iterator[None]:
-    """TorchRec's planner warns about dry runs and direct Topology construction; hush it."""
-    logger = logging.getLogger("torchrec")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
 
 
 @dataclass
@@ -69,13 +40,19 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
     """TorchRec's plan for ``sim``'s tables, scored by the simulator."""
     require_torchrec()
     import torch
+    from torchrec import optim as trec_optim
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+    from torchrec.distributed.planner import (
+        EmbeddingShardingPlanner,
+        ParameterConstraints,
+        Topology,
+    )
+    from torchrec.distributed.planner.storage_reservations import (
+        FixedPercentageStorageReservation,
+    )
     from torchrec.distributed.planner.types import PlannerError
     from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
-    from torchrec import optim as trec_optim
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     data_type = {2: DataType.FP16, 1: DataType.INT8}.get(sim.bytes_per_element, DataType.FP32)
@@ -101,7 +78,7 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
     if sim.host_size:  # our topology's hosts and links (TorchRec's bandwidths are bytes per ms)
         caps.update(local_world_size=sim.host_size, intra_host_bw=sim.topology.intra_host_gbps * 1e6,
                     inter_host_bw=sim.topology.inter_host_gbps * 1e6)
-    with _quiet_torchrec():
+    with quiet_torchrec():
         module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
         # TorchRec's storage estimate counts the optimizer's state from the parameters' optimizer class
         apply_optimizer_in_backward(getattr(trec_optim, TORCHREC_OPTIMIZERS[sim.optimizer]), module.parameters(),
@@ -132,8 +109,6 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
     devices = [s.device for s in shards]
     devices_arr = np.array(devices, dtype=np.int64)
     if not sim.allows_placement(pieces, devices_arr):  # TorchRec has no shard counts: min/max_shards checked here
-        from ..constraints import plan_problems
-        from ..plan import Plan
         problems = plan_problems(Plan(list(sim.tables), shards, sim.num_devices, largest))
         raise InfeasibleError(f"TorchRec's planner's plan breaks the constraints: {'; '.join(problems[:2])}")
     cost = float(sim.evaluate(pieces, devices_arr[None, :]).max_ms[0])

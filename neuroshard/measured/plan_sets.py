@@ -16,15 +16,18 @@ from typing import Sequence
 
 import numpy as np
 
-from ...datasets.sampler import shard_table
-from ...errors import InfeasibleError, NeuroShardError
-from ...tables import Table, TableSet
+from ..costmodels import load_cost_models
+from ..datasets.sampler import shard_table
+from ..errors import InfeasibleError, NeuroShardError
+from ..search.api import shard
+from ..search.registry import with_trait
+from ..tables import Table, TableSet
 
 log = logging.getLogger(__name__)
 
 #: device counts, algorithms and tables per device of the planned tasks
 TASK_DEVICES = (4, 8, 16)
-TASK_ALGORITHMS = ("neuroshard", "size", "lookup", "size-lookup", "dim", "random")
+TASK_ALGORITHMS = with_trait("plan_sets")
 TABLES_PER_DEVICE = (5, 40)
 #: samples measured from one plan (different devices)
 DEVICES_PER_TASK = 4
@@ -40,12 +43,10 @@ class PlanSetSampler:
 
     @functools.cached_property
     def cost_models(self):
-        from .. import load_cost_models
         return load_cost_models()
 
     @functools.lru_cache(maxsize=4)
     def plan(self, task: int):
-        from ...search.api import shard
         rng = np.random.default_rng([self.seed, task])
         for _ in range(20):
             devices = int(rng.choice(TASK_DEVICES))

@@ -35,13 +35,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from ..costmodels.base import CostModels
+from ..costmodels.measure.store import cpu_model
+from ..costmodels.measure.timing import time_devices
+from ..costmodels.metrics import gmae
+from ..costmodels.precision import model_precision
 from ..errors import NeuroShardError
 from ..kernels import DEFAULT_MAX_ROWS, check_weights_precision
+from ..search.simulator import Simulator
 from ..tables import TableSet
-from .base import CostModels
-from .precision import model_precision
-from .metrics import gmae
+from ..types import Piece
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +82,6 @@ class CalibrationReport:
 def _random_sets(tables: TableSet, devices: int, count: int, row_cap: int, rng: np.random.Generator):
     """``count`` random sets of pieces (Simulator ``Piece``s): about tables/devices pieces
     each, some halved by columns or cut into row halves, within ``MAX_SET_BYTES``."""
-    from ..search.simulator import Piece
     per_device = max(1, round(len(tables) / devices))
     sets = []
     for _ in range(count):
@@ -113,7 +117,6 @@ class Calibration:
 
     def __init__(self, tables: TableSet, models: CostModels, seed: int = 0, row_cap: int = DEFAULT_MAX_ROWS,
                  kernel: str = "auto", epochs: int = 200, weights_precision: str = "fp32") -> None:
-        from ..search.simulator import Simulator
         if not hasattr(models.compute, "fine_tune"):
             raise NeuroShardError(f"calibration fine-tunes a neural compute model (or an ensemble of them); cost "
                                   f"models '{models.name}' have a {type(models.compute).__name__}")
@@ -134,7 +137,6 @@ class Calibration:
     def time(self, sets: list, rounds: int = 1) -> np.ndarray:
         """Time ``sets`` (lists of pieces; empty ones are skipped) on this machine in one
         interleaved run, the median of ``rounds`` runs each (ms)."""
-        from ..runtime.measure_plan import time_devices
         start = time.perf_counter()
         shard_lists = [self.sim.to_shards(s, np.zeros(len(s), dtype=np.int64)) for s in sets if len(s)]
         times, self.config = time_devices(shard_lists, self.tables, rounds=rounds, repeats=1,
@@ -204,7 +206,6 @@ def start_calibration(tables: TableSet, models: CostModels, devices: int = 8, se
                       seed: int = 0, **options: Any) -> Calibration:
     """A ``Calibration`` with the task's tables alone and ``sets`` random device-sized sets
     measured (``options``: ``Calibration``'s row_cap, kernel, epochs, weights_precision)."""
-    from ..search.simulator import Piece
     if not isinstance(sets, int) or isinstance(sets, bool) or sets < 8:
         raise NeuroShardError(f"calibration needs at least 8 random sets, got {sets!r}")
     calibration = Calibration(tables, models, seed, **options)
@@ -227,8 +228,6 @@ def calibrate(tables: TableSet, models: CostModels, devices: int = 8, sets: int 
 
 def _cache_key(tables: TableSet, models: CostModels, devices: int, sets: int, seed: int,
                weights_precision: str = "fp32") -> str:
-    from .measure.store import cpu_model
-    import torch
     payload = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
                "models": models.name, "models_path": str(getattr(models, "path", "") or ""),
                "tables": TableSet(tables.name, list(tables), tables.batch_size).to_dict(),

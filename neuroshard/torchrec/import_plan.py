@@ -21,15 +21,18 @@ the last row block 0 rows) are left out. Tables replicated on every rank
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Mapping
 
-from ..errors import FormatError
-from ..plan import Plan, Shard
+from ..constants import DATA_PARALLEL
+from ..errors import FormatError, InvalidPlanError
+from ..optimizers import DEFAULT_OPTIMIZER, FBGEMM_OPTIMIZERS
+from ..plan import PLAN_FORMAT, Plan, Shard
 from ..tables import Table, TableSet
+from ..validate import COMM_PRECISIONS, read_json
 from .export import TORCHREC_FORMAT
 
 _RANK = re.compile(r"^rank:(\d+)(/.*)?$")
-DATA_PARALLEL = "data_parallel"
 
 
 def _is_int(x: Any) -> bool:
@@ -147,7 +150,6 @@ def shards_from_torchrec(source: Any, where: str = "<torchrec plan>") -> tuple[l
 
 def _comm_precision(source: Any, where: str) -> str:
     """The plan's ``comm_precision`` from an export's ``qcomms`` (fp32 without one)."""
-    from ..validate import COMM_PRECISIONS
     qcomms = source.get("qcomms") if isinstance(source, dict) else None
     if qcomms is None:
         return "fp32"
@@ -160,7 +162,6 @@ def _comm_precision(source: Any, where: str) -> str:
 
 def _optimizer(source: Any, where: str) -> str:
     """The plan's ``optimizer`` from an export's ``fused_params`` (sgd without one)."""
-    from ..optimizers import DEFAULT_OPTIMIZER, FBGEMM_OPTIMIZERS
     params = source.get("fused_params") if isinstance(source, dict) else None
     if params is None:
         return DEFAULT_OPTIMIZER
@@ -177,7 +178,6 @@ def plan_from_torchrec(source: Any, tables: TableSet | list[Table], num_devices:
     """A validated ``Plan`` of ``tables`` from a TorchRec plan. ``num_devices`` defaults to
     the plan's world size (or its highest rank + 1), ``memory_bytes`` to the fullest
     device's shards (so the plan fits). Every table must be in both."""
-    from ..errors import InvalidPlanError
     if not isinstance(tables, TableSet):
         tables = TableSet("tables", list(tables))
     records, world = table_records(source, where)
@@ -202,3 +202,16 @@ def plan_from_torchrec(source: Any, tables: TableSet | list[Table], num_devices:
                 comm_precision=_comm_precision(source, where), optimizer=_optimizer(source, where))
     plan.device_memory_bytes = memory_bytes or max(max(plan.memory_used_bytes()), 1)  # replicas included
     return plan.validate()
+
+
+def read_any_plan(path: str | Path, tables: TableSet | None = None, memory_bytes: int | None = None) -> Plan:
+    """A ``neuroshard.plan/v1`` file, or a TorchRec plan (our export, or ParameterSharding
+    records as JSON) converted for ``tables``."""
+    data = read_json(path, "plan file")
+    if isinstance(data, dict) and data.get("format") == PLAN_FORMAT:
+        return Plan.from_dict(data, source=str(path))
+    if tables is None:
+        raise FormatError(f"{path}: not a {PLAN_FORMAT} file; a TorchRec plan needs --tables "
+                          f"(or convert it first with `neuroshard plan import`)")
+    return plan_from_torchrec(data, tables, memory_bytes=memory_bytes, where=str(path),
+                              provenance={"source": str(path)})

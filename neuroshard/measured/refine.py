@@ -38,6 +38,9 @@ import numpy as np
 from ..costmodels.metrics import gmae
 from ..errors import NeuroShardError
 from ..plan import Plan
+from ..search.api import shard
+from ..search.registry import MODEL_GUIDED_ALGORITHMS, with_trait
+from ..search.simulator import Simulator
 from ..tables import TableSet
 from ..validate import check_int
 
@@ -51,10 +54,10 @@ POLISH_STEPS = 12
 #: a change must gain this fraction of the plan's cost (predicted, then measured) to be tried, then kept
 MIN_GAIN = 0.005
 #: the algorithms that search against the cost models, the only ones refinement can correct
-REFINABLE = ("neuroshard", "bayes")
+REFINABLE = MODEL_GUIDED_ALGORITHMS
 #: the baselines whose plans join the final measured comparison: what a user would otherwise run
 #: (measured-greedy and size-lookup were the best baseline in 25 of 27 benchmark tasks, experiments/results)
-COMPARE = ("measured-greedy", "size-lookup")
+COMPARE = with_trait("refine_compares")
 #: the ``shard`` options that describe the plan (not the algorithm): the compared baselines get them too
 PLAN_OPTIONS = ("bytes_per_element", "seed", "optimizer", "topology", "comm_precision")
 
@@ -76,8 +79,6 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     ``Calibration`` with its random sets measured (``start_calibration``); ``models``: what
     ``calibration.fit()`` gave, when already fitted. ``search_options`` go to
     ``search.api.shard`` (only ``PLAN_OPTIONS`` of them for the compared algorithms)."""
-    from ..runtime.measure_plan import plan_simulator
-    from .api import shard
     rounds = check_refine(algorithm, rounds)
     batch = calibration.models.batch_size
     if models is None:
@@ -92,7 +93,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         estimated = calibration.predict(used, models)
         measured = calibration.add(used, "plan", rounds=timing_rounds)
         compute = _per_set(sets, measured)
-        cost = float(plan_simulator(plan, tables, batch, models).evaluate_plan(plan, compute.tolist()).max_ms[0])
+        cost = float(Simulator.from_plan(plan, models, tables, batch).evaluate_plan(plan, compute.tolist()).max_ms[0])
         history.append({"round": r, "calibration_gmae_held_out": round(float(report.gmae_after), 4),
                         "device_gmae": round(float(gmae(estimated, measured)), 4),
                         "estimated_max_compute_ms": round(float(estimated.max()), 4),
@@ -123,7 +124,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     finals = []
     for n, i in enumerate(candidates):
         compute = times[n * devices:(n + 1) * devices]
-        estimate = plan_simulator(plans[i], tables, batch, models).evaluate_plan(plans[i], compute.tolist())
+        estimate = Simulator.from_plan(plans[i], models, tables, batch).evaluate_plan(plans[i], compute.tolist())
         cost = float(estimate.max_ms[0])
         finals.append((cost, i, compute))
         entries[i]["final_measured_cost_ms"] = round(cost, 4)
@@ -158,13 +159,12 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     plan's measured cost (measured compute plus modelled communication) drops. Row
     blocks stay where they are (TorchRec runs them in rank order). Stops after ``steps``
     steps or when no change is predicted to help."""
-    from ..runtime.measure_plan import plan_simulator
     record = {"steps": 0, "accepted": 0}
     if plan.data_parallel_tables:
         record["skipped"] = "replicated tables"
         return plan, record
     batch = calibration.models.batch_size
-    sim = plan_simulator(plan, tables, batch, models)
+    sim = Simulator.from_plan(plan, models, tables, batch)
     pieces, where = sim.pieces_of_plan(plan)
     movable = np.array([p.row_offset == 0 and p.num_rows == tables[p.table].num_embeddings for p in pieces])
     sizes = np.array([p.size_bytes(plan.bytes_per_element, plan.optimizer) for p in pieces], dtype=np.float64)
@@ -239,11 +239,8 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         log.warning("polish: the polished plan is invalid (%s); keeping the refined plan", problems[0])
         record["rejected"] = problems[0]
         return plan, record
-    at_tables = plan_simulator(polished, tables, tables.batch_size, models).evaluate_plan(polished).to_dict()
-    polished.estimate = {**(plan.estimate or {}), **at_tables}
-    bound = polished.estimate.get("balanced_bound_ms")
-    if bound:
-        polished.estimate["ratio_to_balanced_bound"] = round(polished.estimate["max_device_cost_ms"] / bound, 4)
+    at_tables = Simulator.from_plan(polished, models, tables)
+    polished.estimate = {**(plan.estimate or {}), **at_tables.plan_estimate(at_tables.evaluate_plan(polished))}
     return polished, record
 
 

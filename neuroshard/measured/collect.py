@@ -22,14 +22,27 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ...datasets.sampler import shard_table
-from ...errors import NeuroShardError
-from ...units import format_bytes
-from ...io import append_jsonl
-from ...tables import Table, TableSet
-from . import store
-from .comm import CommBenchmark
-from .kernel import KernelBenchmark
+from ..constants import MEASURED_BATCH_SIZE
+from ..costmodels.measure import store
+from ..costmodels.measure.comm import CommBenchmark
+from ..costmodels.measure.kernel import KernelBenchmark
+from ..datasets.sampler import shard_table
+from ..errors import NeuroShardError
+from ..io import append_jsonl, repair_jsonl_tail
+from ..tables import Table, TableSet
+from ..units import format_bytes
+from ..validate import (
+    MAX_DEVICES,
+    MAX_STEPS,
+    check_batch_size,
+    check_int,
+    check_memory,
+    check_number,
+    check_output_folder,
+    check_seed,
+)
+from .calibrate import MAX_SET_BYTES
+from .plan_sets import PlanSetSampler
 
 log = logging.getLogger(__name__)
 
@@ -112,13 +125,12 @@ def _progress(total: int, initial: int, desc: str):
 
 
 def collect_compute(tables_path: str | Path, samples: int, out: str | Path, *, max_tables: int = 8,
-                    memory_bytes: int = 1 << 30, batch_size: int = 4096, dims: Sequence[int] = (4, 8, 16, 32, 64, 128),
+                    memory_bytes: int = 1 << 30, batch_size: int = MEASURED_BATCH_SIZE, dims: Sequence[int] = (4, 8, 16, 32, 64, 128),
                     seed: int = 0, row_split_prob: float = 0.2, progress: bool = True,
                     max_minutes: float | None = None, sets: str = "random", **bench_kwargs) -> int:
     """Measure shard sets ``0..samples-1`` into ``out/compute.jsonl`` (stopping cleanly after
     ``max_minutes`` if given; a rerun continues); returns how many were measured now.
     ``sets="plans"``: devices of searched plans instead of random sets (``plan_sets``)."""
-    from ...validate import MAX_STEPS, check_batch_size, check_int, check_memory, check_number, check_seed
     check_int(samples, "samples", 1, MAX_STEPS)
     check_int(max_tables, "max tables per device", 1, 1024)
     memory_bytes = check_memory(memory_bytes)
@@ -137,8 +149,6 @@ def collect_compute(tables_path: str | Path, samples: int, out: str | Path, *, m
               "dims": list(dims), "seed": seed, "row_split_prob": row_split_prob,
               "tables": tables_path.name, "tables_sha256": _file_sha256(tables_path)}
     if sets == "plans":
-        from ..calibrate import MAX_SET_BYTES
-        from .plan_sets import PlanSetSampler
         config["sets"] = sets
         plan_set = PlanSetSampler(tables.tables, batch_size, seed, MAX_SET_BYTES, bench.max_rows)
 
@@ -166,8 +176,6 @@ def _collect(out: Path, kind: str, filename: str, hardware: dict, config: dict, 
     progress-bar figures) and append its record, stopping cleanly after ``max_minutes``.
     ``running`` (e.g. the benchmark's processes) is entered only when there is work.
     Returns how many samples were measured now."""
-    from ...io import repair_jsonl_tail
-    from ...validate import check_output_folder
     check_output_folder(out, "cost-data folder")
     with store.locked(out, filename):
         meta, old = store.check_meta(out, kind, hardware, store.software_info(), config)
@@ -225,13 +233,12 @@ def sample_comm(rng: np.random.Generator, num_devices: int, max_width: int, max_
     return widths, skews, reduce_width
 
 
-def collect_comm(num_devices: int, samples: int, out: str | Path, *, batch_size: int = 4096,
+def collect_comm(num_devices: int, samples: int, out: str | Path, *, batch_size: int = MEASURED_BATCH_SIZE,
                  max_width: int = 2048, max_skew_ms: float = 30.0, max_reduce_width: int = 256, seed: int = 0,
                  backend: str = "cpu", warmup: int = 2, repeats: int = 7, timeout_s: float = 60.0,
                  progress: bool = True, max_minutes: float | None = None) -> int:
     """Measure width/skew samples ``0..samples-1`` into ``out/comm.jsonl`` (stopping cleanly after
     ``max_minutes`` if given); returns how many were measured now."""
-    from ...validate import MAX_DEVICES, MAX_STEPS, check_batch_size, check_int, check_number, check_seed
     check_int(num_devices, "devices", 2, MAX_DEVICES)
     check_int(samples, "samples", 1, MAX_STEPS)
     if not (isinstance(max_width, int) and 4 <= max_width <= 2**20):

@@ -20,12 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..costmodels.measure.store import cpu_model
+from ..costmodels.measure.timing import time_devices
 from ..kernels import DEFAULT_MAX_ROWS, trained_precision
 from ..optimizers import row_bytes
-from .placer import greedy_place
-from .rowwise import place_with_splits, split_for_memory, split_rows
-from .registry import SearchFunction
-from .simulator import Piece, Placement, Simulator, whole_pieces
+from ..search.placer import greedy_place
+from ..search.registry import SearchFunction
+from ..search.rowwise import place_with_splits, split_for_memory
+from ..search.simulator import Simulator
+from ..types import Piece, Placement, split_rows, whole_pieces
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +68,6 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
            seed: int = 0) -> Placement:
     """The measured-greedy plan of ``sim``'s tables (see the module docstring; deterministic:
     ``seed`` is accepted for the common interface)."""
-    from ..runtime.measure_plan import time_devices
 
     params = params or MeasuredGreedyParams()
     batch = params.batch_size or sim.cost_models.batch_size
@@ -96,7 +98,6 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
 
     placed = place_with_splits(_units(sim, memory_bytes), place, bpe, optimizer=sim.optimizer, allowed=sim.allowed)
     placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
-    from ..costmodels.measure.store import cpu_model
     placed.details.update(parameters={"rounds": params.rounds, "repeats": params.repeats, "batch_size": batch,
                                       "row_cap": params.row_cap, "kernel": params.kernel,
                                       "measured_on": cpu_model()},

@@ -1,0 +1,45 @@
+"""Named constants: one place for every fact the package uses in more than one module.
+
+Units are in the names (``_BYTES``, ``_GBPS``). A module that needs one of these imports
+it from here; none writes the literal again.
+"""
+from __future__ import annotations
+
+# ------------------------------------------------------------------ element sizes
+#: bytes of one fp32 value (weights, pooled embeddings, gradients)
+FP32_BYTES = 4
+#: bytes per element of each precision a plan can name (weights or communication)
+PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+#: bytes per element the exchange sends at each communication precision
+COMM_ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+# ------------------------------------------------------------------ batch sizes
+#: the GLOBAL batch of a tables file that does not state one (samples per iteration over all devices)
+TABLES_BATCH_SIZE = 65536
+#: the batch the shipped cost data is measured at on a CPU: one device's share of a
+#: 64k-256k global batch that one CPU thread runs in milliseconds (``measure``, ``collect``,
+#: the analytic models, the device timer)
+MEASURED_BATCH_SIZE = 4096
+
+# ------------------------------------------------------------------ hosts
+#: devices per host of a common GPU server, and TorchRec's default LOCAL_WORLD_SIZE
+RANKS_PER_HOST = 8
+
+
+def default_local_world_size(world_size: int) -> int:
+    """Ranks per host when none is stated, TorchRec's rule: ``RANKS_PER_HOST``, or all of
+    the ranks when their number is not a multiple of it."""
+    return RANKS_PER_HOST if world_size % RANKS_PER_HOST == 0 else world_size
+
+
+# ------------------------------------------------------------------ hardware defaults
+#: GB/s (10**9 bytes per second) within a host: TorchRec's INTRA_NODE_BANDWIDTH (NVLink)
+DEFAULT_INTRA_HOST_GBPS = 600.0
+#: GB/s per device across hosts: TorchRec's CROSS_NODE_BANDWIDTH (one 100 Gbit/s NIC per GPU)
+DEFAULT_INTER_HOST_GBPS = 12.5
+
+# ------------------------------------------------------------------ layouts
+#: a table replicated on every device (not a shard layout): TorchRec's name
+DATA_PARALLEL = "data_parallel"
+#: TorchRec's sharding types, the layouts a table may take (``types.layout_kind`` names them)
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", DATA_PARALLEL)

@@ -1,0 +1,183 @@
+"""The device timer: time sets of shards, each run as one fused kernel, round-robin.
+
+A device's embedding compute does not depend on the other devices, so every device
+of a plan of any device count can be timed one after another on one thread (CPU) or
+one GPU. Each device's shards run as one ``neuroshard.kernels.FusedEmbedding`` (what
+training runs and cost data is collected with): forward, backward and the fused update,
+timed with the kernel benchmark's protocol (``KernelBenchmark.time_fused``: cache flush
+before every run, warm-up, median of repeats, the thread's CPU clock on CPU).
+
+Comparing on a shared, noisy machine: the devices take turns round-robin, the order
+rotated every pass, and each device's figure is the median over passes (after one
+untimed warm-up run of each kernel, and optional warm-up passes), so a slow spell hits
+every device alike. ``time_devices`` is the ``types.DeviceTimer`` the measured loop uses.
+
+Memory: on CPU the devices share one weights buffer the size of the largest device
+(``FusedEmbedding(weights_buffer=)``), so a 128-device plan needs the memory of one
+device. Rows beyond ``row_cap`` are not allocated (lookups fold onto the allocated
+rows, as in training and collection); the cap is reported.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ...constants import MEASURED_BATCH_SIZE
+from ...datasets.sampler import sample_lookups
+from ...errors import NeuroShardError
+from ...kernels import (
+    DEFAULT_MAX_ROWS,
+    WEIGHTS_PRECISIONS,
+    FusedEmbedding,
+    FusedInputs,
+    local_lookups,
+    resolve_kernel,
+    weights_dtype,
+    weights_numel,
+)
+from ...plan import Shard
+from ...tables import TableSet
+from .kernel import KernelBenchmark
+from .store import cpu_model
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROUNDS = 5
+#: whole rounds run first and not counted (each kernel also runs once, untimed, when it is built)
+DEFAULT_WARMUP_ROUNDS = 0
+#: timed runs per device and round; the round's figure is their median
+DEFAULT_REPEATS = 3
+#: most memory the shared weights buffer may take (default: this share of the machine's memory)
+MEMORY_SHARE = 0.5
+
+
+def available_memory_bytes() -> int:
+    """Memory available to this process now (``MemAvailable``; 8 GiB when unknown)."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+@dataclass
+class DeviceTimes:
+    """One device's shards, its kernel's inputs, and its time in each round."""
+
+    shards: list[Shard]
+    shapes: list[tuple[int, int]]  # (allocated rows, width) per shard
+    inputs: list[tuple[Any, Any]]  # per shard (indices, offsets)
+    rounds_ms: list[float] = field(default_factory=list)
+    fused: FusedEmbedding | None = None
+    prepared: FusedInputs | None = None
+
+
+def _device_times(shards: Sequence[Shard], tables: TableSet, batch_size: int, row_cap: int) -> DeviceTimes:
+    """One device's shards with their allocated shapes and lookups."""
+    shapes, inputs = [], []
+    for s in shards:
+        table = tables[s.table]
+        rows, lengths = sample_lookups(table, batch_size)
+        allocated = min(s.num_rows, row_cap)
+        shapes.append((allocated, s.num_cols))
+        inputs.append(local_lookups(np.asarray(rows, dtype=np.int64), np.asarray(lengths, dtype=np.int64),
+                                    s.row_offset, s.num_rows, table.num_embeddings, allocated))
+    return DeviceTimes(list(shards), shapes, inputs)
+
+
+
+
+def _run_once(fused: FusedEmbedding, inputs: FusedInputs) -> None:
+    """One untimed forward, backward and update."""
+    fused.pooled(inputs).sum().backward()
+    fused.step()
+
+
+def _pin_thread() -> set[int] | None:
+    """Pin this thread to one core (the last it may use); returns the previous set."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    previous = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {max(previous)})
+    return previous
+
+
+def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, rounds: int = DEFAULT_ROUNDS,
+                 warmup_rounds: int = DEFAULT_WARMUP_ROUNDS, repeats: int = DEFAULT_REPEATS,
+                 batch_size: int = MEASURED_BATCH_SIZE, row_cap: int = DEFAULT_MAX_ROWS, kernel: str = "auto",
+                 backend: str = "cpu", optimizer: str = "exact_sgd", max_memory_bytes: int | None = None,
+                 progress: bool = False, weights_precision: str = "fp32") -> tuple[list[list[float]], dict]:
+    """Time each device's shards (a list of shard lists, one per device, of any plans)
+    as one fused kernel with weights of ``weights_precision``, the devices taking turns
+    round-robin with the order rotated every round. Returns per device its time (ms) in
+    each measured round (empty for a device without shards), and how the run was made."""
+    for name, value, low in (("rounds", rounds, 1), ("warmup_rounds", warmup_rounds, 0), ("repeats", repeats, 1),
+                             ("row_cap", row_cap, 1), ("batch_size", batch_size, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise NeuroShardError(f"{name} must be an integer >= {low}, got {value!r}")
+    kernel = resolve_kernel(kernel, backend)
+    # No warm-up run per turn: every kernel runs once when it is built, and after the
+    # cache flush each timed run starts as cold as the first would.
+    bench = KernelBenchmark(backend=backend, kernel=kernel, batch_size=batch_size, max_rows=row_cap,
+                            warmup=0, repeats=repeats, max_repeats=repeats, optimizer=optimizer,
+                            weights_precision=weights_precision)
+    element_bytes = WEIGHTS_PRECISIONS[weights_precision]
+    turns = [_device_times(shards, tables, batch_size, row_cap) for shards in devices]
+    capped = len({(s.table, s.row_offset, s.num_rows) for dt in turns
+                  for (r, _), s in zip(dt.shapes, dt.shards) if r < s.num_rows})
+    need = max((weights_numel(dt.shapes, kernel) for dt in turns if dt.shards), default=0)
+    limit = max_memory_bytes if max_memory_bytes is not None else int(MEMORY_SHARE * available_memory_bytes())
+    if need * element_bytes > limit:
+        raise NeuroShardError(f"the largest device needs {need * element_bytes / 2**30:.1f} GiB of weights with rows capped at "
+                              f"{row_cap:,}, over the {limit / 2**30:.1f} GiB allowed; lower --row-cap")
+    device = torch.device("cuda" if backend == "cuda" else "cpu")
+    buffer = None
+    if backend == "cpu" and need:
+        buffer = torch.full((need,), 0.01, dtype=weights_dtype(weights_precision))  # written once: pages mapped
+
+    busy = [dt for dt in turns if dt.shards]
+    total_rounds = warmup_rounds + rounds
+    start = time.perf_counter()
+    pinned = _pin_thread() if backend == "cpu" else None
+    bar = None
+    if progress:
+        bar = tqdm(total=total_rounds * len(busy), desc="measure", unit="device", leave=False, disable=None)
+    try:
+        for round_ in range(total_rounds):
+            shift = (round_ * max(1, len(busy) // total_rounds)) % max(1, len(busy))
+            for dt in busy[shift:] + busy[:shift]:
+                if dt.fused is None:
+                    dt.fused = FusedEmbedding(dt.shapes, kernel, device, lr=0.01, init=0.01, optimizer=optimizer,
+                                              weights_buffer=buffer, weights_precision=weights_precision)
+                    dt.prepared = dt.fused.prepare(dt.inputs)
+                    _run_once(dt.fused, dt.prepared)  # warm-up: first-call allocations are not timed
+                measured = bench.time_fused(dt.fused, dt.prepared)
+                if round_ >= warmup_rounds:
+                    dt.rounds_ms.append(measured.cost_ms)
+                if backend == "cuda":  # on CUDA, a device's weights live only for its turn
+                    dt.fused = dt.prepared = None
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        if pinned is not None:
+            os.sched_setaffinity(0, pinned)
+    config = {"backend": backend, "hardware": cpu_model() if backend == "cpu" else torch.cuda.get_device_name(),
+              "kernel": kernel, "clock": bench.clock, "optimizer": optimizer, "batch_size": batch_size,
+              "rounds": rounds, "warmup_rounds": warmup_rounds, "repeats": repeats, "row_cap": row_cap,
+              "capped_shards": capped, "buffer_bytes": need * element_bytes,
+              "seconds": round(time.perf_counter() - start, 2)}
+    if weights_precision != "fp32":
+        config["weights_precision"] = weights_precision
+    return [list(dt.rounds_ms) for dt in turns], config

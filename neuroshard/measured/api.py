@@ -1,0 +1,67 @@
+"""``neuroshard.shard``: search, with the measured loop when asked (calibration, refine rounds).
+
+``search.api.shard`` searches against the cost models alone; this ``shard`` first checks the
+task the same way (``search.api.check_task``: a bad argument or an impossible task fails
+before minutes of timing), then calibrates the models on this machine and these tables
+(``calibrate=SETS``) or runs refine rounds (``refine=ROUNDS``), then searches.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..costmodels import resolve_cost_models
+from ..errors import NeuroShardError
+from ..kernels import WEIGHTS_PRECISIONS, precision_of
+from ..plan import Plan
+from ..search.api import Task, check_task, search_task
+from ..tables import Table, TableSet
+from .calibrate import DEFAULT_SETS, calibrated_models, start_calibration
+from .refine import check_refine
+from .refine import refine as refine_rounds
+
+#: fewest random sets a calibration may time
+MIN_SETS = 8
+#: most random sets a calibration may time
+MAX_SETS = 100000
+
+
+def check_calibrate(calibrate: Any) -> int:
+    """``calibrate`` as a number of random sets (0: no calibration); one-line error otherwise.
+    One type everywhere: ``shard(calibrate=200)``, ``search --calibrate 200``, ``demo --calibrate 200``."""
+    if (isinstance(calibrate, bool) or not isinstance(calibrate, int)
+            or (calibrate != 0 and not MIN_SETS <= calibrate <= MAX_SETS)):
+        raise NeuroShardError(f"calibrate must be a number of random sets in [{MIN_SETS}, {MAX_SETS}] (e.g. "
+                              f"{DEFAULT_SETS}), or 0 for none, got {calibrate!r}")
+    return calibrate
+
+
+def calibration_options(task: Task, sets: int) -> dict:
+    """``calibrated_models``' options for ``task``: ``sets`` random sets, timed at the plan's
+    weights precision where a kernel trains it."""
+    precision = precision_of(task.bytes_per_element)
+    return {"sets": sets, **({"weights_precision": precision}
+                             if precision in WEIGHTS_PRECISIONS and precision != "fp32" else {})}
+
+
+def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list | None, algorithm: str = "neuroshard",
+          cost_models: Any = None, bytes_per_element: int = 4, seed: int = 0, calibrate: int = 0, *,
+          refine: int = 0, **options: Any) -> Plan:
+    """Search a sharding plan (``search.api.shard``: its arguments and ``options``), with
+    the measured loop when asked: ``calibrate=SETS`` (e.g. 200) first calibrates the cost
+    models on this machine and these tables with that many random sets
+    (``calibrate.calibrated_models``, cached per machine and task); ``refine=N`` runs N refine
+    rounds (``refine``; calibrating afresh with ``calibrate`` sets, ``DEFAULT_SETS`` when 0):
+    each round's plan is timed on this machine, the models fine-tuned on its devices, and the
+    plan measured cheapest, polished, is returned."""
+    sets = check_calibrate(calibrate)
+    task = check_task(tables, devices, memory, algorithm, bytes_per_element, seed, **options)
+    models = resolve_cost_models(cost_models)
+    if refine:
+        rounds = check_refine(algorithm, refine)
+        calibration = start_calibration(task.tables, models, devices=task.devices, seed=task.seed,
+                                        **calibration_options(task, sets or DEFAULT_SETS))
+        return refine_rounds(task.tables, task.devices, memory, calibration, rounds, algorithm=algorithm,
+                             bytes_per_element=task.bytes_per_element, seed=task.seed, **task.options)
+    if sets:
+        models = calibrated_models(task.tables, models, devices=task.devices, **calibration_options(task, sets))
+    return search_task(task, models)
