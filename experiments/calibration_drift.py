@@ -7,8 +7,9 @@ calibrate.start_calibration``: the tables alone and ``--sets`` random device-siz
 then, in one later interleaved run, times again the calibration's held-out random sets,
 the devices of NeuroShard's and size-lookup's plans (searched against the calibrated
 models) and the devices of random placements of the task's pieces. Per group it prints
-the calibrated model's GMAE, its bias (median predicted / measured) and the pre-trained
-model's GMAE. The held-out sets' error at calibration time is in the report line: the
+the calibrated model's MAPE (arithmetic mean of absolute relative errors; figures
+printed before 2026-11-25 were mislabelled GMAE), its bias (median predicted / measured)
+and the pre-trained model's MAPE. The held-out sets' error at calibration time is in the report line: the
 same sets timed again minutes later show how much of a model's error is the machine's
 drift, which no model can predict.
 """
@@ -20,6 +21,7 @@ import logging
 import numpy as np
 
 from neuroshard.costmodels import load_cost_models
+from neuroshard.costmodels.metrics import mape
 from neuroshard.measured.calibrate import start_calibration
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.search.api import shard
@@ -52,14 +54,14 @@ def main() -> None:
                                                  for k in range(args.devices)]
     every = [s for sets in groups.values() for s in sets if s]
     times = iter(calibration.time(every, args.rounds))
-    print(f"{'group':36s} sets  pieces  calibrated GMAE  bias  pre-trained GMAE  measured ms (median)")
+    print(f"{'group':36s} sets  pieces  calibrated MAPE  bias  pre-trained MAPE  measured ms (median)")
     for name, sets in groups.items():
         sets = [s for s in sets if s]
         measured = np.array([next(times) for _ in sets])
         after, before = calibration.predict(sets, calibrated), calibration.predict(sets)
         print(f"{name:36s} {len(sets):4d}  {np.median([len(s) for s in sets]):6.0f}  "
-              f"{100 * np.mean(np.abs(after / measured - 1)):14.1f}%  {np.exp(np.median(np.log(after / measured))):.3f}"
-              f"  {100 * np.mean(np.abs(before / measured - 1)):15.1f}%  {np.median(measured):8.2f}")
+              f"{100 * mape(after, measured):14.1f}%  {np.exp(np.median(np.log(after / measured))):.3f}"
+              f"  {100 * mape(before, measured):15.1f}%  {np.median(measured):8.2f}")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ For each family and task (``datasets.families.family_tasks``, as ``plan_benchmar
 the plans of NeuroShard (searched against each checkpoint in turn), size-lookup and lookup
 are cut into their devices, every device set of a task is timed in ONE interleaved run on this
 machine (``neuroshard measure``'s protocol, median of ``--rounds``), and each checkpoint
-predicts every set. Printed per family and checkpoint: GMAE, bias (median predicted /
+predicts every set. Printed per family and checkpoint: MAPE (arithmetic mean of absolute
+relative errors; printed as 'GMAE' before 2026-11-25), bias (median predicted /
 measured: the part of the error that is this machine's level, not the model's shape),
-GMAE after removing that level, and the Spearman of devices within a plan (mean over
+MAPE after removing that level, and the Spearman of devices within a plan (mean over
 plans). No calibration: this is what a user gets before measuring anything.
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     checkpoints = [(str(path or "shipped"), load_cost_models(path)) for path in args.cost_model]
-    print(f"{'family':16s} {'checkpoint':40s} sets  GMAE   bias  GMAE/level  Spearman")
+    print(f"{'family':16s} {'checkpoint':40s} sets  MAPE   bias  MAPE/level  Spearman")
     for family in args.families:
         plans = []  # (timer, device sets, measured ms) of every plan of every task
         for index, (tables, memory) in enumerate(family_tasks(family, args.devices, args.tasks, (10, 20))):

@@ -14,7 +14,7 @@ import sys
 from . import __version__
 from .cli_options import add_input, add_output, add_verbose, missing_input
 from .errors import NeuroShardError
-from .validate import device_count, positive_int, seed_int
+from .validate import device_count, int_in, positive_int, seed_int
 
 STAGE_CLIS = (
     "neuroshard.datasets.cli",
@@ -98,11 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="devices (runtime processes) (default: 4, or the CPU cores when fewer, at least 2)")
     p.add_argument("--iterations", type=positive_int, default=12,
                    help="measured iterations per plan and round (default: 12)")
-    p.add_argument("--rounds", type=positive_int, default=3,
+    p.add_argument("--runs", type=positive_int, default=3,
                    help="measurement runs, each alternating the two plans' steps (default: 3)")
-    p.add_argument("--calibrate", choices=("auto", "always", "never"), default="auto",
-                   help="calibrate the cost models on this machine and the demo's tables first: auto (default) does "
-                        "when this CPU is not the one the checkpoint was measured on")
+    p.add_argument("--calibrate", type=int_in(0, 100000, "a set count"), default=None, metavar="SETS",
+                   help="calibrate the cost models on this machine and the demo's tables first, with SETS random "
+                        "sets (0: never; default: the demo's set count when this CPU is not the one the checkpoint "
+                        "was measured on, else 0)")
     p.set_defaults(func=_demo)
     add_verbose(parser)  # before or after the subcommand
     return parser

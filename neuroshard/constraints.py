@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from .constants import DATA_PARALLEL, SHARDING_TYPES, default_local_world_size
+from .constants import DATA_PARALLEL, SHARDING_TYPES
 from .errors import FormatError, InfeasibleError
 from .optimizers import DEFAULT_OPTIMIZER, row_bytes, shard_bytes
 from .types import Piece, layout_kind, narrowest_cols, split_rows
 from .units import format_bytes
+from .validate import is_int
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -38,10 +39,6 @@ _KEYS = ("sharding_types", "devices", "min_shards", "max_shards")
 #: layouts that split columns / rows (``data_parallel`` is not a shard layout)
 _COLUMN_KINDS = {"column_wise", "grid_shard"}
 _ROW_KINDS = {"row_wise", "table_row_wise", "grid_shard"}
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_constraints(value: Any, where: str) -> dict:
@@ -59,12 +56,12 @@ def check_constraints(value: Any, where: str) -> dict:
                           f"from {', '.join(SHARDING_TYPES)}, got {kinds!r}")
     devices = value.get("devices")
     if devices is not None and not (isinstance(devices, list) and devices
-                                    and all(_is_int(d) and d >= 0 for d in devices)
+                                    and all(is_int(d) and d >= 0 for d in devices)
                                     and len(set(devices)) == len(devices)):
         raise FormatError(f"{where}: field 'constraints.devices' must be a non-empty list of distinct device "
                           f"numbers >= 0, got {devices!r}")
     for key in ("min_shards", "max_shards"):
-        if key in value and not (_is_int(value[key]) and value[key] >= 1):
+        if key in value and not (is_int(value[key]) and value[key] >= 1):
             raise FormatError(f"{where}: field 'constraints.{key}' must be an integer >= 1, got {value[key]!r}")
     if value.get("min_shards", 1) > value.get("max_shards", value.get("min_shards", 1)):
         raise FormatError(f"{where}: field 'constraints': min_shards {value['min_shards']} is more than "
@@ -261,9 +258,7 @@ def check_feasible(tables: Sequence["Table"], num_devices: int, memory_bytes: An
 def plan_problems(plan: "Plan") -> list[str]:
     """Every way ``plan`` breaks its tables' constraints, one sentence each."""
     out: list[str] = []
-    topology = getattr(plan, "topology", None)
-    local = (topology.local_world_size if topology is not None and topology.local_world_size
-             else default_local_world_size(plan.num_devices))
+    local = plan.local_world_size
     replicated = set(getattr(plan, "data_parallel_tables", ()) or ())
     for table in plan.tables:
         rule = TableConstraints.of(table)

@@ -57,10 +57,11 @@ def run_demo(args: argparse.Namespace) -> int:
 
     measured_on = models.hardware.get("hardware", {}).get("cpu_model", "unknown hardware")
     here = cpu_model()
-    if args.calibrate == "always" or (args.calibrate == "auto" and here != measured_on):
+    sets = (DEMO_CALIBRATION_SETS if here != measured_on else 0) if args.calibrate is None else args.calibrate
+    if sets:
         print(f"\n== 1b. calibrate: the checkpoint was measured on {measured_on}, this is {here}: timing the "
               f"tables here and fine-tuning (cached for the next run)")
-        models = calibrated_models(tables, models, devices=args.devices, sets=DEMO_CALIBRATION_SETS)
+        models = calibrated_models(tables, models, devices=args.devices, sets=sets)
     print(f"\n== 2. search with cost models '{models.name}' (measured at batch {models.batch_size} on "
           f"{measured_on})")
     plans = {}
@@ -79,8 +80,8 @@ def run_demo(args: argparse.Namespace) -> int:
           f"{_improvement(simulated[baseline], simulated['neuroshard'])}")
 
     print(f"\n== 3. run both plans on the training runtime: {args.devices} gloo processes, batch "
-          f"{models.batch_size}, {args.rounds} runs alternating the two plans' steps, {args.iterations} iterations each")
-    rounds = measure_alternating({a: plans[a] for a in ("neuroshard", baseline)}, tables, rounds=args.rounds,
+          f"{models.batch_size}, {args.runs} runs alternating the two plans' steps, {args.iterations} iterations each")
+    rounds = measure_alternating({a: plans[a] for a in ("neuroshard", baseline)}, tables, rounds=args.runs,
                                  iterations=args.iterations, devices=args.devices, batch_size=models.batch_size)
     measured = {}
     for algorithm, results in rounds.items():

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 KERNELS = ("fbgemm_tbe", "embedding_bag")
 BACKENDS = ("cpu", "cuda")
 #: ``collect --optimizer`` spellings (aliases of ``optimizers.OPTIMIZERS``, recorded as given in cost data)
-OPTIMIZERS = ("exact_sgd", "exact_rowwise_adagrad")
+TIMED_OPTIMIZERS = ("exact_sgd", "exact_rowwise_adagrad")
 #: most rows a shard allocates, in measurement and training alike; lookups beyond fold (row % cap)
 DEFAULT_MAX_ROWS = 1_000_000
 #: TBE's widths must be multiples of this

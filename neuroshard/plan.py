@@ -8,13 +8,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .constants import DATA_PARALLEL, FP32_BYTES, default_local_world_size
 from .constraints import plan_problems as constraint_problems
 from .errors import FormatError, InvalidPlanError, NeuroShardError
 from .io import atomic_write_text
 from .kernels import precision_of
 from .optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer, shard_bytes
-from .tables import Table, TableSet, _is_int, _is_number
+from .tables import Table, TableSet
 from .topology import Topology
+from .types import layout_kind
 from .units import format_bytes
 from .validate import (
     COMM_PRECISIONS,
@@ -22,6 +24,8 @@ from .validate import (
     MAX_DEVICES,
     MAX_MEMORY_BYTES,
     MAX_TABLES,
+    is_int,
+    is_number,
     read_json,
 )
 
@@ -44,7 +48,7 @@ class Shard:
     num_cols: int
     device: int
 
-    def size_bytes(self, bytes_per_element: int = 4, optimizer: str = DEFAULT_OPTIMIZER) -> int:
+    def size_bytes(self, bytes_per_element: int = FP32_BYTES, optimizer: str = DEFAULT_OPTIMIZER) -> int:
         """Memory of the shard: weights plus ``optimizer``'s state (``optimizers.shard_bytes``)."""
         return shard_bytes(self.num_rows, self.num_cols, bytes_per_element, optimizer)
 
@@ -61,7 +65,7 @@ class Shard:
             if key not in data:
                 raise FormatError(f"{where} (table '{data['table']}'): field '{key}' is missing")
             low = 1 if key in ("num_rows", "num_cols") else 0
-            if not (_is_int(data[key]) and data[key] >= low):
+            if not (is_int(data[key]) and data[key] >= low):
                 raise FormatError(f"{where} (table '{data['table']}'): field '{key}' must be an integer >= {low}, "
                                   f"got {data[key]!r}")
         return cls(*(data[k] for k in _SHARD_KEYS))
@@ -76,7 +80,7 @@ class Plan:
     shards: list[Shard]
     num_devices: int
     device_memory_bytes: int
-    bytes_per_element: int = 4
+    bytes_per_element: int = FP32_BYTES
     tables_name: str = "tables"
     estimate: dict | None = None
     provenance: dict | None = None
@@ -118,21 +122,25 @@ class Plan:
                 used[s.device] += s.size_bytes(self.bytes_per_element, self.optimizer)
         return used
 
+    @property
+    def local_world_size(self) -> int:
+        """Ranks per host: the topology's when it states hosts, else TorchRec's default
+        (``constants.default_local_world_size``)."""
+        topology = self.topology
+        if topology is not None and topology.hosts_stated:
+            return topology.local_world_size
+        return default_local_world_size(self.num_devices)
+
     def sharding_type(self, table: str) -> str:
-        """'table_wise', 'column_wise', 'row_wise', 'mixed' (split along both) or
-        'data_parallel' (replicated)."""
+        """TorchRec's name of the table's layout (``types.layout_kind``, the one classifier):
+        'table_wise', 'column_wise', 'row_wise', 'table_row_wise', 'grid_shard' (column strips
+        cut into row blocks), or 'data_parallel' (replicated)."""
         if table in self.data_parallel_tables:
-            return "data_parallel"
-        shards = self.shards_of(table)
-        rows = {(s.row_offset, s.num_rows) for s in shards}
-        cols = {(s.col_offset, s.num_cols) for s in shards}
-        if len(shards) == 1:
-            return "table_wise"
-        if len(rows) == 1:
-            return "column_wise"
-        if len(cols) == 1:
-            return "row_wise"
-        return "mixed"
+            return DATA_PARALLEL
+        strips: dict[tuple[int, int], int] = {}
+        for s in self.shards_of(table):
+            strips[(s.col_offset, s.num_cols)] = strips.get((s.col_offset, s.num_cols), 0) + 1
+        return layout_kind([strips[k] for k in sorted(strips)], self.num_devices, self.local_world_size)
 
     # ------------------------------------------------------------ validation
     def problems(self) -> list[str]:
@@ -209,11 +217,11 @@ class Plan:
                                  ("device_memory_bytes", MAX_MEMORY_BYTES, "MAX_MEMORY_BYTES")):
             if key not in data:
                 raise FormatError(f"{source}: field '{key}' is missing")
-            if not (_is_int(data[key]) and 1 <= data[key] <= high):
+            if not (is_int(data[key]) and 1 <= data[key] <= high):
                 raise FormatError(f"{source}: field '{key}' must be an integer in [1, {high}] ({limit}), "
                                   f"got {data[key]!r}")
         bpe = data.get("bytes_per_element", 4)
-        if not (_is_int(bpe) and 1 <= bpe <= MAX_BYTES_PER_ELEMENT):
+        if not (is_int(bpe) and 1 <= bpe <= MAX_BYTES_PER_ELEMENT):
             raise FormatError(f"{source}: field 'bytes_per_element' must be an integer in "
                               f"[1, {MAX_BYTES_PER_ELEMENT}], got {bpe!r}")
         if not isinstance(data.get("tables"), list) or not data["tables"]:
@@ -228,11 +236,11 @@ class Plan:
             if data.get(key) is not None and not isinstance(data[key], Mapping):
                 raise FormatError(f"{source}: field '{key}' must be an object")
         estimate = data.get("estimate") or {}
-        if "max_device_cost_ms" in estimate and not _is_number(estimate["max_device_cost_ms"]):
+        if "max_device_cost_ms" in estimate and not is_number(estimate["max_device_cost_ms"]):
             raise FormatError(f"{source}: field 'estimate.max_device_cost_ms' must be a number, "
                               f"got {estimate['max_device_cost_ms']!r}")
         costs = estimate.get("per_device_cost_ms")
-        if costs is not None and not (isinstance(costs, list) and all(_is_number(c) for c in costs)):
+        if costs is not None and not (isinstance(costs, list) and all(is_number(c) for c in costs)):
             raise FormatError(f"{source}: field 'estimate.per_device_cost_ms' must be a list of numbers")
         try:
             optimizer = check_optimizer(data.get("optimizer", DEFAULT_OPTIMIZER), f"{source}: field 'optimizer'")
@@ -331,7 +339,7 @@ class Plan:
         if self.data_parallel_tables:
             head += (f"\ndata-parallel tables (replicated on every device, in memory_used): "
                      f"{', '.join(self.data_parallel_tables)}")
-        if self.bytes_per_element != 4:
+        if self.bytes_per_element != FP32_BYTES:
             head += f"\nweights precision: {precision_of(self.bytes_per_element)} ({self.bytes_per_element} bytes per element)"
         if self.comm_precision != "fp32":
             head += f"\ncommunication precision: {self.comm_precision} (pooled embeddings and gradients, all-to-all)"

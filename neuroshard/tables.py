@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from .access_spec import NUM_BINS, ROW_ORDERS
-from .constants import TABLES_BATCH_SIZE
+from .constants import FP32_BYTES, TABLES_BATCH_SIZE
 from .constraints import check_constraints
 from .errors import FormatError
 from .io import atomic_write_text
@@ -19,19 +18,13 @@ from .validate import (
     MAX_NUM_EMBEDDINGS,
     MAX_POOLING_FACTOR,
     MAX_TABLES,
+    is_int,
+    is_number,
     read_json,
 )
 
 TABLES_FORMAT = "neuroshard.tables/v1"
 _TABLE_KEYS = ("name", "num_embeddings", "embedding_dim", "pooling_factor", "access", "constraints")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -61,11 +54,11 @@ class Table:
             raise FormatError(f"{where}: field 'name' must be a non-empty string, got {name!r}")
         where = f"{where} '{name}'"
         for key, check, what, high, limit in (
-            ("num_embeddings", lambda v: _is_int(v) and v >= 1, "an integer >= 1", MAX_NUM_EMBEDDINGS,
+            ("num_embeddings", lambda v: is_int(v) and v >= 1, "an integer >= 1", MAX_NUM_EMBEDDINGS,
              "MAX_NUM_EMBEDDINGS"),
-            ("embedding_dim", lambda v: _is_int(v) and v >= 1, "an integer >= 1", MAX_EMBEDDING_DIM,
+            ("embedding_dim", lambda v: is_int(v) and v >= 1, "an integer >= 1", MAX_EMBEDDING_DIM,
              "MAX_EMBEDDING_DIM"),
-            ("pooling_factor", lambda v: _is_number(v) and v >= 0, "a number >= 0", MAX_POOLING_FACTOR,
+            ("pooling_factor", lambda v: is_number(v) and v >= 0, "a number >= 0", MAX_POOLING_FACTOR,
              "MAX_POOLING_FACTOR"),
         ):
             if key not in data:
@@ -93,7 +86,7 @@ class Table:
         return out
 
     # ---------------------------------------------------------------- derived
-    def size_bytes(self, bytes_per_element: int = 4) -> int:
+    def size_bytes(self, bytes_per_element: int = FP32_BYTES) -> int:
         return self.num_embeddings * self.embedding_dim * bytes_per_element
 
     @property
@@ -104,15 +97,15 @@ class Table:
 def _check_access(access: Any, where: str) -> None:
     if not isinstance(access, Mapping):
         raise FormatError(f"{where}: field 'access' must be an object, got {access!r}")
-    if "zipf_alpha" in access and not (_is_number(access["zipf_alpha"]) and access["zipf_alpha"] >= 0):
+    if "zipf_alpha" in access and not (is_number(access["zipf_alpha"]) and access["zipf_alpha"] >= 0):
         raise FormatError(f"{where}: field 'access.zipf_alpha' must be a number >= 0, got {access['zipf_alpha']!r}")
     if "reuse_histogram" in access:
         hist = access["reuse_histogram"]
         if (not isinstance(hist, list) or len(hist) != NUM_BINS
-                or not all(_is_number(x) and x >= 0 for x in hist) or sum(hist) <= 0):
+                or not all(is_number(x) and x >= 0 for x in hist) or sum(hist) <= 0):
             raise FormatError(f"{where}: field 'access.reuse_histogram' must be {NUM_BINS} "
                               f"numbers >= 0 with a positive sum")
-    if "mean_reuse" in access and not (_is_number(access["mean_reuse"]) and access["mean_reuse"] >= 1):
+    if "mean_reuse" in access and not (is_number(access["mean_reuse"]) and access["mean_reuse"] >= 1):
         raise FormatError(f"{where}: field 'access.mean_reuse' must be a number >= 1, got {access['mean_reuse']!r}")
     if "indices" in access and not isinstance(access["indices"], str):
         raise FormatError(f"{where}: field 'access.indices' must be a file path, got {access['indices']!r}")
@@ -156,7 +149,7 @@ class TableSet:
         if fmt != TABLES_FORMAT:
             raise FormatError(f"{source}: field 'format' is {fmt!r}; this version of neuroshard reads {TABLES_FORMAT!r}")
         batch_size = data.get("batch_size", TABLES_BATCH_SIZE)
-        if not (_is_int(batch_size) and 1 <= batch_size <= MAX_BATCH_SIZE):
+        if not (is_int(batch_size) and 1 <= batch_size <= MAX_BATCH_SIZE):
             raise FormatError(f"{source}: field 'batch_size' must be an integer in [1, {MAX_BATCH_SIZE}] "
                               f"(MAX_BATCH_SIZE), got {batch_size!r}")
         name = data.get("name", Path(source).stem if source != "<tables>" else "tables")
@@ -203,5 +196,5 @@ class TableSet:
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     # --------------------------------------------------------------- summary
-    def total_bytes(self, bytes_per_element: int = 4) -> int:
+    def total_bytes(self, bytes_per_element: int = FP32_BYTES) -> int:
         return sum(t.size_bytes(bytes_per_element) for t in self.tables)

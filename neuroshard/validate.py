@@ -98,13 +98,19 @@ def read_json(path: str | Path, what: str = "file") -> Any:
 
 
 # ---------------------------------------------------------------- arguments
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An int that is not a bool (JSON's ``true`` is not a count)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float that is not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def check_int(value: Any, name: str, low: int = 0, high: int | None = None) -> int:
     """``value`` as an int in [low, high]; NeuroShardError naming ``name`` otherwise (bools refused)."""
-    if not _is_int(value) or value < low or (high is not None and value > high):
+    if not is_int(value) or value < low or (high is not None and value > high):
         bound = f"an integer in [{low}, {high}]" if high is not None else f"an integer >= {low}"
         raise NeuroShardError(f"{name} must be {bound}, got {value!r}")
     return int(value)

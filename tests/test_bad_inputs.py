@@ -396,7 +396,7 @@ CASES += [
     ("train-timeout-0", [*TRAIN, "--timeout", "0"], 2, "--timeout"),
     ("train-timeout-nan", [*TRAIN, "--timeout", "nan"], 2, "--timeout"),
     ("train-kernel", [*TRAIN, "--kernel", "magic"], 2, "--kernel"),
-    ("train-backend", [*TRAIN, "--backend", "mpi"], 2, "--backend"),
+    ("train-backend", [*TRAIN, "--dist-backend", "mpi"], 2, "--dist-backend"),
     ("train-other-tables", ["train", "--plan", P, "--tables", _f("T2.json")], 2, "does not match"),
     ("train-plan-missing", ["train", "--plan", _f("nothing.json"), "--tables", T], 2, "nothing.json"),
     ("evaluate-iterations-0", [*EVAL, "--iterations", "0", "--warmup", "0"], 2, "--iterations"),
@@ -436,7 +436,7 @@ CASES += [
     ("comm-skew", [*COMM, "--max-skew-ms", "-1"], 2, "--max-skew-ms"),
     ("comm-timeout-0", [*COMM, "--timeout", "0"], 2, "--timeout"),
     ("comm-batch-1", [*COMM, "--batch-size", "1"], 2, "batch_size"),
-    ("comm-backend", [*COMM, "--backend", "tpu"], 2, "tpu"),
+    ("comm-backend", [*COMM, "--device", "tpu"], 2, "tpu"),
     ("comm-out-file", [*COMM[:6], "--out", _f("file")], 2, "not a folder"),
     # tables subcommands
     ("generate-num-tables-0", ["tables", "generate", "--num-tables", "0", "-o", _f("g.json")], 2, "--num-tables"),

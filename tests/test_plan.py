@@ -25,7 +25,7 @@ GOOD = [
 def test_valid_mixed_plan_round_trips(tmp_path, tables_file):
     plan = make_plan(tables_file, GOOD)
     assert plan.problems() == []
-    assert plan.sharding_type("t0") == "mixed" and plan.sharding_type("t1") == "column_wise"
+    assert plan.sharding_type("t0") == "grid_shard" and plan.sharding_type("t1") == "column_wise"
     assert plan.sharding_type("t2") == "table_wise"
     path = tmp_path / "plan.json"
     plan.write(path)

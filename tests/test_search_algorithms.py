@@ -33,7 +33,7 @@ def test_neuroshard_beats_or_ties_the_best_greedy_baseline(models, num_tables, d
     sim = Simulator(tables, devices, models)
     # The beam and grid search alone, without the greedy plans as seeds, already do it here.
     ours = search_placement(sim, memory, "neuroshard", baseline_seeds=False, **SMALL)
-    assert ours.details["refined_from"] == "beam"
+    assert ours.details["local_search_from"] == "beam"
     baselines = {algo: search_placement(sim, memory, algo).cost_ms for algo in GREEDY_ALGORITHMS}
     assert ours.cost_ms <= min(baselines.values()) * (1 + 1e-9), (ours.cost_ms, baselines)
     # The reported cost is what the simulator says of the returned placement.
@@ -47,14 +47,14 @@ def test_greedy_seeds_keep_neuroshard_at_least_as_good_as_the_baselines(models):
     tables = generate("dlrm-2021", 16, seed=3)
     memory = _memory_for(tables, 2, 0.6)
     sim = Simulator(tables, 2, models)
-    shallow = {"beam_width": 1, "depth": 0, "top_n": 1, "grid_size": 1, "refine_steps": 0}
+    shallow = {"beam_width": 1, "depth": 0, "top_n": 1, "grid_size": 1, "local_search_steps": 0}
     beam_only = search_placement(sim, memory, "neuroshard", baseline_seeds=False, **shallow)
     seeded = search_placement(sim, memory, "neuroshard", **shallow)
     best = min(GREEDY_ALGORITHMS, key=lambda a: search_placement(sim, memory, a).cost_ms)
     best_cost = search_placement(sim, memory, best).cost_ms
     assert seeded.cost_ms == pytest.approx(min(best_cost, beam_only.cost_ms))
     if best_cost < beam_only.cost_ms:
-        assert seeded.details["refined_from"] == f"greedy-{best}"
+        assert seeded.details["local_search_from"] == f"greedy-{best}"
 
 
 def test_table_larger_than_a_device_is_split_by_rows(models):

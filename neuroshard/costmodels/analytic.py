@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 from scipy.optimize import nnls
 
-from ..constants import MEASURED_BATCH_SIZE
+from ..constants import FP32_BYTES, MEASURED_BATCH_SIZE
 from .base import (
     CommCostModel,
     CommSamples,
@@ -93,10 +93,10 @@ class AnalyticComputeModel(ComputeCostModel):
         shards, index, num_sets = pack_sets(sets)
         b = float(self.batch_size)
         dim, pool = shards[:, _DIM].astype(np.float64), shards[:, _POOL].astype(np.float64)
-        lookup_bytes = b * pool * dim * 4.0
+        lookup_bytes = b * pool * dim * float(FP32_BYTES)
         distinct_bytes = lookup_bytes / np.exp2(shards[:, _LOG_REUSE].astype(np.float64))
         cold = (np.exp2(shards[:, _LOG_SIZE].astype(np.float64)) > float(self.cache_bytes)).astype(np.float64)
-        per_shard = np.stack([np.ones_like(dim), lookup_bytes, b * dim * 4.0, distinct_bytes, distinct_bytes * cold], 1)
+        per_shard = np.stack([np.ones_like(dim), lookup_bytes, b * dim * float(FP32_BYTES), distinct_bytes, distinct_bytes * cold], 1)
         sums = set_sums(per_shard, index, num_sets)
         nonempty = (sums[:, 0] > 0).astype(np.float64)
         return np.column_stack([nonempty, sums])
@@ -136,8 +136,8 @@ def comm_terms(widths: np.ndarray, batch_size: int) -> np.ndarray:
     widths = np.asarray(widths, dtype=np.float64)
     d = widths.shape[1]
     b = float(batch_size)
-    send = b * widths * 4.0 * (d - 1) / d
-    recv = b / d * (widths.sum(axis=1, keepdims=True) - widths) * 4.0
+    send = b * widths * float(FP32_BYTES) * (d - 1) / d
+    recv = b / d * (widths.sum(axis=1, keepdims=True) - widths) * float(FP32_BYTES)
     peak = np.maximum(send, recv).max(axis=1, keepdims=True) * np.ones_like(widths)
     return np.stack([np.ones_like(widths), np.full_like(widths, d - 1), send, recv, peak], axis=-1)
 
@@ -152,7 +152,7 @@ def reduce_terms(reduce_width: np.ndarray, num_devices: int, batch_size: int) ->
     """(P, 3) quantities of the row-wise reduction (``REDUCE_TERMS``): 1, D-1, bytes per device."""
     r = np.asarray(reduce_width, dtype=np.float64)
     d = float(num_devices)
-    return np.stack([np.ones_like(r), np.full_like(r, d - 1), batch_size * r * 4.0 * (d - 1) / d], axis=1)
+    return np.stack([np.ones_like(r), np.full_like(r, d - 1), batch_size * r * float(FP32_BYTES) * (d - 1) / d], axis=1)
 
 
 class AnalyticCommModel(CommCostModel):

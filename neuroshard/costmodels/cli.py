@@ -42,9 +42,9 @@ def _show(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from ..measured.calibrate import calibrate
-    from . import resolve_cost_models
     from ..tables import TableSet
     from ..validate import check_output
+    from . import resolve_cost_models
     check_output(args.output, [args.tables, args.cost_model], "checkpoint")
     tables = TableSet.read(args.tables)
     calibrated, report = calibrate(tables, resolve_cost_models(args.cost_model), devices=args.devices,

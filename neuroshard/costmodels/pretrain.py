@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import FormatError, NeuroShardError
 from ..tables import Table
-from ..validate import check_number, check_seed
+from ..validate import check_number, check_seed, is_number
 from .analytic import AnalyticCommModel, AnalyticComputeModel
 from .base import CommSamples, CostModels
 from .ensemble import EnsembleComputeModel
@@ -95,16 +95,12 @@ def load_compute(folder: str | Path) -> ComputeData:
     return ComputeData(sets, np.asarray(costs), tables, batch_size, meta)
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _check_compute_record(record: dict, where: str) -> None:
     """FormatError naming the file, sample and field of a malformed compute record."""
     if "batch_size" in record and not (isinstance(record["batch_size"], int) and not isinstance(record["batch_size"], bool)
                                        and 1 <= record["batch_size"] <= 2**20):
         raise FormatError(f"{where}: field 'batch_size' must be an integer in [1, {2**20}], got {record['batch_size']!r}")
-    if not _is_number(record.get("cost_ms")):
+    if not is_number(record.get("cost_ms")):
         raise FormatError(f"{where}: field 'cost_ms' must be a number, got {record.get('cost_ms')!r}")
     shards = record.get("shards")
     if not isinstance(shards, list) or not all(isinstance(x, dict) for x in shards):
@@ -124,9 +120,9 @@ def _check_comm_record(record: dict, where: str) -> None:
         raise FormatError(f"{where}: field 'batch_size' must be an integer, got {record.get('batch_size')!r}")
     for key in ("widths", "fwd_ms", "bwd_ms") + tuple(k for k in ("skews_ms", "reduce_ms") if k in record):
         value = record.get(key)
-        if not (isinstance(value, list) and len(value) == d and all(_is_number(v) for v in value)):
+        if not (isinstance(value, list) and len(value) == d and all(is_number(v) for v in value)):
             raise FormatError(f"{where}: field '{key}' must be a list of {d} numbers")
-    if "reduce_width" in record and not _is_number(record["reduce_width"]):
+    if "reduce_width" in record and not is_number(record["reduce_width"]):
         raise FormatError(f"{where}: field 'reduce_width' must be a number, got {record['reduce_width']!r}")
 
 

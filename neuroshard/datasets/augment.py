@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..constants import FP32_BYTES
 from ..errors import InfeasibleError, NeuroShardError
 from ..tables import Table, TableSet
 from .synthetic import generate
@@ -59,14 +60,14 @@ def _fits(num_rows: int, dim: int, num_devices: int, device_memory_bytes: int, b
     return num_rows * widest_column_shard(dim, num_devices) * bytes_per_element <= device_memory_bytes
 
 
-def fits_by_columns(table: Table, num_devices: int, device_memory_bytes: int, bytes_per_element: int = 4) -> bool:
+def fits_by_columns(table: Table, num_devices: int, device_memory_bytes: int, bytes_per_element: int = FP32_BYTES) -> bool:
     """Whether the table fits one device once split column-wise over ``num_devices``."""
     return _fits(table.num_embeddings, table.embedding_dim, num_devices, device_memory_bytes, bytes_per_element)
 
 
 def sample_table_combination(tables: Sequence[Table] | TableSet, max_tables: int, memory_bytes: float,
                              rng: np.random.Generator, dims: Sequence[int] | None = None,
-                             bytes_per_element: int = 4, num_devices: int | None = None,
+                             bytes_per_element: int = FP32_BYTES, num_devices: int | None = None,
                              device_memory_bytes: int | None = None) -> list[Table]:
     """Up to ``max_tables`` distinct tables in random order, each at a random width from
     ``dims`` (default ``augment_widths()``), whose total size stays within ``memory_bytes``.
@@ -116,7 +117,7 @@ class Task:
     tables: TableSet
     num_devices: int
     device_memory_bytes: int
-    bytes_per_element: int = 4
+    bytes_per_element: int = FP32_BYTES
     extra: dict = field(default_factory=dict)
 
     @property
@@ -132,7 +133,7 @@ class Task:
 
 def sample_tasks(tables: TableSet, num_tasks: int, num_tables: tuple[int, int] = (10, 60),
                  dims: Sequence[int] | None = None, num_devices: int = 4,
-                 device_memory_bytes: int = 4 * 2**30, seed: int = 0, bytes_per_element: int = 4,
+                 device_memory_bytes: int = 4 * 2**30, seed: int = 0, bytes_per_element: int = FP32_BYTES,
                  max_fill: float = 0.7, max_tries: int = 20) -> list[Task]:
     """``num_tasks`` feasible tasks (see the module docstring), each drawing between
     ``num_tables[0]`` and ``num_tables[1]`` tables (capped by the set's size) at widths from

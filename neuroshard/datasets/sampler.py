@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..constants import FP32_BYTES
 from ..tables import Table, TableSet
 from . import access as acc
 from .dlrm import recorded_batch
@@ -82,7 +83,7 @@ def shard_table(table: Table, row_offset: int, num_rows: int, col_offset: int, n
     return Table(name, num_rows, num_cols, float(pooling), access)
 
 
-def summary(tables: TableSet, bytes_per_element: int = 4) -> "pd.DataFrame":
+def summary(tables: TableSet, bytes_per_element: int = FP32_BYTES) -> "pd.DataFrame":
     """One row per table: rows, width, pooling factor, size, mean reuse, share of lookups
     on rows reused more than ``access.HOT_REUSE`` (32) times in a batch (skew)."""
     import pandas as pd

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..constants import FP32_BYTES
 from ..costmodels import resolve_cost_models
 from ..errors import NeuroShardError
 from ..kernels import WEIGHTS_PRECISIONS, precision_of
@@ -44,7 +45,7 @@ def calibration_options(task: Task, sets: int) -> dict:
 
 
 def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list | None, algorithm: str = "neuroshard",
-          cost_models: Any = None, bytes_per_element: int = 4, seed: int = 0, calibrate: int = 0, *,
+          cost_models: Any = None, bytes_per_element: int = FP32_BYTES, seed: int = 0, calibrate: int = 0, *,
           refine: int = 0, **options: Any) -> Plan:
     """Search a sharding plan (``search.api.shard``: its arguments and ``options``), with
     the measured loop when asked: ``calibrate=SETS`` (e.g. 200) first calibrates the cost

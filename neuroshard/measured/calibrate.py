@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..constants import FP32_BYTES
 from ..costmodels.base import CostModels
 from ..costmodels.measure.store import cpu_model
 from ..costmodels.measure.timing import time_devices
@@ -95,7 +96,7 @@ def _random_sets(tables: TableSet, devices: int, count: int, row_cap: int, rng: 
                 piece = piece.halve_cols()[int(rng.integers(2))]
             elif piece.can_halve_rows() and rng.random() < 0.1:
                 piece = piece.halve_rows()[int(rng.integers(2))]
-            weight = min(piece.num_rows, row_cap) * piece.num_cols * 4
+            weight = min(piece.num_rows, row_cap) * piece.num_cols * FP32_BYTES
             if used + weight > MAX_SET_BYTES:
                 continue
             pieces.append(piece)

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..constants import MEASURED_BATCH_SIZE
+from ..constants import FP32_BYTES, MEASURED_BATCH_SIZE
 from ..costmodels.measure import store
 from ..costmodels.measure.comm import CommBenchmark
 from ..costmodels.measure.kernel import KernelBenchmark
@@ -87,7 +87,7 @@ def sample_shard_set(tables: Sequence[Table], rng: np.random.Generator, max_tabl
                 row_offset = part * (table.num_embeddings // parts)
                 rows = table.num_embeddings // parts if part < parts - 1 else table.num_embeddings - row_offset
             width = int(rng.choice(widths))
-            fitting = [w for w in widths if used + rows * w * 4 <= memory_bytes]
+            fitting = [w for w in widths if used + rows * w * FP32_BYTES <= memory_bytes]
             if not fitting:
                 continue
             if width not in fitting:
@@ -108,7 +108,7 @@ def check_memory_fits(tables: Sequence[Table], memory_bytes: int, dims: Sequence
     def smallest(t: Table) -> int:
         rows = t.num_embeddings // 8 if row_split_prob > 0 and t.num_embeddings >= 16 else t.num_embeddings
         width = min([w for w in dims if w <= t.embedding_dim] or [t.embedding_dim])
-        return rows * width * 4
+        return rows * width * FP32_BYTES
     table = min(tables, key=smallest)
     if smallest(table) > memory_bytes:
         raise NeuroShardError(f"--memory {format_bytes(memory_bytes)} holds no shard of {source}: the smallest, of "

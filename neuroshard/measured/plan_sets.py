@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..constants import FP32_BYTES
 from ..costmodels import load_cost_models
 from ..datasets.sampler import shard_table
 from ..errors import InfeasibleError, NeuroShardError
@@ -68,7 +69,7 @@ class PlanSetSampler:
         for device in rng.permutation(plan.num_devices):
             shards = [shard_table(tables[s.table], s.row_offset, s.num_rows, s.col_offset, s.num_cols,
                                   self.batch_size) for s in plan.shards_on(int(device))]
-            alloc = sum(min(t.num_embeddings, self.max_rows) * t.embedding_dim * 4 for t in shards)
+            alloc = sum(min(t.num_embeddings, self.max_rows) * t.embedding_dim * FP32_BYTES for t in shards)
             if shards and alloc <= self.alloc_bytes:
                 for t, s in zip(shards, plan.shards_on(int(device))):
                     t.extra = {**t.extra, "source_table": s.table}

@@ -39,7 +39,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", default="auto", choices=("auto",) + KERNELS,
                    help="fused embedding kernel of each device (default: auto, as the kernel benchmark picks: "
                         "fbgemm_tbe when fbgemm is importable, else embedding_bag)")
-    p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"),
+    p.add_argument("--dist-backend", default="auto", choices=("auto", "gloo", "nccl"),
                    help="torch.distributed backend (default: nccl with GPUs, else gloo)")
     p.add_argument("--timeout", type=float_in(1.0, 86400.0, what="seconds"), default=120.0,
                    help="seconds without progress after which the run is stopped (default: 120)")
@@ -52,7 +52,7 @@ def _load(args: argparse.Namespace):
     plan, tables = Plan.read(args.plan), TableSet.read(args.tables)
     env = torchrun_env()
     devices = args.devices if args.devices is not None else (env[1] if env else plan.num_devices)
-    options = {"lr": args.lr, "seed": args.seed, "backend": args.backend, "kernel": args.kernel,
+    options = {"lr": args.lr, "seed": args.seed, "backend": args.dist_backend, "kernel": args.kernel,
                "timeout_s": args.timeout}
     if args.row_cap is not None:
         options["row_cap"] = args.row_cap
@@ -135,7 +135,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                metavar="OUT.json")
     p.set_defaults(func=_evaluate)
 
-    from ..costmodels.measure.timing import DEFAULT_REPEATS, DEFAULT_ROUNDS, DEFAULT_WARMUP_ROUNDS
+    from ..costmodels.measure.timing import (
+        DEFAULT_REPEATS,
+        DEFAULT_ROUNDS,
+        DEFAULT_WARMUP_ROUNDS,
+    )
     p = sub.add_parser("measure", help="time every device of one or more plans on this machine, one at a time",
                        description="Time each device's shards as one fused kernel (forward, backward, update), "
                                    "one device at a time on one pinned thread, the devices of all plans taking "

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..constants import default_local_world_size
+from ..constants import FP32_BYTES, default_local_world_size
 from ..constraints import check_capacity
 from ..constraints import check_feasible as check_constraints_feasible
 from ..costmodels import CostModels, resolve_cost_models
@@ -171,7 +171,7 @@ class Task:
 
 
 def check_task(tables: TableSet | list[Table], devices: int, memory: int | str | list | None,
-               algorithm: str = "neuroshard", bytes_per_element: int = 4, seed: int = 0, *,
+               algorithm: str = "neuroshard", bytes_per_element: int = FP32_BYTES, seed: int = 0, *,
                optimizer: str = DEFAULT_OPTIMIZER, data_parallel: str = DEFAULT_DATA_PARALLEL, topology: Any = None,
                comm_precision: str = "fp32", **params: Any) -> Task:
     """Every argument of ``shard`` checked, and the task refused (one line) when no plan can
@@ -233,7 +233,7 @@ def search_task(task: Task, models: CostModels) -> Plan:
 
 
 def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list | None, algorithm: str = "neuroshard",
-          cost_models: Any = None, bytes_per_element: int = 4, seed: int = 0, **options: Any) -> Plan:
+          cost_models: Any = None, bytes_per_element: int = FP32_BYTES, seed: int = 0, **options: Any) -> Plan:
     """Search a sharding plan for ``tables`` over ``devices`` devices of ``memory`` each
     (bytes, or a size like ``"16GiB"``) with ``algorithm`` (one of ``ALGORITHMS``),
     against ``cost_models`` (a ``CostModels``, a checkpoint path, or None for the

@@ -12,6 +12,7 @@ from ..cli_options import (
     add_topology_options,
     write_output,
 )
+from ..measured.calibrate import DEFAULT_SETS
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
 from ..topology import memory_list
 from ..validate import (
@@ -43,9 +44,9 @@ def _param(text: str) -> tuple[str, object]:
 
 
 def _search(args: argparse.Namespace) -> int:
+    from ..measured.api import shard
     from ..tables import TableSet
     from ..validate import check_output
-    from .api import shard
     if args.output != STDOUT:
         check_output(args.output, [args.tables, args.cost_model], "plan file")
     from ..topology import topology_from_options
@@ -124,10 +125,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "machine, so run it on the hardware the plan is for")
     p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
                    help="cost-model checkpoint (default: the shipped one)")
-    p.add_argument("--calibrate", nargs="?", const=True, default=False, type=int_in(8, 100000, "a set count"),
+    p.add_argument("--calibrate", nargs="?", const=DEFAULT_SETS, default=0, type=int_in(8, 100000, "a set count"),
                    metavar="SETS", help="first calibrate the cost models on this machine and these tables (as "
-                   "`neuroshard calibrate`, with SETS random sets, default 200; a few minutes, cached per machine, "
-                   "checkpoint and tables)")
+                   f"`neuroshard calibrate`, with SETS random sets, {DEFAULT_SETS} when SETS is left out; a few "
+                   "minutes, cached per machine, checkpoint and tables)")
     p.add_argument("--refine", nargs="?", const=True, default=0, type=int_in(1, 20, "a round count"),
                    metavar="ROUNDS", help="then refine on this machine (calibrating first, implied): each round "
                    "times the plan's devices, fine-tunes the models on them and searches again; the plan measured "

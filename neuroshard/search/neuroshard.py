@@ -14,12 +14,12 @@ Two levels, both judged by the simulator (the pre-trained cost models):
   that has memory for it and stays under a per-device width cap; sweep the cap over
   a grid (the cap balances communication, the loads balance compute) and keep the
   placement the simulator finds cheapest.
-* **Refinement.** The greedy balances sums of single-piece costs, but fused kernel
+* **Local search.** The greedy balances sums of single-piece costs, but fused kernel
   costs are not additive: the best plan is then improved by moving single pieces off
   its slowest device while the simulator says the plan gets cheaper.
 * **Baseline seeds** (not in the paper; ``baseline_seeds``). The five classic greedy
   placements cost about 20 ms together; when the simulator finds one cheaper than
-  the beam's best, refinement starts from it instead. So a NeuroShard plan is never
+  the beam's best, the local search starts from it instead. So a NeuroShard plan is never
   simulated slower than the classic heuristics' best, and on easy tasks (few devices,
   many small tables) where balancing sums is already near-ideal it loses nothing.
 
@@ -54,12 +54,12 @@ class NeuroShardParams:
     max_cap_factor: float = 1.5  # caps from 1x to this x the mean width per device (plus no cap)
     row_splits: bool = True      # also try splitting hot tables along rows
     patience: int = 3            # stop after this many steps without a better plan
-    refine_steps: int = 16       # most single-piece moves off the slowest device at the end
-    baseline_seeds: bool = True  # also start refinement from the best classic greedy plan when cheaper
+    local_search_steps: int = 16       # most single-piece moves off the slowest device at the end
+    baseline_seeds: bool = True  # also start the local search from the best classic greedy plan when cheaper
 
     def __post_init__(self) -> None:
         for name, low, high in (("beam_width", 1, 64), ("top_n", 1, 64), ("grid_size", 1, 64), ("patience", 1, 1000),
-                                ("depth", 0, 1000), ("refine_steps", 0, 10000)):
+                                ("depth", 0, 1000), ("local_search_steps", 0, 10000)):
             check_int(getattr(self, name), f"parameter {name}", low, high)
         check_number(self.max_cap_factor, "parameter max_cap_factor", 1.0, 100.0)
         for name in ("row_splits", "baseline_seeds"):
@@ -107,13 +107,13 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
         key = min(seeds, key=lambda k: seeds[k].cost_ms, default=None)
         if key is not None and seeds[key].cost_ms < best.cost_ms - 1e-9:
             best, origin = seeds[key], f"greedy-{key}"
-    best, moves = refine(sim, best, memory_bytes, params.refine_steps)
+    best, moves = local_search(sim, best, memory_bytes, params.local_search_steps)
     best.details = {"parameters": asdict(params), "shards": len(best.pieces), "states_evaluated": len(seen),
-                    "refined_from": origin, "refinement_moves": moves, "simulated_cost_ms": best.cost_ms}
+                    "local_search_from": origin, "local_search_moves": moves, "simulated_cost_ms": best.cost_ms}
     return best
 
 
-def refine(sim: Simulator, placement: Placement, memory_bytes: int, steps: int) -> tuple[Placement, int]:
+def local_search(sim: Simulator, placement: Placement, memory_bytes: int, steps: int) -> tuple[Placement, int]:
     """Move one piece at a time off the slowest device to wherever the simulated plan cost
     drops most (memory permitting); stop when no move helps. Returns (placement, moves)."""
     ids = sim.piece_ids(placement.pieces)

@@ -24,11 +24,12 @@ rest; the search then runs with and without the chosen set and keeps the cheaper
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..constants import DATA_PARALLEL
+from ..constraints import TableConstraints
 from ..errors import InfeasibleError, NeuroShardError
 from .baselines import best_packing_greedy
 from .simulator import allreduce_ms, replicated_bytes, replicated_costs_ms  # noqa: F401  (computed by the simulator)
@@ -42,7 +43,6 @@ log = logging.getLogger(__name__)
 
 DATA_PARALLEL_CHOICES = ("never", "auto")
 DEFAULT_DATA_PARALLEL = "never"
-#: algorithms that decide replication with ``data_parallel="auto"``
 #: most tables the forward selection tries adding
 MAX_CANDIDATES = 8
 
@@ -53,28 +53,15 @@ def check_data_parallel(value: str, what: str = "data_parallel") -> str:
     return value
 
 
-def _constraint(table: "Table", key: str) -> list | None:
-    """One field of the table's ``constraints`` (None when absent), a dict or an object."""
-    constraints = getattr(table, "constraints", None)
-    if constraints is None:
-        return None
-    value = constraints.get(key) if isinstance(constraints, Mapping) else getattr(constraints, key, None)
-    return None if value is None else list(value)
-
-
-def allowed_kinds(table: "Table") -> list[str] | None:
-    """The table's ``constraints.sharding_types`` (None: any kind)."""
-    return _constraint(table, "sharding_types")
-
-
 def may_replicate(table: "Table", num_devices: int) -> bool:
     """Its constraints allow data_parallel, and pin it to no fewer than all devices."""
-    kinds, pinned = allowed_kinds(table), _constraint(table, "devices")
-    return (kinds is None or DATA_PARALLEL in kinds) and (pinned is None or len(set(pinned)) >= num_devices)
+    rule = TableConstraints.of(table)
+    return rule.allows(DATA_PARALLEL) and (rule.devices is None or len(set(rule.devices)) >= num_devices)
 
 
 def must_replicate(table: "Table") -> bool:
-    return allowed_kinds(table) == [DATA_PARALLEL]
+    """Its constraints allow only data_parallel."""
+    return TableConstraints.of(table).sharding_types == frozenset({DATA_PARALLEL})
 
 
 def candidates(sim: "Simulator", memory_bytes: int) -> list[str]:

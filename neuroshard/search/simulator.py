@@ -75,7 +75,7 @@ class Simulator:
     single-piece costs are kept in arrays indexed by id, and set costs in a dict keyed
     by sorted id tuples, so a piece or a device's set is never costed twice."""
 
-    def __init__(self, tables: TableSet, num_devices: int, cost_models: CostModels, bytes_per_element: int = 4,
+    def __init__(self, tables: TableSet, num_devices: int, cost_models: CostModels, bytes_per_element: int = FP32_BYTES,
                  *, optimizer: str = DEFAULT_OPTIMIZER, data_parallel_tables: Sequence[str] = (),
                  risk: float | None = None, topology: Topology | None = None, comm_precision: str = "fp32"):
         self.tables = tables
@@ -241,7 +241,7 @@ class Simulator:
             self._row_features[key] = base
         features = base.copy()
         features[_DIM] = piece.num_cols
-        features[_LOG_SIZE] = np.log2(piece.num_rows * piece.num_cols * 4)
+        features[_LOG_SIZE] = np.log2(piece.num_rows * piece.num_cols * FP32_BYTES)
         return features
 
     def _array(self, name: str) -> np.ndarray:

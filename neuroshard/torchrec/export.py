@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..constants import DATA_PARALLEL, default_local_world_size
+from ..constants import DATA_PARALLEL
 from ..errors import NeuroShardError
 from ..optimizers import DEFAULT_OPTIMIZER, FBGEMM_OPTIMIZERS
 from ..plan import Plan, Shard
@@ -143,10 +143,7 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
         raise NeuroShardError(f"compute device must be one of {COMPUTE_DEVICES}, got {compute_device!r}")
     plan.validate()
     world = plan.num_devices
-    local = local_world_size
-    if local is None:
-        topology = plan.topology
-        local = topology.local_world_size if topology and topology.hosts_stated else default_local_world_size(world)
+    local = plan.local_world_size if local_world_size is None else local_world_size
     if not (isinstance(local, int) and 1 <= local and world % local == 0):
         raise NeuroShardError(f"local world size must divide the world size {world}, got {local_world_size!r}")
     records = {}

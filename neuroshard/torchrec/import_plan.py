@@ -24,19 +24,15 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..constants import DATA_PARALLEL
+from ..constants import DATA_PARALLEL, FP32_BYTES
 from ..errors import FormatError, InvalidPlanError
 from ..optimizers import DEFAULT_OPTIMIZER, FBGEMM_OPTIMIZERS
 from ..plan import PLAN_FORMAT, Plan, Shard
 from ..tables import Table, TableSet
-from ..validate import COMM_PRECISIONS, read_json
+from ..validate import COMM_PRECISIONS, is_int, read_json
 from .export import TORCHREC_FORMAT
 
 _RANK = re.compile(r"^rank:(\d+)(/.*)?$")
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def record_of(sharding: Any) -> dict:
@@ -71,7 +67,7 @@ def table_records(source: Any, where: str = "<torchrec plan>") -> tuple[dict[str
         raise FormatError(f"{where}: a TorchRec plan must be an object of per-table ParameterSharding records")
     if source.get("format") == TORCHREC_FORMAT:
         world = source.get("world_size")
-        if not (_is_int(world) and world >= 1):
+        if not (is_int(world) and world >= 1):
             raise FormatError(f"{where}: field 'world_size' must be an integer >= 1, got {world!r}")
         source = source.get("tables")
         if not isinstance(source, Mapping):
@@ -122,7 +118,7 @@ def shards_of_record(name: str, record: Mapping, where: str = "<torchrec plan>")
             raise FormatError(f"{here}, shard #{i}: must be an object")
         offsets, sizes = meta.get("shard_offsets"), meta.get("shard_sizes")
         for key, value in (("shard_offsets", offsets), ("shard_sizes", sizes)):
-            if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(x) and x >= 0 for x in value)):
+            if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(is_int(x) and x >= 0 for x in value)):
                 raise FormatError(f"{here}, shard #{i}: '{key}' must be [rows, cols] of integers >= 0, "
                                   f"got {value!r}")
         if sizes[0] == 0 or sizes[1] == 0:  # TorchRec's empty last row blocks (5 rows on 4 ranks: 2, 2, 1, 0)
@@ -133,7 +129,7 @@ def shards_of_record(name: str, record: Mapping, where: str = "<torchrec plan>")
             if not match:
                 raise FormatError(f"{here}, shard #{i}: placement {placement!r} is not 'rank:R/device'")
             rank = int(match.group(1))
-        elif i < len(ranks) and _is_int(ranks[i]) and ranks[i] >= 0:
+        elif i < len(ranks) and is_int(ranks[i]) and ranks[i] >= 0:
             rank = ranks[i]
         else:
             raise FormatError(f"{here}, shard #{i}: no placement and no rank")
@@ -173,7 +169,7 @@ def _optimizer(source: Any, where: str) -> str:
 
 
 def plan_from_torchrec(source: Any, tables: TableSet | list[Table], num_devices: int | None = None,
-                       memory_bytes: int | None = None, bytes_per_element: int = 4,
+                       memory_bytes: int | None = None, bytes_per_element: int = FP32_BYTES,
                        where: str = "<torchrec plan>", provenance: dict | None = None) -> Plan:
     """A validated ``Plan`` of ``tables`` from a TorchRec plan. ``num_devices`` defaults to
     the plan's world size (or its highest rank + 1), ``memory_bytes`` to the fullest
@@ -189,7 +185,7 @@ def plan_from_torchrec(source: Any, tables: TableSet | list[Table], num_devices:
         raise InvalidPlanError(f"{where} does not match tables '{tables.name}': tables without shards "
                                f"{sorted(theirs - mine)[:3]}, shards of unknown tables {sorted(mine - theirs)[:3]}")
     ranks = {name: list(records[name].get("ranks") or []) for name in sorted(replicated)}
-    top = max([s.device for s in shards] + [r for rs in ranks.values() for r in rs if _is_int(r)], default=0) + 1
+    top = max([s.device for s in shards] + [r for rs in ranks.values() for r in rs if is_int(r)], default=0) + 1
     devices = num_devices or world or top
     if top > devices:
         raise InvalidPlanError(f"{where}: a shard is on rank {top - 1}, outside {devices} devices")

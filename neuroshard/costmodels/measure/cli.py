@@ -6,7 +6,7 @@ import argparse
 from ...cli_options import add_input, add_output, add_weights_precision
 from ...constants import MEASURED_BATCH_SIZE
 from ...errors import NeuroShardError
-from ...kernels import DEFAULT_MAX_ROWS, KERNELS, OPTIMIZERS
+from ...kernels import DEFAULT_MAX_ROWS, KERNELS, TIMED_OPTIMIZERS
 from ...measured.collect import SET_SOURCES
 from ...validate import (
     MAX_DEVICES,
@@ -36,7 +36,7 @@ def _compute(args: argparse.Namespace) -> int:
     measured = collect_compute(
         args.tables, args.samples, args.out, max_tables=args.max_tables_per_device,
         memory_bytes=args.memory, batch_size=args.batch_size, dims=parse_dims(args.dims),
-        seed=args.seed, row_split_prob=args.row_split_prob, backend=args.backend, kernel=args.kernel,
+        seed=args.seed, row_split_prob=args.row_split_prob, backend=args.device, kernel=args.kernel,
         max_rows=args.max_rows, warmup=args.warmup, repeats=args.repeats, max_repeats=args.max_repeats,
         target_cv=args.target_cv, optimizer=args.optimizer, clock=args.clock, progress=not args.no_progress,
         flush_bytes=args.flush_bytes, max_minutes=args.max_minutes, weights_precision=args.weights_precision,
@@ -50,7 +50,7 @@ def _comm(args: argparse.Namespace) -> int:
     measured = collect_comm(
         args.devices, args.samples, args.out, batch_size=args.batch_size, max_width=args.max_width,
         max_skew_ms=args.max_skew_ms, max_reduce_width=args.max_reduce_width, seed=args.seed,
-        backend=args.backend, warmup=args.warmup, repeats=args.repeats, timeout_s=args.timeout,
+        backend=args.device, warmup=args.warmup, repeats=args.repeats, timeout_s=args.timeout,
         progress=not args.no_progress, max_minutes=args.max_minutes)
     print(f"{args.out}: measured {measured} samples now ({args.samples} asked for in all)")
     return 0
@@ -81,11 +81,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sets", choices=SET_SOURCES, default="random",
                    help="random augmented sets (default), or devices of plans searched on random tasks of the "
                         "tables (4-16 devices, 5-40 tables per device): the sets the search asks about")
-    p.add_argument("--backend", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where kernels run: cpu or cuda (default cpu)")
     p.add_argument("--kernel", default="auto", choices=("auto", *KERNELS), help="fused kernel (default auto)")
     p.add_argument("--max-rows", type=positive_int, default=DEFAULT_MAX_ROWS, help="rows allocated at most per shard; "
                                                                       "ids are folded (default 1000000)")
-    p.add_argument("--optimizer", default="exact_sgd", choices=OPTIMIZERS, help="(default exact_sgd)")
+    p.add_argument("--optimizer", default="exact_sgd", choices=TIMED_OPTIMIZERS, help="(default exact_sgd)")
     p.add_argument("--clock", default="auto", choices=("auto", *CLOCKS),
                    help="auto (thread CPU time on cpu, CUDA events on cuda), thread or wall (default auto)")
     add_weights_precision(p)
@@ -121,7 +121,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-reduce-width", type=int_in(0, 2**20, "a width"), default=256,
                    help="largest row-wise reduce width (default 256)")
     p.add_argument("--seed", type=seed_int, default=0)
-    p.add_argument("--backend", default="cpu", help="cpu (gloo) or cuda (NCCL)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the exchange runs: cpu (gloo) or cuda (NCCL) (default cpu)")
     p.add_argument("--warmup", type=int_in(0, 10000), default=2)
     p.add_argument("--repeats", type=int_in(1, 10000), default=7)
     p.add_argument("--timeout", type=float_in(1.0, 86400.0, what="seconds"), default=60.0,

@@ -40,7 +40,7 @@ from ...kernels import (  # noqa: F401
     BACKENDS,
     DEFAULT_MAX_ROWS,
     KERNELS,
-    OPTIMIZERS,
+    TIMED_OPTIMIZERS,
     FusedEmbedding,
     FusedInputs,
     check_weights_precision,
@@ -117,8 +117,8 @@ class KernelBenchmark:
             import torch
             if not torch.cuda.is_available():
                 raise NeuroShardError("backend cuda asked for, but torch sees no CUDA device")
-        if optimizer not in OPTIMIZERS:
-            raise NeuroShardError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if optimizer not in TIMED_OPTIMIZERS:
+            raise NeuroShardError(f"unknown optimizer {optimizer!r}; choose one of {', '.join(TIMED_OPTIMIZERS)}")
         self.weights_precision = check_weights_precision(weights_precision)
         if clock == "auto":
             clock = "wall" if backend == "cuda" else "thread"
