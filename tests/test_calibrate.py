@@ -123,11 +123,12 @@ def test_polish_moves_shards_off_the_slowest_measured_device():
 
 
 def test_a_calibration_set_count_below_8_is_refused_before_measuring():
-    """calibrate=1 is a set count (not True), with or without refine."""
+    """calibrate is a set count everywhere: 1 is too few and True is not a count, with or without refine."""
     import pytest
 
     import neuroshard
     from neuroshard.errors import NeuroShardError
-    for extra in ({}, {"refine": 1}):
-        with pytest.raises(NeuroShardError, match=r"calibrate \(random sets\) must be an integer in \[8, 100000\]"):
-            neuroshard.shard(TABLES, devices=3, memory="4MiB", calibrate=1, **extra)
+    for value in (1, True):
+        for extra in ({}, {"refine": 1}):
+            with pytest.raises(NeuroShardError, match=r"calibrate must be a number of random sets in \[8, 100000\]"):
+                neuroshard.shard(TABLES, devices=3, memory="4MiB", calibrate=value, **extra)

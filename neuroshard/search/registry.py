@@ -60,7 +60,7 @@ class Registered:
     model_guided: bool = False     # chooses by the cost models' predictions: the measured loop can correct it
     replicates: bool = False       # may replicate tables on every device (``data_parallel="auto"``)
     plan_sets: bool = False        # its plans' devices are drawn as pre-training sets (``measured.plan_sets``)
-    refine_compares: bool = False  # its plan joins refine's final measured comparison
+    refine_compares: int = 0       # its plan joins refine's final measured comparison, in this order (0: not)
 
 
 # Targets are strings, imported on first use: listing the algorithms imports none of them,
@@ -74,16 +74,18 @@ _REGISTRY: dict[str, Registered] = {
     "dim": Registered("neuroshard.search.baselines:DIM", greedy_baseline=True, plan_sets=True),
     "lookup": Registered("neuroshard.search.baselines:LOOKUP", greedy_baseline=True, plan_sets=True),
     "size-lookup": Registered("neuroshard.search.baselines:SIZE_LOOKUP", greedy_baseline=True, plan_sets=True,
-                              refine_compares=True),
-    "measured-greedy": Registered("neuroshard.measured.greedy:ALGORITHM", needs_hardware=True, refine_compares=True),
+                              refine_compares=2),
+    "measured-greedy": Registered("neuroshard.measured.greedy:ALGORITHM", needs_hardware=True, refine_compares=1),
     "bayes": Registered("neuroshard.search.bayes:ALGORITHM", model_guided=True),
     "torchrec": Registered("neuroshard.torchrec.planner:ALGORITHM"),
 }
 
 
 def with_trait(trait: str) -> tuple[str, ...]:
-    """The names of the algorithms with ``trait`` (a boolean field of ``Registered``), in registry order."""
-    return tuple(n for n, r in _REGISTRY.items() if getattr(r, trait))
+    """The names of the algorithms with ``trait`` (a field of ``Registered``), in registry order,
+    or in the trait's order where it is a rank (``refine_compares``)."""
+    having = [n for n, r in _REGISTRY.items() if getattr(r, trait)]
+    return tuple(sorted(having, key=lambda n: getattr(_REGISTRY[n], trait)))
 
 
 def get_trait(name: str, trait: str) -> bool:
