@@ -1,27 +1,13 @@
 """Measure plans device by device on one machine: ``neuroshard measure``.
 
-A device's embedding compute does not depend on the other devices, so every device
-of a plan of any device count can be timed one after another on one thread (CPU) or
-one GPU, and the plan's compute cost is its slowest device. Each device's shards run
-as one ``neuroshard.kernels.FusedEmbedding`` (what training runs and cost data is
-collected with): forward, backward and the fused update, timed with the kernel
-benchmark's protocol (``KernelBenchmark.time_fused``: cache flush before every run,
-warm-up, median of repeats, the thread's CPU clock on CPU).
-
-Comparing plans on a shared, noisy machine: the devices of all plans take turns
-round-robin, the order rotated every round, and each device's figure is the median
-over rounds (after one untimed warm-up run of each kernel, and optional warm-up
-rounds), so a slow spell hits every plan alike.
-
-Memory: on CPU the devices share one weights buffer the size of the largest device
-(``FusedEmbedding(weights_buffer=)``), so a 128-device plan needs the memory of one
-device. Rows beyond ``row_cap`` are not allocated (lookups fold onto the allocated
-rows, as in training and collection); the cap is reported.
-
-Lookups are each table's batch (``datasets.sampler.sample_lookups``), the same for every plan,
-cut to each shard's rows as the training runtime cuts them (``local_lookups``).
-Communication cannot be timed one device at a time: it is the comm models'
-prediction for the measured compute, labelled as modeled.
+A device's embedding compute does not depend on the other devices, so every device of
+a plan of any device count is timed one after another (``costmodels.measure.timing``,
+the device timer: each device's shards as one fused kernel, the devices of all plans
+taking turns round-robin in one interleaved run), and a plan's compute cost is its
+slowest device. Lookups are each table's batch (``datasets.sampler.sample_lookups``),
+the same for every plan, cut to each shard's rows as the training runtime cuts them.
+Communication cannot be timed one device at a time: it is the comm models' prediction
+for the measured compute, labelled as modeled.
 """
 from __future__ import annotations
 
