@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--task", type=int, default=0)
     parser.add_argument("--sets", type=int, default=120, help="random calibration sets (default: 120)")
-    parser.add_argument("--rounds", type=int, default=3, help="runs per set in the later run (median)")
+    parser.add_argument("--passes", type=int, default=3, help="runs per set in the later run (median)")
     parser.add_argument("--cost-model", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -53,7 +53,7 @@ def main() -> None:
                                                  for where in rng.integers(args.devices, size=(3, len(split)))
                                                  for k in range(args.devices)]
     every = [s for sets in groups.values() for s in sets if s]
-    times = iter(calibration.time(every, args.rounds))
+    times = iter(calibration.time(every, args.passes))
     print(f"{'group':36s} sets  pieces  calibrated MAPE  bias  pre-trained MAPE  measured ms (median)")
     for name, sets in groups.items():
         sets = [s for s in sets if s]

@@ -7,7 +7,7 @@ Real processes (``CommBenchmark``: gloo on CPU, NCCL on CUDA) run the training
 runtime's own exchange (``PooledExchange``) at each precision in turn, round after
 round (the order rotating), for per-device widths of a realistic plan (every device
 the same width, e.g. 8 tables of 128 columns = 1024). Printed per width: forward and
-backward medians over rounds of the slowest device, at fp32, fp16 and bf16, and each
+backward medians over passes of the slowest device, at fp32, fp16 and bf16, and each
 precision's ratio to fp32; written to ``--out`` as ``comm_precision.csv``. The casts
 before and after each all-to-all are inside the timing, as in training.
 """
@@ -29,14 +29,14 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=[256, 1024, 4096],
                         help="per-device widths (default: 256 1024 4096)")
     parser.add_argument("--batch-size", type=int, default=4096, help="global batch (default 4096)")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("experiments/results/precision"))
     args = parser.parse_args()
 
     times = {(w, p): {"fwd": [], "bwd": []} for w in args.widths for p in COMM_PRECISIONS}
     with CommBenchmark(args.devices, batch_size=args.batch_size, warmup=2, repeats=args.repeats) as bench:
-        for r in range(args.rounds):
+        for r in range(args.passes):
             order = COMM_PRECISIONS[r % 3:] + COMM_PRECISIONS[:r % 3]
             for width in args.widths:
                 for precision in order:

@@ -1,6 +1,6 @@
 """Replicating a small, hot table: what the search decides, what it predicts, what the runtime measures.
 
-    python experiments/data_parallel.py                   # 2 devices, 3 rounds of 10 steps (about 1-2 min)
+    python experiments/data_parallel.py                   # 2 devices, 3 runs of 10 steps (about 1-2 min)
     python experiments/data_parallel.py --no-measure      # the search and its estimates only
 
 One task: a hot 2,000 x 64 table (80 lookups per sample) among four larger, colder
@@ -29,7 +29,7 @@ TASK = TableSet("dp-example", [Table("hot", 2_000, 64, 80.0), Table("big", 400_0
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=10, help="runtime steps per plan and round (default: 10)")
     parser.add_argument("--no-measure", action="store_true", help="search and estimate only")
     args = parser.parse_args()
@@ -48,13 +48,13 @@ def main() -> None:
                   f"all-reduce {allreduce[d]:.3f} ms")
     if args.no_measure:
         return
-    measured = measure_alternating(plans, TASK, rounds=args.rounds, iterations=args.iterations,
+    measured = measure_alternating(plans, TASK, runs=args.runs, iterations=args.iterations,
                                    devices=args.devices, batch_size=TASK.batch_size)
-    costs = {mode: [m.max_device_cost_ms for m in rounds] for mode, rounds in measured.items()}
+    costs = {mode: [m.max_device_cost_ms for m in runs] for mode, runs in measured.items()}
     for mode, values in costs.items():
         print(f"measured max device cost, data_parallel={mode}: " + ", ".join(f"{v:.2f}" for v in values) + " ms")
     print(f"measured improvement of auto over never: {100 * paired_improvement(costs['auto'], costs['never']):+.1f}% "
-          f"(paired rounds); estimated "
+          f"(paired runs); estimated "
           f"{100 * (1 - plans['auto'].estimate['max_device_cost_ms'] / plans['never'].estimate['max_device_cost_ms']):+.1f}%")
 
 

@@ -16,11 +16,11 @@ finds no plan for some tasks; ratios are over the tasks with a plan).
 For the first ``--measure`` tasks of each device count in ``--measure-devices`` it runs
 NeuroShard's plan and the task's best baseline on the training runtime
 (``neuroshard.runtime.evaluate``: gloo processes on this machine) and records what
-each device really spent. Each of ``--rounds`` runs holds both plans and
+each device really spent. Each of ``--runs`` runs holds both plans and
 alternates their steps (A B A B ..., ``neuroshard.runtime.evaluate.measure_alternating``),
 so the slow spells of a shared machine, seconds long, hit both plans alike; each
 round gives a ratio of the two plans' measured costs, and the measured improvement
-of a task is one minus the geometric mean of its rounds' ratios.
+of a task is one minus the geometric mean of its runs' ratios.
 
 Measured device counts default to 2 because a device of the runtime is a process
 running one thread: on this 2-core machine only 2 of them run truly in parallel.
@@ -91,7 +91,7 @@ def search_all(args: argparse.Namespace, models) -> tuple[pd.DataFrame, dict]:
 
 def measure_some(args: argparse.Namespace, df: pd.DataFrame, plans: dict) -> pd.DataFrame:
     """Run NeuroShard's plan and the best baseline's on the runtime for a few tasks:
-    ``--rounds`` runs, each alternating the plans' steps (with ``--control``, the
+    ``--runs`` runs, each alternating the plans' steps (with ``--control``, the
     baseline's plan a second time as an A/A control); one row per round, plan and
     device."""
     from neuroshard.runtime.evaluate import measure_alternating
@@ -107,9 +107,9 @@ def measure_some(args: argparse.Namespace, df: pd.DataFrame, plans: dict) -> pd.
             task = plans[(devices, i, best)][1]
             if args.control:  # A/A: the baseline's plan once more, measured like the others
                 pair["control"] = pair[best]
-            log.warning("measuring neuroshard and %s on d%d-task%d (%d tables), %d rounds", best, devices, i,
-                        len(task.tables), args.rounds)
-            results = measure_alternating(pair, task.tables, rounds=args.rounds, iterations=args.iterations,
+            log.warning("measuring neuroshard and %s on d%d-task%d (%d tables), %d runs", best, devices, i,
+                        len(task.tables), args.runs)
+            results = measure_alternating(pair, task.tables, runs=args.runs, iterations=args.iterations,
                                           devices=devices, batch_size=task.tables.batch_size)
             for algorithm, measurements in results.items():
                 est = pair[algorithm].estimate
@@ -139,7 +139,7 @@ def summarize(df: pd.DataFrame, measured: pd.DataFrame) -> tuple[pd.DataFrame, p
     table["improvement_vs_best_baseline_%"] = 100.0 * (1.0 - table.mean_ratio)
     if measured.empty:
         return table, measured
-    # a plan's cost is its slowest device, per round; the measured figure is the median over rounds
+    # a plan's cost is its slowest device, per run; the measured figure is the median over runs
     per_round = measured.groupby(["devices", "task", "algorithm", "role", "round"]).agg(
         predicted_ms=("predicted_total_ms", "max"), measured_ms=("measured_total_ms", "max")).reset_index()
     per_plan = per_round.groupby(["devices", "task", "algorithm", "role"]).agg(
@@ -151,7 +151,7 @@ def summarize(df: pd.DataFrame, measured: pd.DataFrame) -> tuple[pd.DataFrame, p
 
 def measured_summary(measured: pd.DataFrame, per_plan: pd.DataFrame) -> pd.DataFrame:
     """NeuroShard against the best baseline on measured cost, per measured task: the
-    median costs over rounds, and the improvement from the rounds' paired ratios
+    median costs over runs, and the improvement from the runs' paired ratios
     (NeuroShard's cost over the baseline's measured just before or after it)."""
     from neuroshard.runtime.evaluate import paired_improvement
     wide = per_plan.pivot_table(index=["devices", "task"], columns="role", values="measured_ms").dropna()
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure-devices", type=int, nargs="*", default=[2],
                         help="device counts whose plans are measured (default 2: one process per core here)")
     parser.add_argument("--iterations", type=int, default=20, help="measured iterations per plan and round")
-    parser.add_argument("--rounds", type=int, default=3, help="measurement runs per task, each alternating both plans")
+    parser.add_argument("--runs", type=int, default=3, help="measurement runs per task, each alternating both plans")
     parser.add_argument("--no-control", dest="control", action="store_false",
                         help="skip the A/A control (by default each measured run also holds the baseline's plan "
                              "a second time, which shows the measurement's own noise)")
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"on average, {wins['control_%'].abs().mean():.1f}% in absolute value per task")
         print(f"mean measured improvement of NeuroShard over the best baseline: {verdict}")
         spread = f"{100 * per_plan.measured_spread.median():.1f}%"
-        print(f"run-to-run spread of one plan's measured cost (max-min over median of {args.rounds} rounds), "
+        print(f"run-to-run spread of one plan's measured cost (max-min over median of {args.runs} runs), "
               f"median over plans: {spread}")
         print("\nCost-model error on the chosen plans (max device cost):")
         errors = per_plan.groupby("role")["model_error_%"].agg(["mean", "max"])
@@ -300,10 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["\n## Measured on the runtime (max device cost, ms)\n",
                   markdown(wins),
                   f"\nMean measured improvement of NeuroShard over the best baseline: {verdict}. "
-                  f"Per task: one minus the geometric mean of the cost ratios of {args.rounds} rounds (runs that "
+                  f"Per task: one minus the geometric mean of the cost ratios of {args.runs} runs (runs that "
                   f"alternate the two plans' steps, {args.iterations} measured steps each, median per device); "
                   f"the columns neuroshard and "
-                  f"best_baseline are medians over rounds, whose run-to-run spread (max-min over median) is "
+                  f"best_baseline are medians over runs, whose run-to-run spread (max-min over median) is "
                   f"{spread} for the median plan\n",
                   "## Cost-model error on the chosen plans (% of measured max device cost)\n",
                   markdown(errors.reset_index())]

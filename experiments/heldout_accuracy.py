@@ -5,7 +5,7 @@
 For each family and task (``datasets.families.family_tasks``, as ``plan_benchmark.py``),
 the plans of NeuroShard (searched against each checkpoint in turn), size-lookup and lookup
 are cut into their devices, every device set of a task is timed in ONE interleaved run on this
-machine (``neuroshard measure``'s protocol, median of ``--rounds``), and each checkpoint
+machine (``neuroshard measure``'s protocol, median of ``--passes``), and each checkpoint
 predicts every set. Printed per family and checkpoint: MAPE (arithmetic mean of absolute
 relative errors; printed as 'GMAE' before 2026-11-25), bias (median predicted /
 measured: the part of the error that is this machine's level, not the model's shape),
@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=list(HELD_OUT), choices=sorted(FAMILIES))
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--tasks", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--passes", type=int, default=3)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     checkpoints = [(str(path or "shipped"), load_cost_models(path)) for path in args.cost_model]
@@ -48,7 +48,7 @@ def main() -> None:
             task = [[s for s in timer.sim.device_sets(shard(tables, args.devices, memory, algorithm=algorithm,
                                                             cost_models=models, seed=index)) if s]
                     for algorithm, models in algorithms]
-            times = iter(timer.time([s for sets in task for s in sets], args.rounds))  # one interleaved run
+            times = iter(timer.time([s for sets in task for s in sets], args.passes))  # one interleaved run
             plans += [(timer, sets, np.array([next(times) for _ in sets])) for sets in task]
         for name, models in checkpoints:
             ratios, spearman = [], []

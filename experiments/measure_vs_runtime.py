@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--family", default="dlrm-2021", choices=sorted(FAMILIES))
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--tables-per-device", nargs=2, type=int, default=[6, 12])
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of both instruments (default: 3)")
+    parser.add_argument("--runs", type=int, default=3, help="timed passes and runtime runs of both instruments (default: 3)")
     parser.add_argument("--iterations", type=int, default=8, help="runtime steps per plan and round (default: 8)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default="experiments/results/measure_vs_runtime")
@@ -48,8 +48,8 @@ def main() -> None:
                                                       seed=args.seed)):
         tables = TableSet(tables.name, list(tables), models.batch_size, tables.extra)
         plans = {a: shard(tables, devices=2, memory=memory, algorithm=a, cost_models=models) for a in ALGORITHMS}
-        alone = measure_plans(plans, tables, cost_models=models, rounds=args.rounds, repeats=1)
-        runtime = measure_alternating(plans, tables, rounds=args.rounds, iterations=args.iterations, devices=2)
+        alone = measure_plans(plans, tables, cost_models=models, passes=args.runs, repeats=1)
+        runtime = measure_alternating(plans, tables, runs=args.runs, iterations=args.iterations, devices=2)
         for name in ALGORITHMS:
             a = alone[name].compute_ms
             r = [float(np.median([m.per_device[d]["compute_ms"] for m in runtime[name]])) for d in range(2)]

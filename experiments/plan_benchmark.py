@@ -10,7 +10,7 @@ devices, tables larger than a device split by the planner). Every algorithm plan
 task: NeuroShard, the five greedy, measured-greedy, TorchRec's planner (when importable)
 and bayes. Then ALL plans of the task are measured in ONE interleaved run of
 ``neuroshard measure`` (``runtime.measure_plan.measure_plans``: each device's shards as
-one fused kernel, devices of all plans taking turns, median over rounds), together with
+one fused kernel, devices of all plans taking turns, median over passes), together with
 an A/A control: the measured-greedy plan (the baseline to beat) a second time.
 With ``--calibrate`` each task first calibrates the cost models on its own tables
 (``neuroshard.costmodels.calibrate``) and adds NeuroShard's plan against them, and the
@@ -138,7 +138,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
         plans[algo].provenance["search_time_s"] = time.perf_counter() - start  # measured-greedy's timing included
     if "measured-greedy" in plans:
         plans[CONTROL] = plans["measured-greedy"]
-    result = measure_plans(plans, tables, cost_models=models, rounds=args.rounds, repeats=args.repeats,
+    result = measure_plans(plans, tables, cost_models=models, passes=args.passes, repeats=args.repeats,
                            batch_size=args.batch_size, progress=True)
     for p in result.plans:
         rows.append({"algorithm": p.name, "max_compute_ms": p.max_compute_ms, "balance": p.balance,
@@ -244,7 +244,7 @@ def main() -> None:
     parser.add_argument("--devices", nargs="+", type=int, default=[4, 8, 16])
     parser.add_argument("--tasks", type=int, default=4, help="tasks per family and device count (default: 4)")
     parser.add_argument("--tables-per-device", nargs=2, type=int, default=[10, 40], metavar=("MIN", "MAX"))
-    parser.add_argument("--rounds", type=int, default=3, help="measured rounds of the interleaved run (default: 3)")
+    parser.add_argument("--passes", type=int, default=3, help="timed passes of the interleaved run (default: 3)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per device and round (default: 1)")
     parser.add_argument("--batch-size", type=int, default=None, help="batch each device looks up (default: the "
                         "cost models', 4096 for the shipped CPU checkpoint)")

@@ -1,6 +1,6 @@
 """How much faster (or slower) is the fused kernel with fp16 weights than with fp32?
 
-    python experiments/precision_ratio.py              # 36 shard sets, 3 rounds (about 3 min on 2 cores)
+    python experiments/precision_ratio.py              # 36 shard sets, 3 passes (about 3 min on 2 cores)
     python experiments/precision_ratio.py --sets 12 --no-write
 
 Random shard sets drawn as ``collect compute`` draws them (1-8 tables of the dlrm-2021
@@ -38,7 +38,7 @@ PRECISIONS = ("fp32", "fp16")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sets", type=int, default=36)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("experiments/results/precision"))
     parser.add_argument("--no-write", action="store_true", help=f"do not update {SCALING_FILE.name}")
@@ -52,7 +52,7 @@ def main() -> None:
         rng = np.random.default_rng(args.seed + i)
         shards = sample_shard_set(tables, rng, 8, 1 << 30, MEASURED_BATCH_SIZE, [4, 8, 16, 32, 64, 128])
         times: dict[str, list[float]] = {p: [] for p in PRECISIONS}
-        for r in range(args.rounds):
+        for r in range(args.passes):
             for p in (PRECISIONS if r % 2 == 0 else PRECISIONS[::-1]):
                 times[p].append(benches[p].measure(shards).cost_ms)
         fp32, fp16 = (statistics.median(times[p]) for p in PRECISIONS)
@@ -73,7 +73,7 @@ def main() -> None:
     if args.no_write:
         return
     record = {"fp16": {"compute_ratio_to_fp32": round(geo, 4), "quartiles": [round(q1, 4), round(q3, 4)],
-                       "sets": len(df), "rounds": args.rounds, "kernel": benches["fp32"].kernel,
+                       "sets": len(df), "passes": args.passes, "kernel": benches["fp32"].kernel,
                        "batch_size": MEASURED_BATCH_SIZE, "machine": cpu_model(),
                        "command": " ".join(["python experiments/precision_ratio.py", *sys.argv[1:]]),
                        "created": dt.date.today().isoformat()}}

@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--link-scale", type=float, default=0.01,
                         help="the second set of searches has links this times TorchRec's (default: 0.01)")
-    parser.add_argument("--rounds", type=int, default=3, help="measure rounds (default: 3)")
+    parser.add_argument("--passes", type=int, default=3, help="timed passes (default: 3)")
     parser.add_argument("--no-measure", action="store_true", help="search only")
     parser.add_argument("--out", default="experiments/results/topology_example")
     args = parser.parse_args()
@@ -132,9 +132,9 @@ def main() -> None:
                 seen.add(key)
                 chosen[name] = plan
         print(f"\nmeasuring the device compute of {len(chosen)} distinct plans on this machine "
-              f"({args.rounds} rounds, devices one at a time) ...")
+              f"({args.passes} passes, devices one at a time) ...")
         start = time.perf_counter()
-        result = measure_plans(chosen, tables, cost_models=models, rounds=args.rounds)
+        result = measure_plans(chosen, tables, cost_models=models, passes=args.passes)
         print(result.format())
         print(f"measured in {time.perf_counter() - start:.0f} s")
         result.write_json(out / "measured.json")
@@ -143,7 +143,7 @@ def main() -> None:
                                   "balance (max/mean)": round(m.balance, 3)} for m in result.plans])
         print(measured.to_string(index=False))
         measured_md = (f"\n\n## Device compute measured on this machine (batch {result.config['batch_size']}, "
-                       f"{args.rounds} rounds; communication is not measured)\n\n" + markdown(measured))
+                       f"{args.passes} passes; communication is not measured)\n\n" + markdown(measured))
     (out / "summary.md").write_text(
         f"# Topology, optimizer and communication precision on one task\n\n`python experiments/topology_example.py`"
         f" ({len(tables)} dlrm-2021 tables, 8 devices of {memory / 2**30:.2f} GiB, batch {tables.batch_size})\n\n"

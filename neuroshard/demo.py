@@ -81,22 +81,22 @@ def run_demo(args: argparse.Namespace) -> int:
 
     print(f"\n== 3. run both plans on the training runtime: {args.devices} gloo processes, batch "
           f"{models.batch_size}, {args.runs} runs alternating the two plans' steps, {args.iterations} iterations each")
-    rounds = measure_alternating({a: plans[a] for a in ("neuroshard", baseline)}, tables, rounds=args.runs,
+    runs = measure_alternating({a: plans[a] for a in ("neuroshard", baseline)}, tables, runs=args.runs,
                                  iterations=args.iterations, devices=args.devices, batch_size=models.batch_size)
     measured = {}
-    for algorithm, results in rounds.items():
+    for algorithm, results in runs.items():
         measured[algorithm] = min(results, key=lambda m: abs(m.max_device_cost_ms - _median(results)))
         measured[algorithm].write_json(out / f"measured-{algorithm}.json")
-        print(f"\n-- {algorithm} (the median round; max device cost per round: "
+        print(f"\n-- {algorithm} (the median run; max device cost per run: "
               f"{', '.join(f'{m.max_device_cost_ms:.1f}' for m in results)} ms)\n{measured[algorithm].format()}")
-    gain = paired_improvement([m.max_device_cost_ms for m in rounds["neuroshard"]],
-                              [m.max_device_cost_ms for m in rounds[baseline]])
+    gain = paired_improvement([m.max_device_cost_ms for m in runs["neuroshard"]],
+                              [m.max_device_cost_ms for m in runs[baseline]])
     print(f"\n   measured improvement of NeuroShard over {baseline}: {100 * gain:+.1f}% "
-          f"(paired rounds: one minus the geometric mean of the per-round cost ratios)")
+          f"(paired runs: one minus the geometric mean of the per-run cost ratios)")
 
     figure = _plot(plans, measured, baseline, out / "demo-per-device.png")
     summary = {"simulated_ms": simulated, "best_baseline": baseline, "devices": args.devices,
-               "measured_ms": {a: [m.max_device_cost_ms for m in results] for a, results in rounds.items()},
+               "measured_ms": {a: [m.max_device_cost_ms for m in results] for a, results in runs.items()},
                "measured_improvement": gain}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"\n== done: plans, measurements and {figure} are in {out}/")

@@ -60,7 +60,7 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
     from neuroshard.plan import Plan
     refine = Plan.read(out).provenance["refine"]
     rounds = refine["rounds"]
-    assert [r["round"] for r in rounds] == [0, 1] and refine["timing_rounds"] == 3
+    assert [r["round"] for r in rounds] == [0, 1] and refine["timing_passes"] == 3
     costs = [r["measured_cost_ms"] for r in rounds]
     assert all(c > 0 and np.isfinite(c) for c in costs)
     # the distinct plans, the rounds' and the compared baselines', are timed again together, and the
@@ -83,7 +83,7 @@ def test_calibration_keeps_plan_sets_in_training_and_its_held_out_sets_fixed():
     calibration = start_calibration(TABLES, load_cost_models(), devices=3, sets=8, epochs=5)
     _, first = calibration.fit()
     held_out = calibration.held_out
-    times = calibration.add([[Piece(0, 0, 1000, 0, 32), Piece(3, 0, 4000, 0, 16)], []], "plan", rounds=2)
+    times = calibration.add([[Piece(0, 0, 1000, 0, 32), Piece(3, 0, 4000, 0, 16)], []], "plan", passes=2)
     assert len(times) == 1 and times[0] > 0  # the empty set (an idle device) is skipped
     _, second = calibration.fit()
     assert second.plan_sets == 1 and second.sets_measured == first.sets_measured + 1
@@ -113,7 +113,7 @@ def test_polish_moves_shards_off_the_slowest_measured_device():
     shards = [replace(s, device=0 if i else 1) for i, s in enumerate(plan.shards)]
     lopsided = replace(plan, shards=shards, estimate=None)
     pieces, where = calibration.sim.pieces_of_plan(lopsided)
-    measured = calibration.add([[p for p, d in zip(pieces, where) if d == k] for k in range(2)], "plan", rounds=3)
+    measured = calibration.add([[p for p, d in zip(pieces, where) if d == k] for k in range(2)], "plan", passes=3)
     polished, record = polish(lopsided, TABLES, calibration, models, measured, steps=4)
     assert record["steps"] >= 1 and record["accepted"] >= 1
     assert record["measured_cost_after_ms"] < record["measured_cost_before_ms"]

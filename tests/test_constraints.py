@@ -57,7 +57,7 @@ def test_every_algorithm_keeps_the_constraints(algorithm):
     torchrec = algorithm == "torchrec"
     tables = _task(UNPINNED if torchrec else PINNED)
     memory = 3 * MEMORY if torchrec else MEMORY  # TorchRec also counts its input/output buffers
-    params = {"rounds": 1, "repeats": 1, "batch_size": 256} if algorithm == "measured-greedy" else {}
+    params = {"passes": 1, "repeats": 1, "batch_size": 256} if algorithm == "measured-greedy" else {}
     plan = neuroshard.shard(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=_analytic(),
                             **params)
     assert plan.problems() == []

@@ -44,20 +44,20 @@ def test_shared_weights_buffer_computes_like_own_weights():
 def test_measure_ranks_devices_as_the_runtime_does():
     tables = TableSet("measure", TABLES, 2048)
     plan = three_device_plan()
-    measured = measure_plans({"p": plan}, tables, rounds=3, repeats=2, batch_size=2048)["p"]
+    measured = measure_plans({"p": plan}, tables, passes=3, repeats=2, batch_size=2048)["p"]
     runtime = evaluate(plan, tables, iterations=6, warmup=2, batch_size=2048)
     runtime_compute = [d["compute_ms"] for d in runtime.per_device]
     assert np.argsort(measured.compute_ms).tolist() == [0, 1, 2]
     assert np.argsort(runtime_compute).tolist() == [0, 1, 2]
     assert measured.max_compute_ms > 2 * min(measured.compute_ms)  # designed about 4x; the machine is shared
-    assert len(measured.rounds_ms[0]) == 3 and len(measured.estimated_compute_ms) == 3
+    assert len(measured.passes_ms[0]) == 3 and len(measured.estimated_compute_ms) == 3
     assert all(c > 0 for c in measured.modeled_comm_ms)
 
 
 def test_any_device_count_shares_one_buffer_and_aa_control_agrees(tmp_path):
     tables = TableSet("many", [Table(f"t{i}", 5_000 + 1_000 * i, 16, 1.0 + i % 3) for i in range(24)], 1024)
     plan = shard(tables, devices=12, memory="64MiB", algorithm="size")
-    result = measure_plans({"a": plan, "again": plan}, tables, rounds=3, repeats=1, batch_size=1024)
+    result = measure_plans({"a": plan, "again": plan}, tables, passes=3, repeats=1, batch_size=1024)
     largest = max(sum(s.num_rows * (-(-s.num_cols // 4) * 4) for s in plan.shards_on(d)) for d in range(12))
     assert result.config["buffer_bytes"] == 4 * largest  # memory of the largest device, not of all twelve
     assert len(result["a"].compute_ms) == 12 and all(c > 0 for c in result["a"].compute_ms)
@@ -67,7 +67,7 @@ def test_any_device_count_shares_one_buffer_and_aa_control_agrees(tmp_path):
 def test_row_cap_folds_and_is_reported():
     tables = TableSet("capped", [Table("wide", 300_000, 16, 2.0), Table("small", 100, 8, 1.0)], 512)
     plan = shard(tables, devices=2, memory="64MiB", algorithm="size")
-    result = measure_plans([plan], tables, rounds=1, warmup_rounds=0, repeats=1, row_cap=10_000)
+    result = measure_plans([plan], tables, passes=1, warmup_passes=0, repeats=1, row_cap=10_000)
     assert result.config["capped_shards"] == 1 and result.config["buffer_bytes"] <= 4 * 10_000 * 16
     assert "rows capped at 10,000 (1 shards capped)" in result.format()
 
@@ -76,7 +76,7 @@ def test_measured_greedy_is_valid_under_tight_memory():
     tables = TableSet("tight", [Table(f"t{i}", 2_000 * (i + 1), 16 if i % 2 else 32, 1.0 + i) for i in range(10)],
                       512)
     memory = int(1.05 * tables.total_bytes() / 3)
-    plan = shard(tables, devices=3, memory=memory, algorithm="measured-greedy", rounds=1)
+    plan = shard(tables, devices=3, memory=memory, algorithm="measured-greedy", passes=1)
     assert plan.problems() == []
     assert plan.provenance["algorithm"] == "measured-greedy"
     assert max(plan.memory_used_bytes()) <= memory
@@ -90,8 +90,8 @@ def _write(tmp_path: Path, plan: Plan, tables: TableSet) -> tuple[Path, Path]:
 
 def test_cli_measures_and_writes_json(tmp_path, capsys):
     plan_path, tables_path = _write(tmp_path, three_device_plan(), TableSet("measure", TABLES, 256))
-    code = main(["measure", str(plan_path), "--with", str(plan_path), "--tables", str(tables_path), "--rounds", "1",
-                 "--warmup-rounds", "0", "--repeats", "1", "--batch-size", "256", "-o", str(tmp_path / "m.json")])
+    code = main(["measure", str(plan_path), "--with", str(plan_path), "--tables", str(tables_path), "--passes", "1",
+                 "--warmup-passes", "0", "--repeats", "1", "--batch-size", "256", "-o", str(tmp_path / "m.json")])
     out = capsys.readouterr().out
     assert code == 0
     assert "communication modeled, not measured" in out and "ratio_to_first" in out
@@ -119,7 +119,7 @@ def test_bad_inputs_give_one_line(tmp_path, capsys, case, message):
     elif case == "output_dir":
         output = ["-o", str(tmp_path)]
     plan_path, tables_path = _write(tmp_path, plan, tables)
-    code = main(["measure", str(plan_path), "--tables", str(tables_path), "--rounds", "1", *output])
+    code = main(["measure", str(plan_path), "--tables", str(tables_path), "--passes", "1", *output])
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1

@@ -94,6 +94,6 @@ def test_plans_measured_together_alternate_their_steps(tmp_path):
     assert first.plan is split and second.plan is whole
     assert first.iterations == second.iterations == 3 and first.warmup == 1
     assert [d["shards"] for d in first.per_device] == [3, 3] and [d["shards"] for d in second.per_device] == [2, 2]
-    rounds = measure_alternating({"split": split, "whole": whole}, tables, rounds=2, iterations=2)
-    assert [len(v) for v in rounds.values()] == [2, 2]
-    assert all(m.plan is whole for m in rounds["whole"])
+    runs = measure_alternating({"split": split, "whole": whole}, tables, runs=2, iterations=2)
+    assert [len(v) for v in runs.values()] == [2, 2]
+    assert all(m.plan is whole for m in runs["whole"])

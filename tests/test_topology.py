@@ -134,7 +134,7 @@ def test_every_algorithm_respects_per_device_memory(algorithm):
     total = tables.total_bytes(4)
     small, big = int(total * 0.2), int(total * 0.8)  # the small device cannot take its quarter of the tables
     memory = [big, small, big, big]
-    params = {"rounds": 1, "repeats": 1} if algorithm == "measured-greedy" else {}
+    params = {"passes": 1, "repeats": 1} if algorithm == "measured-greedy" else {}
     plan = neuroshard.shard(tables, devices=4, memory=memory, algorithm=algorithm,
                             cost_models=analytic_cost_models(), **params)
     used = plan.memory_used_bytes()

@@ -135,21 +135,21 @@ class Calibration:
         self.held_out: tuple[np.ndarray, np.ndarray] | None = None  # (test, validation) set numbers, first fit
         self.report: CalibrationReport | None = None  # of the last fit
 
-    def time(self, sets: list, rounds: int = 1) -> np.ndarray:
+    def time(self, sets: list, passes: int = 1) -> np.ndarray:
         """Time ``sets`` (lists of pieces; empty ones are skipped) on this machine in one
-        interleaved run, the median of ``rounds`` runs each (ms)."""
+        interleaved run, the median of ``passes`` passes each (ms)."""
         start = time.perf_counter()
         shard_lists = [self.sim.to_shards(s, np.zeros(len(s), dtype=np.int64)) for s in sets if len(s)]
-        times, self.config = time_devices(shard_lists, self.tables, rounds=rounds, repeats=1,
+        times, self.config = time_devices(shard_lists, self.tables, passes=passes, repeats=1,
                                           batch_size=self.models.batch_size, row_cap=self.row_cap, kernel=self.kernel,
                                           progress=True, weights_precision=self.weights_precision)
         self.seconds += time.perf_counter() - start
         return np.array([float(np.median(t)) for t in times])
 
-    def add(self, sets: list, kind: str, rounds: int = 1) -> np.ndarray:
+    def add(self, sets: list, kind: str, passes: int = 1) -> np.ndarray:
         """``time`` the sets and keep them for ``fit``. Returns their times (ms)."""
         sets = [list(s) for s in sets if len(s)]
-        costs = self.time(sets, rounds)
+        costs = self.time(sets, passes)
         self.sets += sets
         self.features += [self.sim.features_of(self.sim.piece_ids(s)) for s in sets]
         self.costs += costs.tolist()

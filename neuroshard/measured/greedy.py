@@ -4,7 +4,7 @@
    (``rowwise.split_rows``, the fewest blocks of at most half a device).
 2. Time each unit alone on this machine: its fused kernel, forward + backward + update,
    with ``neuroshard measure``'s protocol (``runtime.measure_plan.time_devices``: one
-   pinned thread or one GPU, cache flush, median over interleaved rounds).
+   pinned thread or one GPU, cache flush, median over interleaved passes).
 3. Place units largest-measured-first on the least-loaded device (sum of measured
    times) that still has memory for them; when nothing fits, halve the largest unit
    (``rowwise.place_with_splits``) and time the new halves.
@@ -35,11 +35,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class MeasuredGreedyParams:
-    """``rounds``: measured rounds per unit (median, after one untimed warm-up run),
-    ``repeats``: runs per unit and round; ``batch_size``: batch each unit is timed at
+    """``passes``: timed passes per unit (median, after one untimed warm-up run),
+    ``repeats``: runs per unit and pass; ``batch_size``: batch each unit is timed at
     (None: the cost models'); ``row_cap``, ``kernel``: as ``neuroshard measure``."""
 
-    rounds: int = 1
+    passes: int = 1
     repeats: int = 1
     batch_size: int | None = None
     row_cap: int = DEFAULT_MAX_ROWS
@@ -79,10 +79,10 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
             return
         log.info("measured-greedy: timing %d units alone on this machine (batch %d)", len(todo), batch)
         shards = [sim.to_shards([p], np.zeros(1, dtype=np.int64)) for p in todo]
-        rounds, _ = time_devices(shards, sim.tables, rounds=params.rounds, repeats=params.repeats,
+        times, _ = time_devices(shards, sim.tables, passes=params.passes, repeats=params.repeats,
                                  batch_size=batch, row_cap=params.row_cap, kernel=params.kernel,
                                  weights_precision=trained_precision(sim.bytes_per_element))
-        measured.update((p, float(np.median(r))) for p, r in zip(todo, rounds))
+        measured.update((p, float(np.median(r))) for p, r in zip(todo, times))
 
     bpe = sim.bytes_per_element
 
@@ -98,7 +98,7 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
 
     placed = place_with_splits(_units(sim, memory_bytes), place, bpe, optimizer=sim.optimizer, allowed=sim.allowed)
     placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
-    placed.details.update(parameters={"rounds": params.rounds, "repeats": params.repeats, "batch_size": batch,
+    placed.details.update(parameters={"passes": params.passes, "repeats": params.repeats, "batch_size": batch,
                                       "row_cap": params.row_cap, "kernel": params.kernel,
                                       "measured_on": cpu_model()},
                           simulated_cost_ms=placed.cost_ms, units_timed=len(measured))

@@ -7,7 +7,7 @@ the search proposes are. ``refine`` therefore continues a calibration
 sets, measured on this machine) for ``rounds`` rounds:
 
 1. search a plan against the current (calibrated) models;
-2. time its devices on this machine (``timing_rounds`` runs each, ``neuroshard
+2. time its devices on this machine (``timing_passes`` runs each, ``neuroshard
    measure``'s protocol) and record the models' error on them: sets they never saw;
 3. add them to the calibration data and fine-tune the pre-trained model again.
 
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ROUNDS = 2
 #: runs per device set when a plan's devices are timed (median)
-TIMING_ROUNDS = 3
+TIMING_PASSES = 3
 #: measured local-search steps after the rounds (``polish``)
 POLISH_STEPS = 12
 #: a change must gain this fraction of the plan's cost (predicted, then measured) to be tried, then kept
@@ -71,7 +71,7 @@ def check_refine(algorithm: str, rounds: Any) -> int:
 
 
 def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds: int = DEFAULT_ROUNDS,
-           timing_rounds: int = TIMING_ROUNDS, algorithm: str = "neuroshard", models: Any = None,
+           timing_passes: int = TIMING_PASSES, algorithm: str = "neuroshard", models: Any = None,
            polish_steps: int = POLISH_STEPS, compare: tuple[str, ...] = COMPARE, **search_options: Any) -> Plan:
     """Search ``rounds + 1`` plans, each against models fine-tuned on the devices of the
     plans before it (see the module docstring), time them with the plans of the ``compare``
@@ -91,7 +91,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         sets = calibration.sim.device_sets(plan)
         used = [s for s in sets if s]
         estimated = calibration.predict(used, models)
-        measured = calibration.add(used, "plan", rounds=timing_rounds)
+        measured = calibration.add(used, "plan", passes=timing_passes)
         compute = _per_set(sets, measured)
         cost = float(Simulator.from_plan(plan, models, tables, batch).evaluate_plan(plan, compute.tolist()).max_ms[0])
         history.append({"round": r, "calibration_gmae_held_out": round(float(report.gmae_after), 4),
@@ -120,7 +120,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     distinct = {tuple(p.shards): i for i, p in reversed(list(enumerate(plans)))}  # the first of each plan
     candidates = sorted(distinct.values())
     every = [s for i in candidates for s in calibration.sim.device_sets(plans[i])]
-    times = _per_set(every, calibration.time(every, timing_rounds))
+    times = _per_set(every, calibration.time(every, timing_passes))
     finals = []
     for n, i in enumerate(candidates):
         compute = times[n * devices:(n + 1) * devices]
@@ -132,10 +132,10 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     chosen = plans[best]
     record = {"rounds": history, "chosen_round": best if best < len(history) else None,
               "chosen": f"round {best}" if best < len(history) else entries[best]["algorithm"],
-              "compared": compared, "timing_rounds": timing_rounds, "batch_size": batch,
+              "compared": compared, "timing_passes": timing_passes, "batch_size": batch,
               "hardware": calibration.config.get("hardware", "")}
     if polish_steps:
-        chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps, timing_rounds)
+        chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps, timing_passes)
     chosen.provenance["refine"] = record
     return chosen
 
@@ -149,7 +149,7 @@ def _per_set(sets: list[list], values: np.ndarray) -> np.ndarray:
 
 
 def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured_ms: np.ndarray,
-           steps: int = POLISH_STEPS, timing_rounds: int = TIMING_ROUNDS) -> tuple[Plan, dict]:
+           steps: int = POLISH_STEPS, timing_passes: int = TIMING_PASSES) -> tuple[Plan, dict]:
     """A measured local search from ``plan`` whose devices measured ``measured_ms`` (at the
     models' batch size): each step proposes the move of one shard off the slowest device, or
     its swap with a shard of another device, that the models predict best (each device's
@@ -215,7 +215,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         # the two devices before and after the change, timed in one interleaved run (drift-free)
         before = [[pieces[i] for i in np.flatnonzero(where == d)] for d in (a, b)]
         after = [[pieces[i] for i in np.flatnonzero(moved == d)] for d in (a, b)]
-        now = _per_set([*before, *after], calibration.time([*before, *after], timing_rounds))
+        now = _per_set([*before, *after], calibration.time([*before, *after], timing_passes))
         drift = (now[0] + now[1]) / max(measured[a] + measured[b], 1e-9)  # the other devices, at today's speed
         current, trial = measured * drift, measured * drift
         current[[a, b]], trial[[a, b]] = now[:2], now[2:]

@@ -4,7 +4,7 @@
   one process per device (spawned here, or started by torchrun);
 - ``evaluate.evaluate(plan, tables, ...)``: per-device measured embedding compute,
   forward and backward communication (what the cost models predict);
-- ``evaluate.measure_alternating({name: plan}, tables, rounds=...)``: compare plans in
+- ``evaluate.measure_alternating({name: plan}, tables, runs=...)``: compare plans in
   runs that interleave their steps (A/B), so a shared machine's slow spells cancel;
 - ``model.train_reference``: the same model unsharded in one process.
 

@@ -105,7 +105,7 @@ def _measure(args: argparse.Namespace) -> int:
     output = check_output(args.output, [*paths, args.tables], "measurement file") if args.output else None
     tables = TableSet.read(args.tables)
     plans = dict(zip(plan_names(paths), (Plan.read(p) for p in paths)))
-    result = measure_plans(plans, tables, rounds=args.rounds, warmup_rounds=args.warmup_rounds,
+    result = measure_plans(plans, tables, passes=args.passes, warmup_passes=args.warmup_passes,
                            repeats=args.repeats, batch_size=args.batch_size, row_cap=args.row_cap,
                            kernel=args.kernel, cost_models=args.cost_model, progress=True)
     print(result.format())
@@ -137,8 +137,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     from ..costmodels.measure.timing import (
         DEFAULT_REPEATS,
-        DEFAULT_ROUNDS,
-        DEFAULT_WARMUP_ROUNDS,
+        DEFAULT_PASSES,
+        DEFAULT_WARMUP_PASSES,
     )
     p = sub.add_parser("measure", help="time every device of one or more plans on this machine, one at a time",
                        description="Time each device's shards as one fused kernel (forward, backward, update), "
@@ -149,10 +149,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("plans", nargs="+", metavar="PLAN.json", help="plan files (neuroshard.plan/v1) of the same tables")
     p.add_argument("--with", dest="with_plans", nargs="+", metavar="PLAN.json", help="more plans to compare")
     p.add_argument("--tables", required=True, help="tables file (neuroshard.tables/v1)")
-    p.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS,
-                   help=f"measured rounds; a device's figure is its median (default: {DEFAULT_ROUNDS})")
-    p.add_argument("--warmup-rounds", type=nonneg_int, default=DEFAULT_WARMUP_ROUNDS,
-                   help=f"rounds run first and not counted (default: {DEFAULT_WARMUP_ROUNDS})")
+    p.add_argument("--passes", type=positive_int, default=DEFAULT_PASSES,
+                   help=f"timed passes over all devices, round-robin; a device's figure is its median (default: {DEFAULT_PASSES})")
+    p.add_argument("--warmup-passes", type=nonneg_int, default=DEFAULT_WARMUP_PASSES,
+                   help=f"passes run first and not counted (default: {DEFAULT_WARMUP_PASSES})")
     p.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
                    help=f"timed runs per device and round (default: {DEFAULT_REPEATS})")
     p.add_argument("--batch-size", type=batch_size_int, default=None,

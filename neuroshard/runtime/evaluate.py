@@ -139,19 +139,19 @@ def evaluate_together(plans: Sequence[Plan], tables: TableSet, devices: int | No
     return [summarize(plan, result, warmup, batch_size, which) for which, plan in enumerate(plans)]
 
 
-def measure_alternating(plans: dict[str, Plan], tables: TableSet, rounds: int = 3, iterations: int = 20,
+def measure_alternating(plans: dict[str, Plan], tables: TableSet, runs: int = 3, iterations: int = 20,
                         devices: int | None = None, **options) -> dict[str, list[Measurement]]:
-    """Measure several plans of the same tables in ``rounds`` runs, each running all
+    """Measure several plans of the same tables in ``runs`` runs, each running all
     plans with their steps interleaved (``evaluate_together``; the order rotates from
-    round to round), so a slow spell of a shared machine hits every plan alike.
-    Returns each plan's measurements, one per round."""
-    if rounds < 1:
-        raise NeuroShardError(f"rounds must be at least 1, got {rounds}")
+    run to run), so a slow spell of a shared machine hits every plan alike.
+    Returns each plan's measurements, one per run."""
+    if runs < 1:
+        raise NeuroShardError(f"runs must be at least 1, got {runs}")
     names = list(plans)
     out: dict[str, list[Measurement]] = {name: [] for name in names}
-    for round_ in range(rounds):
-        order = names[round_ % len(names):] + names[:round_ % len(names)]
-        log.info("round %d of %d: %s interleaved", round_ + 1, rounds, ", ".join(order))
+    for run in range(runs):
+        order = names[run % len(names):] + names[:run % len(names)]
+        log.info("run %d of %d: %s interleaved", run + 1, runs, ", ".join(order))
         measured = evaluate_together([plans[n] for n in order], tables, devices, iterations, **options)
         for name, measurement in zip(order, measured):
             out[name].append(measurement)
@@ -159,7 +159,7 @@ def measure_alternating(plans: dict[str, Plan], tables: TableSet, rounds: int = 
 
 
 def paired_improvement(ours: Sequence[float], theirs: Sequence[float]) -> float:
-    """How much cheaper (fraction) ``ours`` is than ``theirs`` over paired rounds: one
-    minus the geometric mean of the per-round ratios ours/theirs."""
+    """How much cheaper (fraction) ``ours`` is than ``theirs`` over paired runs: one
+    minus the geometric mean of the per-run ratios ours/theirs."""
     ratios = np.asarray(ours, dtype=np.float64) / np.asarray(theirs, dtype=np.float64)
     return float(1.0 - np.exp(np.log(ratios).mean()))

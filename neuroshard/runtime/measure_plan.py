@@ -53,8 +53,8 @@ class PlanMeasurement:
 
     name: str
     plan: Plan
-    compute_ms: list[float]             # measured, median over rounds, per device
-    rounds_ms: list[list[float]]        # per device, per measured round
+    compute_ms: list[float]             # measured, median over passes, per device
+    passes_ms: list[list[float]]        # per device, per measured pass
     estimated_compute_ms: list[float]   # the compute model's estimate, per device
     modeled_comm_ms: list[float]        # comm models (fwd incl. waiting + bwd + reduce) for the measured compute
     estimated_total_ms: list[float]     # the simulator's total, per device
@@ -92,7 +92,7 @@ class PlanMeasurement:
             rows.append({"device": d, "shards": len(shards), "width": sum(s.num_cols for s in shards),
                          "compute_ms": measured, "estimate_ms": est,
                          "error_%": 100.0 * (est - measured) / measured if measured > 0 else float("nan"),
-                         "spread_%": 100.0 * (max(self.rounds_ms[d]) - min(self.rounds_ms[d])) / measured
+                         "spread_%": 100.0 * (max(self.passes_ms[d]) - min(self.passes_ms[d])) / measured
                          if measured > 0 else float("nan"),
                          "comm_ms (modeled)": self.modeled_comm_ms[d]})
         return pd.DataFrame(rows)
@@ -105,7 +105,7 @@ class PlanMeasurement:
                 "estimate_gmae": self.error_gmae, "estimate_spearman": self.error_spearman}
 
     def to_dict(self) -> dict:
-        return {**self.summary(), "compute_ms": self.compute_ms, "rounds_ms": self.rounds_ms,
+        return {**self.summary(), "compute_ms": self.compute_ms, "passes_ms": self.passes_ms,
                 "estimated_compute_ms": self.estimated_compute_ms, "modeled_comm_ms": self.modeled_comm_ms,
                 "estimated_total_ms": self.estimated_total_ms,
                 "algorithm": (self.plan.provenance or {}).get("algorithm")}
@@ -133,7 +133,7 @@ class MeasureResult:
         import pandas as pd
         c = self.config
         lines = [f"measured on {c['backend']} ({c['hardware']}), kernel {c['kernel']}, {c['clock']} clock, "
-                 f"batch {c['batch_size']}, median of {c['rounds']} rounds after {c['warmup_rounds']} warm-up "
+                 f"batch {c['batch_size']}, median of {c['passes']} passes after {c['warmup_passes']} warm-up "
                  f"({c['repeats']} runs per device and round, each after a cache flush); rows capped at {c['row_cap']:,} "
                  f"({c['capped_shards']} shards capped); weights buffer {c['buffer_bytes'] / 2**20:.0f} MiB; "
                  f"{c['seconds']:.1f} s"]
@@ -192,13 +192,13 @@ def measure_plans(plans: Mapping[str, Plan] | Sequence[Plan], tables: TableSet, 
     precisions = {trained_precision(p.bytes_per_element) for p in plans.values()}
     if len(precisions) == 1:  # the plans' weights precision (int8 and 8-byte plans are timed at fp32)
         options.setdefault("weights_precision", precisions.pop())
-    rounds_ms, config = time_devices(devices, tables, batch_size=batch_size, **options)
+    passes_ms, config = time_devices(devices, tables, batch_size=batch_size, **options)
     config.update(cost_model=models.name, tables_name=tables.name)
 
     results, first = [], 0
     for name in names:
         plan = plans[name]
-        mine = rounds_ms[first:first + plan.num_devices]
+        mine = passes_ms[first:first + plan.num_devices]
         first += plan.num_devices
         compute = [float(statistics.median(r)) if r else 0.0 for r in mine]
         sim = Simulator.from_plan(plan, models, tables, batch_size)

@@ -290,23 +290,23 @@ def halve_largest(pieces: Sequence[Piece], bytes_per_element: int, row_splits: b
 
 
 def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], PlacedT | None],
-                      bytes_per_element: int, row_splits: bool = True, max_rounds: int = 256,
+                      bytes_per_element: int, row_splits: bool = True, max_attempts: int = 256,
                       num_devices: int | None = None, optimizer: str = DEFAULT_OPTIMIZER,
                       local_world_size: int | None = None,
                       allowed: Callable[[list[Piece]], bool] | None = None) -> PlacedT:
     """``place(pieces)``; while it cannot pack the pieces into memory, halve the largest
     piece and try again. InfeasibleError when splitting does not help."""
     current = list(pieces)
-    for round_ in range(max_rounds + 1):
+    for attempt in range(max_attempts + 1):
         placed = place(current)
         if placed is not None:
-            if round_:
-                log.info("packed after %d extra memory splits (%d shards)", round_, len(current))
+            if attempt:
+                log.info("packed after %d extra memory splits (%d shards)", attempt, len(current))
             return placed
         smaller = halve_largest(current, bytes_per_element, row_splits, num_devices, optimizer, local_world_size,
                                 allowed)
         if smaller is None:
             break
         current = smaller
-    raise InfeasibleError(f"could not pack {len(current)} shards into device memory after {round_} extra "
+    raise InfeasibleError(f"could not pack {len(current)} shards into device memory after {attempt} extra "
                           f"splits; the tables are too close to the total memory (try more devices or memory)")

@@ -49,10 +49,10 @@ from .store import cpu_model
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ROUNDS = 5
-#: whole rounds run first and not counted (each kernel also runs once, untimed, when it is built)
-DEFAULT_WARMUP_ROUNDS = 0
-#: timed runs per device and round; the round's figure is their median
+DEFAULT_PASSES = 5
+#: whole passes run first and not counted (each kernel also runs once, untimed, when it is built)
+DEFAULT_WARMUP_PASSES = 0
+#: timed runs per device and pass; the pass's figure is their median
 DEFAULT_REPEATS = 3
 #: most memory the shared weights buffer may take (default: this share of the machine's memory)
 MEMORY_SHARE = 0.5
@@ -72,12 +72,12 @@ def available_memory_bytes() -> int:
 
 @dataclass
 class DeviceTimes:
-    """One device's shards, its kernel's inputs, and its time in each round."""
+    """One device's shards, its kernel's inputs, and its time in each pass."""
 
     shards: list[Shard]
     shapes: list[tuple[int, int]]  # (allocated rows, width) per shard
     inputs: list[tuple[Any, Any]]  # per shard (indices, offsets)
-    rounds_ms: list[float] = field(default_factory=list)
+    passes_ms: list[float] = field(default_factory=list)
     fused: FusedEmbedding | None = None
     prepared: FusedInputs | None = None
 
@@ -112,16 +112,16 @@ def _pin_thread() -> set[int] | None:
     return previous
 
 
-def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, rounds: int = DEFAULT_ROUNDS,
-                 warmup_rounds: int = DEFAULT_WARMUP_ROUNDS, repeats: int = DEFAULT_REPEATS,
+def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes: int = DEFAULT_PASSES,
+                 warmup_passes: int = DEFAULT_WARMUP_PASSES, repeats: int = DEFAULT_REPEATS,
                  batch_size: int = MEASURED_BATCH_SIZE, row_cap: int = DEFAULT_MAX_ROWS, kernel: str = "auto",
                  backend: str = "cpu", optimizer: str = "exact_sgd", max_memory_bytes: int | None = None,
                  progress: bool = False, weights_precision: str = "fp32") -> tuple[list[list[float]], dict]:
     """Time each device's shards (a list of shard lists, one per device, of any plans)
     as one fused kernel with weights of ``weights_precision``, the devices taking turns
-    round-robin with the order rotated every round. Returns per device its time (ms) in
-    each measured round (empty for a device without shards), and how the run was made."""
-    for name, value, low in (("rounds", rounds, 1), ("warmup_rounds", warmup_rounds, 0), ("repeats", repeats, 1),
+    round-robin with the order rotated every pass. Returns per device its time (ms) in
+    each measured pass (empty for a device without shards), and how the run was made."""
+    for name, value, low in (("passes", passes, 1), ("warmup_passes", warmup_passes, 0), ("repeats", repeats, 1),
                              ("row_cap", row_cap, 1), ("batch_size", batch_size, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise NeuroShardError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -146,15 +146,15 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, rounds
         buffer = torch.full((need,), 0.01, dtype=weights_dtype(weights_precision))  # written once: pages mapped
 
     busy = [dt for dt in turns if dt.shards]
-    total_rounds = warmup_rounds + rounds
+    total_passes = warmup_passes + passes
     start = time.perf_counter()
     pinned = _pin_thread() if backend == "cpu" else None
     bar = None
     if progress:
-        bar = tqdm(total=total_rounds * len(busy), desc="measure", unit="device", leave=False, disable=None)
+        bar = tqdm(total=total_passes * len(busy), desc="measure", unit="device", leave=False, disable=None)
     try:
-        for round_ in range(total_rounds):
-            shift = (round_ * max(1, len(busy) // total_rounds)) % max(1, len(busy))
+        for pass_ in range(total_passes):
+            shift = (pass_ * max(1, len(busy) // total_passes)) % max(1, len(busy))
             for dt in busy[shift:] + busy[:shift]:
                 if dt.fused is None:
                     dt.fused = FusedEmbedding(dt.shapes, kernel, device, lr=0.01, init=0.01, optimizer=optimizer,
@@ -162,8 +162,8 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, rounds
                     dt.prepared = dt.fused.prepare(dt.inputs)
                     _run_once(dt.fused, dt.prepared)  # warm-up: first-call allocations are not timed
                 measured = bench.time_fused(dt.fused, dt.prepared)
-                if round_ >= warmup_rounds:
-                    dt.rounds_ms.append(measured.cost_ms)
+                if pass_ >= warmup_passes:
+                    dt.passes_ms.append(measured.cost_ms)
                 if backend == "cuda":  # on CUDA, a device's weights live only for its turn
                     dt.fused = dt.prepared = None
                 if bar is not None:
@@ -175,9 +175,9 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, rounds
             os.sched_setaffinity(0, pinned)
     config = {"backend": backend, "hardware": cpu_model() if backend == "cpu" else torch.cuda.get_device_name(),
               "kernel": kernel, "clock": bench.clock, "optimizer": optimizer, "batch_size": batch_size,
-              "rounds": rounds, "warmup_rounds": warmup_rounds, "repeats": repeats, "row_cap": row_cap,
+              "passes": passes, "warmup_passes": warmup_passes, "repeats": repeats, "row_cap": row_cap,
               "capped_shards": capped, "buffer_bytes": need * element_bytes,
               "seconds": round(time.perf_counter() - start, 2)}
     if weights_precision != "fp32":
         config["weights_precision"] = weights_precision
-    return [list(dt.rounds_ms) for dt in turns], config
+    return [list(dt.passes_ms) for dt in turns], config
