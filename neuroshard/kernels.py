@@ -37,8 +37,9 @@ Heavy imports (torch, fbgemm) happen inside the functions that need them.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, ClassVar, Sequence
 
 import numpy as np
 
@@ -48,7 +49,6 @@ from .optimizers import CPU_OPTIMIZERS, FBGEMM_OPTIMIZERS, check_optimizer
 if TYPE_CHECKING:
     import torch
 
-KERNELS = ("fbgemm_tbe", "embedding_bag")
 BACKENDS = ("cpu", "cuda")
 #: ``collect --optimizer`` spellings (aliases of ``optimizers.OPTIMIZERS``, recorded as given in cost data)
 TIMED_OPTIMIZERS = ("exact_sgd", "exact_rowwise_adagrad")
@@ -97,9 +97,10 @@ def check_trainable_optimizer(optimizer: str, kernel: str, device_type: str) -> 
     """The optimizer (an alias allowed) when ``kernel`` on ``device_type`` trains with it;
     NeuroShardError saying why not otherwise."""
     optimizer = check_optimizer(optimizer)
-    if optimizer != "sgd" and kernel != "fbgemm_tbe":
+    trains = KERNEL_TYPES[kernel].optimizers
+    if optimizer not in trains:
         raise NeuroShardError(f"optimizer {optimizer} needs fbgemm's TBE kernel; the {kernel} fallback trains "
-                              f"with sgd only")
+                              f"with {', '.join(trains)} only")
     if device_type == "cpu" and optimizer not in CPU_OPTIMIZERS:
         raise NeuroShardError(f"optimizer {optimizer} cannot train on CPU: fbgemm-gpu-cpu's TBE runs "
                               f"{', '.join(CPU_OPTIMIZERS)} there ({optimizer} needs CUDA)")
@@ -126,11 +127,13 @@ def resolve_kernel(kernel: str, backend: str) -> str:
         raise NeuroShardError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if kernel == "auto":
         return "fbgemm_tbe" if fbgemm_available(backend) else "embedding_bag"
-    if kernel not in KERNELS:
-        raise NeuroShardError(f"unknown kernel {kernel!r}; choose one of auto, {', '.join(KERNELS)}")
+    if kernel not in KERNEL_TYPES:
+        raise NeuroShardError(f"unknown kernel {kernel!r}; choose one of auto, {', '.join(KERNEL_TYPES)}")
     if kernel == "fbgemm_tbe" and not fbgemm_available(backend):
         raise NeuroShardError(f"kernel fbgemm_tbe is not available for backend {backend} "
                               f"(install fbgemm-gpu{'-cpu' if backend == 'cpu' else ''})")
+    if not KERNEL_TYPES[kernel].available(backend):
+        raise NeuroShardError(f"kernel {kernel} is not available for backend {backend}")
     return kernel
 
 
@@ -164,7 +167,7 @@ def local_lookups(rows: np.ndarray, lengths: np.ndarray, row_offset: int, num_ro
 
 def weights_numel(shapes: Sequence[tuple[int, int]], kernel: str) -> int:
     """Elements the weights of ``shapes`` take in ``kernel`` (TBE pads widths to multiples of 4)."""
-    align = TBE_WIDTH_ALIGN if kernel == "fbgemm_tbe" else 1
+    align = KERNEL_TYPES[kernel].width_align
     return sum(int(r) * (-(-int(d) // align) * align) for r, d in shapes)
 
 
@@ -174,11 +177,12 @@ class FusedEmbedding:
     ``shapes`` are the (allocated rows, width) of each shard; ``init`` is one value for
     every weight or one (rows, width) tensor per shard. ``lr`` is the learning rate of
     the fused update; ``optimizer`` (``optimizers.OPTIMIZERS`` or an ``exact_*`` alias)
-    is TBE's fused optimizer (the fallback runs SGD only).
+    is the kernel's fused optimizer (``EmbeddingKernel.optimizers``).
     ``weights_precision`` is the weights' element type (``WEIGHTS_PRECISIONS``).
     ``weights_buffer`` (a flat tensor of that type, of at least ``weights_numel(shapes,
     kernel)`` elements) holds the weights instead of a new allocation; its values are
-    left as they are (``init`` is not applied), as when timing kernels that share it."""
+    left as they are (``init`` is not applied), as when timing kernels that share it.
+    The work is the registered ``EmbeddingKernel``'s (``KERNEL_TYPES[kernel]``)."""
 
     def __init__(self, shapes: Sequence[tuple[int, int]], kernel: str = "auto", device: "torch.device | str" = "cpu",
                  lr: float = 0.01, init: "float | Sequence[torch.Tensor]" = 0.01,
@@ -204,10 +208,7 @@ class FusedEmbedding:
             raise NeuroShardError(f"weights buffer of {weights_buffer.numel()} floats is smaller than the "
                                   f"{weights_numel(self.shapes, self.kernel)} the shards need")
         try:
-            if self.kernel == "fbgemm_tbe":
-                self._build_tbe(init, weights_buffer)
-            else:
-                self._build_embedding_bag(init, weights_buffer)
+            self.impl: EmbeddingKernel = KERNEL_TYPES[self.kernel](self, init, weights_buffer)
         except (RuntimeError, MemoryError) as exc:
             raise NeuroShardError(f"cannot allocate the fused kernel for {len(self.shapes)} shards: "
                                   f"{str(exc).splitlines()[0]}") from None
@@ -216,8 +217,122 @@ class FusedEmbedding:
     def widths(self) -> list[int]:
         return [d for _, d in self.shapes]
 
-    # ------------------------------------------------------------ building
-    def _build_tbe(self, init, buffer) -> None:
+    def prepare(self, per_shard: Sequence[tuple["torch.Tensor", "torch.Tensor"]]) -> FusedInputs:
+        """Lay out one batch: ``per_shard`` holds each shard's (indices into its allocated
+        rows, offsets), offsets being the B bag starts as ``F.embedding_bag`` takes them."""
+        import torch
+        if len(per_shard) != len(self.shapes):
+            raise NeuroShardError(f"lookups for {len(per_shard)} shards given to a kernel of {len(self.shapes)}")
+        batch = int(per_shard[0][1].numel())
+        if any(int(off.numel()) != batch for _, off in per_shard):
+            raise NeuroShardError("every shard's lookups must cover the same batch")
+        per_shard = [(idx.to(self.device, torch.long), off.to(self.device, torch.long)) for idx, off in per_shard]
+        return self.impl.prepare(per_shard, batch)
+
+    def pooled(self, inputs: FusedInputs) -> "torch.Tensor":
+        """Pooled embeddings of every shard side by side in shard order, (B, sum of widths).
+        A backward through it computes the gradients (and, for TBE, applies the update)."""
+        return self.impl.pooled(inputs)
+
+    def forward(self, inputs: "FusedInputs | Sequence[tuple[torch.Tensor, torch.Tensor]]") -> list["torch.Tensor"]:
+        """Pooled embeddings, one (B, width) tensor per shard."""
+        import torch
+        if not isinstance(inputs, FusedInputs):
+            inputs = self.prepare(inputs)
+        return list(torch.split(self.pooled(inputs), self.widths, dim=1))
+
+    __call__ = forward
+
+    def step(self) -> None:
+        """Apply the update after a backward (TBE already did, inside its backward)."""
+        self.impl.step()
+
+    def optimizer_state(self) -> list[dict[str, "torch.Tensor"]]:
+        """The fused optimizer's state of every shard (fbgemm's names, e.g. ``sum``), CPU
+        copies without padding columns; empty dicts for SGD and kernels without state."""
+        return self.impl.optimizer_state()
+
+    def weights(self) -> list["torch.Tensor"]:
+        """Current weights of every shard, (rows, width) float32 copies on the CPU."""
+        return self.impl.weights()
+
+
+def concat_lookups(parts, row_bases, with_end: bool):
+    """Indices (shifted by ``row_bases``) and offsets (shifted by the indices before
+    them) of several shards one after another; ``with_end`` appends the total."""
+    import torch
+    ids, offs, base = [], [], 0
+    for (idx, off), rows in zip(parts, row_bases):
+        ids.append(idx + rows if rows else idx)
+        offs.append(off + base)
+        base += int(idx.numel())
+    if with_end:
+        offs.append(torch.tensor([base], dtype=torch.long, device=offs[0].device))
+    return torch.cat(ids), torch.cat(offs)
+
+
+class EmbeddingKernel(ABC):
+    """One kernel: how a device's shards are laid out, run as one sum-pooled operation and
+    updated. A subclass per kernel, registered in ``KERNEL_TYPES`` (``register_kernel``);
+    ``FusedEmbedding`` checks the arguments and hands the work to it. ``fused`` is the
+    owning ``FusedEmbedding`` (its ``shapes``, ``widths``, ``device``, ``dtype``, ``lr``,
+    ``optimizer``, ``weights_precision``)."""
+
+    #: the kernel's name (``--kernel``, cost data's ``kernel`` field)
+    name: ClassVar[str] = ""
+    #: widths are padded to multiples of this in memory
+    width_align: ClassVar[int] = 1
+    #: the optimizers it fuses (``optimizers.OPTIMIZERS`` names)
+    optimizers: ClassVar[tuple[str, ...]] = ("sgd",)
+    #: the backends it runs on
+    backends: ClassVar[tuple[str, ...]] = BACKENDS
+
+    def __init__(self, fused: "FusedEmbedding", init: "float | Sequence[torch.Tensor]",
+                 buffer: "torch.Tensor | None") -> None:
+        self.fused = fused
+        self.kernel, self.shapes, self.widths, self.device = fused.kernel, fused.shapes, fused.widths, fused.device
+        self.dtype, self.lr, self.optimizer = fused.dtype, fused.lr, fused.optimizer
+        self.weights_precision = fused.weights_precision
+
+    @classmethod
+    def available(cls, backend: str) -> bool:
+        """Whether the kernel can run on ``backend`` here (its libraries import)."""
+        return backend in cls.backends
+
+    @abstractmethod
+    def prepare(self, per_shard: list[tuple["torch.Tensor", "torch.Tensor"]], batch: int) -> FusedInputs:
+        """One batch's per-shard (indices, offsets), already on the device, laid out for the kernel."""
+
+    @abstractmethod
+    def pooled(self, inputs: FusedInputs) -> "torch.Tensor":
+        """(B, sum of widths) pooled embeddings in shard order; a backward computes the gradients."""
+
+    def step(self) -> None:
+        """Apply the update after a backward (nothing when the backward applied it)."""
+
+    def optimizer_state(self) -> list[dict[str, "torch.Tensor"]]:
+        """The fused optimizer's state per shard (empty dicts when it keeps none)."""
+        return [{} for _ in self.shapes]
+
+    @abstractmethod
+    def weights(self) -> list["torch.Tensor"]:
+        """Current weights of every shard, (rows, width) float32 copies on the CPU."""
+
+
+class TBEKernel(EmbeddingKernel):
+    """fbgemm's table-batched embedding: one table per shard, sum pooling, the optimizer
+    fused into the backward; widths padded to multiples of ``TBE_WIDTH_ALIGN``."""
+
+    name = "fbgemm_tbe"
+    width_align = TBE_WIDTH_ALIGN
+    optimizers = tuple(FBGEMM_OPTIMIZERS)
+
+    @classmethod
+    def available(cls, backend: str) -> bool:
+        return fbgemm_available(backend)
+
+    def __init__(self, fused: "FusedEmbedding", init, buffer) -> None:
+        super().__init__(fused, init, buffer)
         import torch
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
@@ -265,7 +380,33 @@ class FusedEmbedding:
                     else:
                         w[:, :d].copy_(init[i])
 
-    def _build_embedding_bag(self, init, buffer) -> None:
+    def prepare(self, per_shard, batch: int) -> FusedInputs:
+        return FusedInputs(batch, [concat_lookups(per_shard, [0] * len(per_shard), True)])
+
+    def pooled(self, inputs: FusedInputs) -> "torch.Tensor":
+        indices, offsets = inputs.tensors[0]
+        out = self._tbe(indices, offsets)
+        return out if self._keep is None else out.index_select(1, self._keep)
+
+    def optimizer_state(self) -> list[dict[str, "torch.Tensor"]]:
+        return [{k: (v[:, :d] if v.dim() == 2 else v).detach().cpu().clone() for k, v in state.items()}
+                for state, d in zip(self._tbe.get_optimizer_state() or [{}] * len(self.shapes), self.widths)]
+
+    def weights(self) -> list["torch.Tensor"]:
+        import torch
+        return [w[:, :d].detach().cpu().to(torch.float32, copy=True)
+                for w, d in zip(self._tbe.split_embedding_weights(), self.widths)]
+
+
+class EmbeddingBagKernel(EmbeddingKernel):
+    """PyTorch's ``nn.EmbeddingBag`` (the fallback): no table-batched op, so the shards of
+    equal width are stacked into one bag and the width groups run one after another;
+    SGD applied by ``step``."""
+
+    name = "embedding_bag"
+
+    def __init__(self, fused: "FusedEmbedding", init, buffer) -> None:
+        super().__init__(fused, init, buffer)
         import torch
         groups: dict[int, list[int]] = {}
         for i, d in enumerate(self.widths):
@@ -296,45 +437,13 @@ class FusedEmbedding:
             self._bags.append(bag)
         self._sgd = torch.optim.SGD([b.weight for b in self._bags], lr=self.lr)
 
-    # --------------------------------------------------------------- steps
-    def prepare(self, per_shard: Sequence[tuple["torch.Tensor", "torch.Tensor"]]) -> FusedInputs:
-        """Lay out one batch: ``per_shard`` holds each shard's (indices into its allocated
-        rows, offsets), offsets being the B bag starts as ``F.embedding_bag`` takes them."""
-        import torch
-        if len(per_shard) != len(self.shapes):
-            raise NeuroShardError(f"lookups for {len(per_shard)} shards given to a kernel of {len(self.shapes)}")
-        batch = int(per_shard[0][1].numel())
-        if any(int(off.numel()) != batch for _, off in per_shard):
-            raise NeuroShardError("every shard's lookups must cover the same batch")
-        per_shard = [(idx.to(self.device, torch.long), off.to(self.device, torch.long)) for idx, off in per_shard]
-        if self.kernel == "fbgemm_tbe":
-            return FusedInputs(batch, [self._concat(per_shard, [0] * len(per_shard), True)])
-        tensors = [self._concat([per_shard[i] for i in members], [self._row_base[i] for i in members], False)
-                   for _, members in self._groups]
-        return FusedInputs(batch, tensors)
-
-    @staticmethod
-    def _concat(parts, row_bases, with_end: bool):
-        """Indices (shifted by ``row_bases``) and offsets (shifted by the indices before
-        them) of several shards one after another; ``with_end`` appends the total."""
-        import torch
-        ids, offs, base = [], [], 0
-        for (idx, off), rows in zip(parts, row_bases):
-            ids.append(idx + rows if rows else idx)
-            offs.append(off + base)
-            base += int(idx.numel())
-        if with_end:
-            offs.append(torch.tensor([base], dtype=torch.long, device=offs[0].device))
-        return torch.cat(ids), torch.cat(offs)
+    def prepare(self, per_shard, batch: int) -> FusedInputs:
+        return FusedInputs(batch, [concat_lookups([per_shard[i] for i in members],
+                                                  [self._row_base[i] for i in members], False)
+                                   for _, members in self._groups])
 
     def pooled(self, inputs: FusedInputs) -> "torch.Tensor":
-        """Pooled embeddings of every shard side by side in shard order, (B, sum of widths).
-        A backward through it computes the gradients (and, for TBE, applies the update)."""
         import torch
-        if self.kernel == "fbgemm_tbe":
-            indices, offsets = inputs.tensors[0]
-            out = self._tbe(indices, offsets)
-            return out if self._keep is None else out.index_select(1, self._keep)
         batch = inputs.batch_size
         per_shard: list = [None] * len(self.shapes)
         for bag, (width, members), (ids, offsets) in zip(self._bags, self._groups, inputs.tensors):
@@ -345,38 +454,35 @@ class FusedEmbedding:
                 per_shard[i] = out[j * batch:(j + 1) * batch]
         return torch.cat(per_shard, dim=1)
 
-    def forward(self, inputs: "FusedInputs | Sequence[tuple[torch.Tensor, torch.Tensor]]") -> list["torch.Tensor"]:
-        """Pooled embeddings, one (B, width) tensor per shard."""
-        import torch
-        if not isinstance(inputs, FusedInputs):
-            inputs = self.prepare(inputs)
-        return list(torch.split(self.pooled(inputs), self.widths, dim=1))
-
-    __call__ = forward
-
     def step(self) -> None:
-        """Apply the update after a backward (TBE already did, inside its backward)."""
-        if self.kernel == "embedding_bag":
-            self._sgd.step()
-            self._sgd.zero_grad(set_to_none=True)
-
-    def optimizer_state(self) -> list[dict[str, "torch.Tensor"]]:
-        """The fused optimizer's state of every shard (fbgemm's names, e.g. ``sum``), CPU
-        copies without padding columns; empty dicts for SGD and the fallback."""
-        if self.kernel != "fbgemm_tbe":
-            return [{} for _ in self.shapes]
-        return [{k: (v[:, :d] if v.dim() == 2 else v).detach().cpu().clone() for k, v in state.items()}
-                for state, d in zip(self._tbe.get_optimizer_state() or [{}] * len(self.shapes), self.widths)]
+        self._sgd.step()
+        self._sgd.zero_grad(set_to_none=True)
 
     def weights(self) -> list["torch.Tensor"]:
-        """Current weights of every shard, (rows, width) float32 copies on the CPU."""
         import torch
-        if self.kernel == "fbgemm_tbe":
-            return [w[:, :d].detach().cpu().to(torch.float32, copy=True)
-                    for w, d in zip(self._tbe.split_embedding_weights(), self.widths)]
         out: list = [None] * len(self.shapes)
         for bag, (_, members) in zip(self._bags, self._groups):
             for i in members:
                 start = self._row_base[i]
                 out[i] = bag.weight[start:start + self.shapes[i][0]].detach().cpu().to(torch.float32, copy=True)
         return out
+
+
+#: every kernel by name; ``auto`` picks fbgemm_tbe where it is available, else embedding_bag
+KERNEL_TYPES: dict[str, type[EmbeddingKernel]] = {k.name: k for k in (TBEKernel, EmbeddingBagKernel)}
+
+
+def register_kernel(kernel: type[EmbeddingKernel]) -> type[EmbeddingKernel]:
+    """Add ``kernel`` (an ``EmbeddingKernel`` subclass with a new ``name``) to ``KERNEL_TYPES``;
+    usable as a class decorator. ``--kernel`` choices are read when a parser is built."""
+    if not (isinstance(kernel, type) and issubclass(kernel, EmbeddingKernel)) or not kernel.name:
+        raise NeuroShardError(f"a kernel must be an EmbeddingKernel subclass with a name, got {kernel!r}")
+    if kernel.name in KERNEL_TYPES or kernel.name == "auto":
+        raise NeuroShardError(f"kernel {kernel.name!r} is already registered")
+    KERNEL_TYPES[kernel.name] = kernel
+    return kernel
+
+
+def kernel_names() -> tuple[str, ...]:
+    """The registered kernels' names (``--kernel`` choices besides ``auto``)."""
+    return tuple(KERNEL_TYPES)

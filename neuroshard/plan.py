@@ -140,7 +140,10 @@ class Plan:
         strips: dict[tuple[int, int], int] = {}
         for s in self.shards_of(table):
             strips[(s.col_offset, s.num_cols)] = strips.get((s.col_offset, s.num_cols), 0) + 1
-        return layout_kind([strips[k] for k in sorted(strips)], self.num_devices, self.local_world_size)
+        bounds = sorted(strips)
+        if any(a[0] + a[1] > b[0] for a, b in zip(bounds, bounds[1:])):
+            return "grid_shard"  # split along both, but not in column strips (an irregular grid TorchRec refuses)
+        return layout_kind([strips[k] for k in bounds], self.num_devices, self.local_world_size)
 
     # ------------------------------------------------------------ validation
     def problems(self) -> list[str]:

@@ -55,7 +55,7 @@ def make_plan(kind: str, n: int) -> Plan:
         else:
             shards.append(Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, i % n))
     plan = Plan(list(TABLES), shards, n, 10**9).validate()
-    assert {plan.sharding_type(t.name) for t in TABLES} >= ({"mixed"} if kind == "mixed" else {kind})
+    assert {plan.sharding_type(t.name) for t in TABLES} >= ({"grid_shard"} if kind == "mixed" else {kind})
     return plan
 
 

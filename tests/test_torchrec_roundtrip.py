@@ -52,7 +52,7 @@ def test_a_torchrec_plan_round_trips_with_identical_shards(tmp_path):
     assert sharding_plan_json(ShardingPlan({"sparse.ebc": module_plan})) == {"sparse.ebc": original}
     # The Python way in: TorchRec's objects.
     plan = plan_from_torchrec(module_plan, TABLES, num_devices=4)
-    assert {plan.sharding_type(t.name) for t in plan.tables} == {"table_wise", "column_wise", "row_wise", "mixed"}
+    assert {plan.sharding_type(t.name) for t in plan.tables} == {"table_wise", "column_wise", "row_wise", "grid_shard"}
     again = torchrec_sharding(plan, compute_device="cuda", local_world_size=2)
     assert _shards(again["tables"]) == _shards(original)
 

@@ -9,7 +9,7 @@ import argparse
 import logging
 
 from ..cli_options import add_input, add_output
-from ..kernels import DEFAULT_MAX_ROWS, KERNELS
+from ..kernels import DEFAULT_MAX_ROWS, kernel_names
 from ..validate import (
     batch_size_int,
     device_count,
@@ -36,7 +36,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--row-cap", type=positive_int, default=None,
                    help="most rows a shard allocates; lookups beyond fold onto them "
                         f"(default: {DEFAULT_MAX_ROWS:,}, the kernel benchmark's max rows)")
-    p.add_argument("--kernel", default="auto", choices=("auto",) + KERNELS,
+    p.add_argument("--kernel", default="auto", choices=("auto",) + kernel_names(),
                    help="fused embedding kernel of each device (default: auto, as the kernel benchmark picks: "
                         "fbgemm_tbe when fbgemm is importable, else embedding_bag)")
     p.add_argument("--dist-backend", default="auto", choices=("auto", "gloo", "nccl"),
@@ -136,8 +136,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_evaluate)
 
     from ..costmodels.measure.timing import (
-        DEFAULT_REPEATS,
         DEFAULT_PASSES,
+        DEFAULT_REPEATS,
         DEFAULT_WARMUP_PASSES,
     )
     p = sub.add_parser("measure", help="time every device of one or more plans on this machine, one at a time",
@@ -159,7 +159,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="batch each device looks up (default: the cost model's, 4096 for the shipped one)")
     p.add_argument("--row-cap", type=positive_int, default=DEFAULT_MAX_ROWS,
                    help=f"most rows a shard allocates; lookups beyond fold onto them (default: {DEFAULT_MAX_ROWS:,})")
-    p.add_argument("--kernel", default="auto", choices=("auto",) + KERNELS, help="fused kernel (default: auto)")
+    p.add_argument("--kernel", default="auto", choices=("auto",) + kernel_names(), help="fused kernel (default: auto)")
     p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
                    help="cost models for the estimates (default: the shipped checkpoint)")
     add_output(p, "also write the measurement as JSON", aliases=("--json",), metavar="OUT.json")

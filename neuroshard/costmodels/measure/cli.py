@@ -6,7 +6,7 @@ import argparse
 from ...cli_options import add_input, add_output, add_weights_precision
 from ...constants import MEASURED_BATCH_SIZE
 from ...errors import NeuroShardError
-from ...kernels import DEFAULT_MAX_ROWS, KERNELS, TIMED_OPTIMIZERS
+from ...kernels import DEFAULT_MAX_ROWS, TIMED_OPTIMIZERS, kernel_names
 from ...measured.collect import SET_SOURCES
 from ...validate import (
     MAX_DEVICES,
@@ -82,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="random augmented sets (default), or devices of plans searched on random tasks of the "
                         "tables (4-16 devices, 5-40 tables per device): the sets the search asks about")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where kernels run: cpu or cuda (default cpu)")
-    p.add_argument("--kernel", default="auto", choices=("auto", *KERNELS), help="fused kernel (default auto)")
+    p.add_argument("--kernel", default="auto", choices=("auto", *kernel_names()), help="fused kernel (default auto)")
     p.add_argument("--max-rows", type=positive_int, default=DEFAULT_MAX_ROWS, help="rows allocated at most per shard; "
                                                                       "ids are folded (default 1000000)")
     p.add_argument("--optimizer", default="exact_sgd", choices=TIMED_OPTIMIZERS, help="(default exact_sgd)")

@@ -39,7 +39,6 @@ from ...errors import NeuroShardError
 from ...kernels import (  # noqa: F401
     BACKENDS,
     DEFAULT_MAX_ROWS,
-    KERNELS,
     TIMED_OPTIMIZERS,
     FusedEmbedding,
     FusedInputs,
