@@ -48,7 +48,7 @@ from neuroshard.errors import NeuroShardError
 from neuroshard.runtime.measure_plan import estimate_gmae, estimate_spearman, measure_plans
 from neuroshard.search.simulator import Simulator
 from neuroshard.search.api import shard
-from neuroshard.search.registry import ALGORITHMS
+from neuroshard.search.registry import ALGORITHMS, get_trait
 from neuroshard.torchrec.guard import torchrec_available
 from neuroshard.topology import Topology
 
@@ -72,8 +72,9 @@ def algorithms(include_torchrec: bool) -> list[str]:
 
 
 def baselines(include_torchrec: bool) -> list[str]:
-    """What NeuroShard is compared with: every algorithm but itself and bayes."""
-    return [a for a in algorithms(include_torchrec) if a not in ("neuroshard", "bayes")]
+    """What NeuroShard is compared with: every algorithm that is not guided by our cost models
+    (the registry's ``model_guided`` trait: NeuroShard itself and bayes)."""
+    return [a for a in algorithms(include_torchrec) if not get_trait(a, "model_guided")]
 
 
 def a2a_bytes_per_device(plan, batch_size: int) -> float:

@@ -39,7 +39,7 @@ from ..costmodels.metrics import gmae
 from ..errors import NeuroShardError
 from ..plan import Plan
 from ..search.api import shard
-from ..search.registry import MODEL_GUIDED_ALGORITHMS, with_trait
+from ..search.registry import get_trait, with_trait
 from ..search.simulator import Simulator
 from ..tables import TableSet
 from ..validate import check_int
@@ -53,8 +53,6 @@ TIMING_PASSES = 3
 POLISH_STEPS = 12
 #: a change must gain this fraction of the plan's cost (predicted, then measured) to be tried, then kept
 MIN_GAIN = 0.005
-#: the algorithms that search against the cost models, the only ones refinement can correct
-REFINABLE = MODEL_GUIDED_ALGORITHMS
 #: the baselines whose plans join the final measured comparison: what a user would otherwise run
 #: (measured-greedy and size-lookup were the best baseline in 25 of 27 benchmark tasks, experiments/results)
 COMPARE = with_trait("refine_compares")
@@ -64,9 +62,9 @@ PLAN_OPTIONS = ("bytes_per_element", "seed", "optimizer", "topology", "comm_prec
 
 def check_refine(algorithm: str, rounds: Any) -> int:
     """The number of rounds (``True``: ``DEFAULT_ROUNDS``), checked with the algorithm."""
-    if algorithm not in REFINABLE:
+    if not get_trait(algorithm, "model_guided"):
         raise NeuroShardError(f"refinement corrects the cost models a search uses; algorithm '{algorithm}' does not "
-                              f"use them (choose {' or '.join(REFINABLE)})")
+                              f"use them (choose {' or '.join(with_trait('model_guided'))})")
     return DEFAULT_ROUNDS if rounds is True else check_int(rounds, "refine (rounds)", 0, 20)
 
 
@@ -244,4 +242,4 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     return polished, record
 
 
-__all__ = ["refine", "polish", "check_refine", "DEFAULT_ROUNDS", "REFINABLE"]
+__all__ = ["refine", "polish", "check_refine", "DEFAULT_ROUNDS"]

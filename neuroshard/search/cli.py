@@ -12,6 +12,7 @@ from ..cli_options import (
     add_topology_options,
     write_output,
 )
+from ..exporters import exporter_names
 from ..measured.calibrate import DEFAULT_SETS
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
 from ..topology import memory_list
@@ -91,21 +92,17 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from ..exporters import get_exporter
     from ..plan import Plan
-    from ..torchrec.export import torchrec_sharding
     from ..validate import check_output
+    exporter = get_exporter(args.format)
     if args.output != STDOUT:
         check_output(args.output, [args.plan], "export file")
     plan = Plan.read(args.plan)
-    exported = torchrec_sharding(plan, compute_device=args.compute_device, compute_kernel=args.compute_kernel,
-                                 local_world_size=args.local_world_size)
+    exported = exporter.export(plan, compute_device=args.compute_device, compute_kernel=args.compute_kernel,
+                               local_world_size=args.local_world_size)
     say = write_output(args.output, json.dumps(exported, indent=1) + "\n")
-    kinds: dict[str, int] = {}
-    for record in exported["tables"].values():
-        kinds[record["sharding_type"]] = kinds.get(record["sharding_type"], 0) + 1
-    say(f"wrote {args.output}: {len(exported['tables'])} tables for TorchRec over {plan.num_devices} ranks, "
-          f"{exported['local_world_size']} per host, on {exported['compute_device']} ("
-          + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")")
+    say(f"wrote {args.output}: {exporter.describe(plan, exported)}")
     return 0
 
 
@@ -156,7 +153,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "record (sharding type, compute kernel, ranks, shard offsets/sizes/placement). "
                                    "A table laid out in a way TorchRec cannot run exactly is refused, naming it.")
     add_input(p, "plan", "plan file (JSON, neuroshard.plan/v1)")
-    p.add_argument("--format", choices=("torchrec",), default="torchrec", help="target (default: torchrec)")
+    p.add_argument("--format", choices=exporter_names(), default="torchrec", help="target (default: torchrec)")
     p.add_argument("--compute-device", choices=("cuda", "cpu"), default=None,
                    help="placement device: rank:R/cuda:(R mod local world size) or rank:R/cpu "
                         "(default: cuda when this machine's torch has CUDA, else cpu)")

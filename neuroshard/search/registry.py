@@ -7,9 +7,9 @@ returning a ``Placement`` (as optuna's samplers share one base class). ``shard()
 from here. Entries name ``"module:attribute"`` and are imported on first use, so
 listing the algorithms imports none of them (optuna, TorchRec, kernels).
 
-Add an algorithm: write a module with a search function and
-``ALGORITHM = SearchFunction(name, ParamsDataclass, search)`` (as ``bayes``), and add
-one line to ``_REGISTRY``.
+Add an algorithm: ``register(SearchFunction(name, ParamsDataclass, search), **traits)``
+from your own code, or, in this package, a module with ``ALGORITHM = SearchFunction(...)``
+(as ``bayes``) and one line in ``_REGISTRY`` (docs/extending.md).
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class Registered:
     tables, what plan-shaped pre-training sets are drawn from, what refine compares its
     plan with) is derived from these traits, never written out again."""
 
-    target: str                    # "module:attribute" of the algorithm object
+    target: "str | SearchAlgorithm"  # the algorithm object, or "module:attribute" imported on first use
     greedy_baseline: bool = False  # one of the classic greedy heuristics (fallback, seeds, comparisons)
     needs_hardware: bool = False   # times real kernels on this machine instead of predicting
     model_guided: bool = False     # chooses by the cost models' predictions: the measured loop can correct it
@@ -109,8 +109,24 @@ def get_algorithm(name: str) -> SearchAlgorithm:
     """The algorithm registered as ``name`` (NeuroShardError naming the choices otherwise)."""
     if not isinstance(name, str) or name not in _REGISTRY:
         raise NeuroShardError(f"unknown algorithm {name!r} (choose from {', '.join(ALGORITHMS)})")
-    module, attribute = _REGISTRY[name].target.split(":")
+    target = _REGISTRY[name].target
+    if not isinstance(target, str):
+        return target
+    module, attribute = target.split(":")
     return getattr(importlib.import_module(module), attribute)
+
+
+def register(algorithm: SearchAlgorithm, **traits: Any) -> None:
+    """Add ``algorithm`` (an object with ``name``, ``params_type`` and ``search``, e.g. a
+    ``SearchFunction``) under its name, with ``traits`` (``Registered``'s fields). It is
+    then searchable by ``shard(algorithm=name)``; choice lists built before (``ALGORITHMS``,
+    a CLI parser) do not show it."""
+    name = getattr(algorithm, "name", None)
+    if not isinstance(name, str) or not name or not callable(getattr(algorithm, "search", None)):
+        raise NeuroShardError(f"an algorithm needs a name and a search method, got {algorithm!r}")
+    if name in _REGISTRY:
+        raise NeuroShardError(f"algorithm {name!r} is already registered")
+    _REGISTRY[name] = Registered(algorithm, **traits)
 
 
 def make_params(algorithm: SearchAlgorithm, params: dict[str, Any]) -> Any:

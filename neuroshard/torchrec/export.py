@@ -42,6 +42,7 @@ from typing import Any
 
 from ..constants import DATA_PARALLEL
 from ..errors import NeuroShardError
+from ..exporters import Exporter
 from ..optimizers import DEFAULT_OPTIMIZER, FBGEMM_OPTIMIZERS
 from ..plan import Plan, Shard
 from ..types import ceil_blocks
@@ -236,3 +237,26 @@ def to_parameter_shardings(exported: dict, table_sizes: dict[str, tuple[int, int
         out[name] = ParameterSharding(sharding_type=record["sharding_type"], compute_kernel=record["compute_kernel"],
                                       ranks=list(record["ranks"]), sharding_spec=spec)
     return out
+
+
+class TorchRecExporter(Exporter):
+    """``neuroshard export --format torchrec``: ``torchrec_sharding``'s document."""
+
+    name = "torchrec"
+    format = TORCHREC_FORMAT
+
+    def export(self, plan: Plan, compute_device: str | None = None, compute_kernel: str = "fused",
+               local_world_size: int | None = None, **_: Any) -> dict:
+        return torchrec_sharding(plan, compute_device=compute_device, compute_kernel=compute_kernel,
+                                 local_world_size=local_world_size)
+
+    def describe(self, plan: Plan, document: dict) -> str:
+        kinds: dict[str, int] = {}
+        for record in document["tables"].values():
+            kinds[record["sharding_type"]] = kinds.get(record["sharding_type"], 0) + 1
+        return (f"{len(document['tables'])} tables for TorchRec over {plan.num_devices} ranks, "
+                f"{document['local_world_size']} per host, on {document['compute_device']} ("
+                + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")")
+
+
+EXPORTER = TorchRecExporter()
