@@ -14,6 +14,7 @@ import numpy as np
 from ..access_spec import NUM_BINS
 from ..datasets.sampler import reuse_histograms
 from ..tables import Table
+from ..constants import FP32_BYTES
 
 FEATURE_SCHEMA_VERSION = 1
 FEATURE_NAMES: tuple[str, ...] = (
@@ -30,7 +31,7 @@ def table_features(table: Table, batch_size: int) -> np.ndarray:
     """The feature vector (float32, ``NUM_FEATURES``) of one shard or table."""
     _, lookup_share, mean_reuse = reuse_histograms(table, batch_size)
     head = [float(table.embedding_dim), float(np.log2(table.num_embeddings)), float(table.pooling_factor),
-            float(np.log2(table.size_bytes(4))), float(np.log2(max(mean_reuse, 1.0)))]
+            float(np.log2(table.size_bytes(FP32_BYTES))), float(np.log2(max(mean_reuse, 1.0)))]
     return np.concatenate([head, lookup_share]).astype(np.float32)
 
 
