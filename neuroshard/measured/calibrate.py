@@ -47,7 +47,7 @@ from ..errors import NeuroShardError
 from ..kernels import DEFAULT_MAX_ROWS, check_weights_precision
 from ..search.simulator import Simulator
 from ..tables import TableSet
-from ..types import Piece
+from ..types import DeviceTimer, Piece
 
 log = logging.getLogger(__name__)
 
@@ -109,21 +109,23 @@ def _random_sets(tables: TableSet, devices: int, count: int, row_cap: int, rng: 
 class Calibration:
     """This machine's measurements of one task's shard sets, and the fine-tuning on them.
 
-    ``add(sets, kind)`` times sets of pieces (Simulator ``Piece``s) with ``neuroshard
-    measure``'s protocol and keeps their features and times; ``fit()`` fine-tunes a
+    ``add(sets, kind)`` times sets of pieces (``types.Piece``) with ``timer`` (the device
+    timer, ``neuroshard measure``'s protocol) and keeps their features and times; ``fit()`` fine-tunes a
     copy of the pre-trained compute model on everything added so far. Sets of kind
     ``"random"`` provide the held-out sets (a quarter, fixed at the first fit) and the
     validation sets; the others (``"table"``: tables alone, ``"plan"``: the devices of
-    searched plans, see ``search.refine``) are always trained on."""
+    searched plans, see ``measured.refine``) are always trained on."""
 
     def __init__(self, tables: TableSet, models: CostModels, seed: int = 0, row_cap: int = DEFAULT_MAX_ROWS,
-                 kernel: str = "auto", epochs: int = 200, weights_precision: str = "fp32") -> None:
+                 kernel: str = "auto", epochs: int = 200, weights_precision: str = "fp32",
+                 timer: DeviceTimer = time_devices) -> None:
         if not hasattr(models.compute, "fine_tune"):
             raise NeuroShardError(f"calibration fine-tunes a neural compute model (or an ensemble of them); cost "
                                   f"models '{models.name}' have a {type(models.compute).__name__}")
         check_weights_precision(weights_precision)
         self.tables, self.models, self.row_cap, self.kernel = tables, models, row_cap, kernel
         self.epochs, self.weights_precision = epochs, weights_precision
+        self.timer = timer  # real kernels on this machine; tests pass a fake (``types.DeviceTimer``)
         self.rng = np.random.default_rng(seed)
         self.sim = Simulator(TableSet(tables.name, list(tables), models.batch_size, tables.extra), 1, models)
         self.sets: list[list] = []  # the measured sets of pieces, in the order of features and costs
@@ -140,7 +142,7 @@ class Calibration:
         interleaved run, the median of ``passes`` passes each (ms)."""
         start = time.perf_counter()
         shard_lists = [self.sim.to_shards(s, np.zeros(len(s), dtype=np.int64)) for s in sets if len(s)]
-        times, self.config = time_devices(shard_lists, self.tables, passes=passes, repeats=1,
+        times, self.config = self.timer(shard_lists, self.tables, passes=passes, repeats=1,
                                           batch_size=self.models.batch_size, row_cap=self.row_cap, kernel=self.kernel,
                                           progress=True, weights_precision=self.weights_precision)
         self.seconds += time.perf_counter() - start

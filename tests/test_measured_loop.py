@@ -1,0 +1,84 @@
+"""The measured loop's logic with a fake device timer (``types.DeviceTimer``): calibration,
+refine rounds and polish get deterministic 'hardware' whose costs the test knows, so
+they are checked exactly and in seconds (the real timer has its own tests)."""
+from __future__ import annotations
+
+import numpy as np
+
+from neuroshard.costmodels import load_cost_models
+from neuroshard.measured.calibrate import start_calibration
+from neuroshard.measured.refine import refine
+from neuroshard.tables import Table, TableSet
+
+TABLES = TableSet("fake-hw", [Table(f"t{i}", 2_000 * (i + 1), 16 if i % 2 else 32, 1.0 + 2 * (i % 4),
+                                    {"zipf_alpha": 0.9}) for i in range(10)], 4096)
+#: tables whose sharing one device costs extra (the non-additivity a set model should learn)
+BIG = {"t7", "t8", "t9"}
+
+
+def device_ms(shards, tables) -> float:
+    """The fake hardware: a fixed launch cost, lookup work per shard, and 30% more for every
+    further big table on the same device."""
+    if not shards:
+        return 0.0
+    by_name = {t.name: t for t in tables}
+    work = sum(0.02 + 3e-4 * s.num_cols * by_name[s.table].pooling_factor
+               * (s.num_rows / by_name[s.table].num_embeddings) for s in shards)
+    big = len({s.table for s in shards} & BIG)
+    return float(work * (1.0 + 0.3 * max(0, big - 1)))
+
+
+class FakeTimer:
+    """A ``DeviceTimer``: every device costs ``device_ms`` in every pass; counts its calls."""
+
+    def __init__(self):
+        self.calls, self.devices_timed = 0, 0
+
+    def __call__(self, devices, tables, passes=1, **options):
+        self.calls += 1
+        self.devices_timed += sum(1 for d in devices if d)
+        times = [[device_ms(d, tables)] * passes if d else [] for d in devices]
+        return times, {"hardware": "fake", "kernel": "fake", "passes": passes}
+
+
+def _calibration(timer, sets=16):
+    return start_calibration(TABLES, load_cost_models(), devices=3, sets=sets, seed=0, timer=timer, epochs=20)
+
+
+def test_calibration_times_with_the_timer_it_is_given():
+    timer = FakeTimer()
+    calibration = _calibration(timer)
+    assert timer.calls == 2 and timer.devices_timed == len(TABLES) + 16  # tables alone, then random sets
+    assert calibration.costs[:len(TABLES)] == [device_ms(calibration.sim.to_shards(s, np.zeros(len(s), int)), TABLES)
+                                               for s in calibration.sets[:len(TABLES)]]
+    models, report = calibration.fit()
+    assert report.sets_measured == len(TABLES) + 16 and models.hardware["calibrated_on"] == "fake"
+
+
+def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
+    timer = FakeTimer()
+    calibration = _calibration(timer)
+    plan = refine(TABLES, 3, "64MiB", calibration, rounds=1, compare=("size-lookup",), polish_steps=4)
+    record = plan.provenance["refine"]
+    assert [r["round"] for r in record["rounds"]] == [0, 1] and record["timing_passes"] == 3
+    assert record["hardware"] == "fake"
+    # each round's plan devices joined the calibration with exactly the fake hardware's costs
+    plan_sets = [i for i, kind in enumerate(calibration.kinds) if kind == "plan"]
+    assert plan_sets and all(
+        calibration.costs[i] == device_ms(calibration.sim.to_shards(calibration.sets[i],
+                                                                    np.zeros(len(calibration.sets[i]), int)), TABLES)
+        for i in plan_sets)
+    round_maxima = [r["measured_max_compute_ms"] for r in record["rounds"]]
+    assert all(m > 0 for m in round_maxima)
+    finals = [r["final_measured_cost_ms"] for r in record["rounds"] if "final_measured_cost_ms" in r]
+    finals += [c["final_measured_cost_ms"] for c in record["compared"] if "final_measured_cost_ms" in c]
+    chosen = (record["rounds"][record["chosen_round"]] if record["chosen_round"] is not None
+              else next(c for c in record["compared"] if c["algorithm"] == record["chosen"]))
+    assert chosen["final_measured_cost_ms"] == min(finals)
+    # polish keeps only changes that lower the measured cost, and the written plan is what it kept
+    polish = record["polish"]
+    assert 0 <= polish["accepted"] <= polish["steps"] <= 4
+    assert polish["measured_cost_after_ms"] <= polish["measured_cost_before_ms"]
+    if polish["accepted"] == 0:
+        assert polish["measured_cost_after_ms"] == polish["measured_cost_before_ms"]
+    assert not plan.problems()
