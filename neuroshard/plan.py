@@ -14,6 +14,7 @@ from .errors import FormatError, InvalidPlanError, NeuroShardError
 from .io import atomic_write_text
 from .kernels import precision_of
 from .optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer, shard_bytes
+from .provenance import Provenance
 from .tables import Table, TableSet
 from .topology import Topology
 from .types import layout_kind
@@ -83,12 +84,16 @@ class Plan:
     bytes_per_element: int = FP32_BYTES
     tables_name: str = "tables"
     estimate: dict | None = None
-    provenance: dict | None = None
+    provenance: Provenance | None = None  # a dict given is read as the record
     extra: dict = field(default_factory=dict, repr=False)
     optimizer: str = DEFAULT_OPTIMIZER  # embedding optimizer: its state counts in memory (``optimizers``)
     data_parallel_tables: list[str] = field(default_factory=list)  # replicated on every device, no shards
     comm_precision: str = "fp32"  # element type the pooled-embedding all-to-all sends (COMM_PRECISIONS)
     topology: Topology | None = None  # hosts, links, per-device memory and speed (None: identical, one network)
+
+    def __post_init__(self) -> None:
+        if self.provenance is not None and not isinstance(self.provenance, Provenance):
+            self.provenance = Provenance.from_dict(self.provenance, f"plan '{self.tables_name}'")
 
     # ---------------------------------------------------------------- access
     def table(self, name: str) -> Table:
@@ -266,7 +271,8 @@ class Plan:
                                   f"got {data['device_memory_bytes']}")
         extra = {k: v for k, v in data.items() if k not in _PLAN_KEYS}
         return cls(tables, shards, data["num_devices"], data["device_memory_bytes"], bpe,
-                   str(data.get("tables_name", "tables")), data.get("estimate"), data.get("provenance"), extra,
+                   str(data.get("tables_name", "tables")), data.get("estimate"),
+                   None if data.get("provenance") is None else Provenance.from_dict(data["provenance"], source), extra,
                    optimizer=optimizer, data_parallel_tables=list(replicated), comm_precision=comm_precision,
                    topology=topology)
 
@@ -286,7 +292,7 @@ class Plan:
         if self.estimate is not None:
             out["estimate"] = self.estimate
         if self.provenance is not None:
-            out["provenance"] = self.provenance
+            out["provenance"] = self.provenance.to_dict()
         out.update(self.extra)
         return out
 

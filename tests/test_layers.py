@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "neuroshard"
 #: the layers, bottom first: a module's layer is the first prefix that matches its name
 LAYERS: list[tuple[str, ...]] = [
     ("version", "errors", "units", "constants", "validate", "io", "access_spec", "optimizers", "faults", "launch",
-     "types", "constraints", "tables", "topology", "kernels", "exchange", "plan", "exporters"),
+     "types", "constraints", "tables", "topology", "kernels", "exchange", "provenance", "plan", "exporters"),
     ("datasets",),
     ("costmodels",),
     ("search",),

@@ -231,7 +231,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     if not record["accepted"]:
         return plan, record
     shards = sim.to_shards(pieces, where)
-    polished = replace(plan, shards=shards, provenance=dict(plan.provenance))
+    polished = replace(plan, shards=shards, provenance=plan.provenance.to_dict())
     problems = polished.problems()
     if problems:  # a guard: moves keep memory and layout rules, so this should not happen
         log.warning("polish: the polished plan is invalid (%s); keeping the refined plan", problems[0])
