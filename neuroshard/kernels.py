@@ -110,9 +110,7 @@ def check_trainable_optimizer(optimizer: str, kernel: str, device_type: str) -> 
 def fbgemm_available(backend: str = "cpu") -> bool:
     """Whether fbgemm's table-batched embedding can run on ``backend``."""
     try:
-        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # noqa: F401
-            SplitTableBatchedEmbeddingBagsCodegen,
-        )
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen  # noqa: F401
     except Exception:  # ImportError, or a library load error of a mismatched build
         return False
     if backend == "cuda":
@@ -335,9 +333,7 @@ class TBEKernel(EmbeddingKernel):
         super().__init__(fused, init, buffer)
         import torch
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
-        from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
-            EmbeddingLocation,
-        )
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
             ComputeDevice,
             SplitTableBatchedEmbeddingBagsCodegen,

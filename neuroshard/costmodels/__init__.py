@@ -11,14 +11,7 @@ from pathlib import Path
 from ..constants import MEASURED_BATCH_SIZE
 from ..errors import NeuroShardError
 from .analytic import AnalyticCommModel, AnalyticComputeModel
-from .base import (
-    CommAtDevices,
-    CommCostModel,
-    CommSamples,
-    ComputeCostModel,
-    CostModel,
-    CostModels,
-)
+from .base import CommAtDevices, CommCostModel, CommSamples, ComputeCostModel, CostModel, CostModels
 
 log = logging.getLogger(__name__)
 

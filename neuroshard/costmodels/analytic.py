@@ -28,14 +28,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from ..constants import FP32_BYTES, MEASURED_BATCH_SIZE
-from .base import (
-    CommCostModel,
-    CommSamples,
-    ComputeCostModel,
-    as_comm_groups,
-    pack_sets,
-    set_sums,
-)
+from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, pack_sets, set_sums
 from .features import FEATURE_NAMES
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from typing import Sequence
 import numpy as np
 
 from ..access_spec import NUM_BINS
+from ..constants import FP32_BYTES
 from ..datasets.sampler import reuse_histograms
 from ..tables import Table
-from ..constants import FP32_BYTES
 
 FEATURE_SCHEMA_VERSION = 1
 FEATURE_NAMES: tuple[str, ...] = (

@@ -43,14 +43,7 @@ from .analytic import (
     reduce_terms,
     wait_ms,
 )
-from .base import (
-    CommCostModel,
-    CommSamples,
-    ComputeCostModel,
-    as_comm_groups,
-    few_threads,
-    pack_sets,
-)
+from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, few_threads, pack_sets
 from .features import FEATURE_NAMES, NUM_FEATURES
 
 log = logging.getLogger(__name__)

@@ -17,15 +17,7 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 
 from ..constants import MEASURED_BATCH_SIZE
 from ..errors import NeuroShardError
-from .base import (
-    CommCostModel,
-    CommSamples,
-    ComputeCostModel,
-    as_comm_groups,
-    few_threads,
-    pack_sets,
-    set_sums,
-)
+from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, few_threads, pack_sets, set_sums
 from .neural import device_inputs, reduce_inputs, shard_inputs
 
 

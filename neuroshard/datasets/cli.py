@@ -4,14 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..cli_options import add_input
-from ..validate import (
-    MAX_EMBEDDING_DIM,
-    MAX_TABLES,
-    batch_size_int,
-    float_in,
-    int_in,
-    seed_int,
-)
+from ..validate import MAX_EMBEDDING_DIM, MAX_TABLES, batch_size_int, float_in, int_in, seed_int
 
 
 def _describe(args: argparse.Namespace) -> int:

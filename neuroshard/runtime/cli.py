@@ -10,15 +10,7 @@ import logging
 
 from ..cli_options import add_input, add_output
 from ..kernels import DEFAULT_MAX_ROWS, kernel_names
-from ..validate import (
-    batch_size_int,
-    device_count,
-    float_in,
-    nonneg_int,
-    positive_float,
-    positive_int,
-    seed_int,
-)
+from ..validate import batch_size_int, device_count, float_in, nonneg_int, positive_float, positive_int, seed_int
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +127,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                metavar="OUT.json")
     p.set_defaults(func=_evaluate)
 
-    from ..costmodels.measure.timing import (
-        DEFAULT_PASSES,
-        DEFAULT_REPEATS,
-        DEFAULT_WARMUP_PASSES,
-    )
+    from ..costmodels.measure.timing import DEFAULT_PASSES, DEFAULT_REPEATS, DEFAULT_WARMUP_PASSES
     p = sub.add_parser("measure", help="time every device of one or more plans on this machine, one at a time",
                        description="Time each device's shards as one fused kernel (forward, backward, update), "
                                    "one device at a time on one pinned thread, the devices of all plans taking "

@@ -43,9 +43,7 @@ class ReplicatedTables:
         init = [init_rows(t, seed, 0, rows) for t, rows in zip(self.tables, self.rows)]
         self.kernel = resolve_kernel(kernel, self.device.type)
         if self.kernel == "fbgemm_tbe":
-            from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-                DenseTableBatchedEmbeddingBagsCodegen,
-            )
+            from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
             self._tbe = DenseTableBatchedEmbeddingBagsCodegen(
                 [(rows, t.embedding_dim) for t, rows in zip(self.tables, self.rows)],
                 use_cpu=self.device.type == "cpu").to(self.device)

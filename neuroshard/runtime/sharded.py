@@ -22,14 +22,7 @@ import numpy as np
 import torch
 
 from ..exchange import PooledExchange
-from ..kernels import (
-    DEFAULT_MAX_ROWS,
-    FusedEmbedding,
-    FusedInputs,
-    local_lookups,
-    precision_of,
-    trained_precision,
-)
+from ..kernels import DEFAULT_MAX_ROWS, FusedEmbedding, FusedInputs, local_lookups, precision_of, trained_precision
 from ..plan import Plan, Shard
 from ..tables import Table
 from .model import init_rows

@@ -60,14 +60,7 @@ from ..launch import (
 )
 from ..plan import Plan
 from ..tables import Table, TableSet
-from ..validate import (
-    MAX_STEPS,
-    check_batch_size,
-    check_devices,
-    check_int,
-    check_number,
-    check_seed,
-)
+from ..validate import MAX_STEPS, check_batch_size, check_devices, check_int, check_number, check_seed
 from .model import build_dense, local_slice, loss_sum, make_batch
 from .sharded import PhaseTimes, ShardedEmbeddings, synchronize
 

@@ -30,20 +30,8 @@ from ..validate import (
 )
 from ..version import __version__
 from .baselines import best_packing_greedy  # noqa: F401  (public here: the fuzz experiment uses it)
-from .registry import (  # noqa: F401
-    ALGORITHMS,
-    GREEDY_ALGORITHMS,
-    REPLICATING_ALGORITHMS,
-    get_algorithm,
-    get_trait,
-    make_params,
-)
-from .replicate import (
-    DEFAULT_DATA_PARALLEL,
-    check_data_parallel,
-    forced_tables,
-    search_with_replication,
-)
+from .registry import ALGORITHMS, GREEDY_ALGORITHMS, REPLICATING_ALGORITHMS, get_algorithm, get_trait, make_params  # noqa: F401
+from .replicate import DEFAULT_DATA_PARALLEL, check_data_parallel, forced_tables, search_with_replication
 from .rowwise import runnable_row_splits
 from .simulator import Simulator, replicated_bytes
 

@@ -4,25 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..cli_options import (
-    STDOUT,
-    add_comm_precision,
-    add_input,
-    add_output,
-    add_topology_options,
-    write_output,
-)
+from ..cli_options import STDOUT, add_comm_precision, add_input, add_output, add_topology_options, write_output
 from ..exporters import exporter_names
 from ..measured.calibrate import DEFAULT_SETS
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
 from ..topology import memory_list
-from ..validate import (
-    MAX_DEVICES,
-    bytes_per_element_int,
-    device_count,
-    int_in,
-    seed_int,
-)
+from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, int_in, seed_int
 from .registry import ALGORITHMS
 from .replicate import DATA_PARALLEL_CHOICES, DEFAULT_DATA_PARALLEL
 

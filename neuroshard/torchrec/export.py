@@ -208,10 +208,7 @@ def to_parameter_shardings(exported: dict, table_sizes: dict[str, tuple[int, int
     (TorchRec must be importable). With ``table_sizes`` (name -> (rows, dim)), also check
     that each table's shards cover it exactly."""
     require_torchrec()
-    from torch.distributed._shard.sharding_spec import (
-        EnumerableShardingSpec,
-        ShardMetadata,
-    )
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
     from torch.distributed._shard.sharding_spec._internals import check_tensor
     from torchrec.distributed.types import ParameterSharding, ShardingType
 

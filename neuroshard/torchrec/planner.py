@@ -42,14 +42,8 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
     import torch
     from torchrec import optim as trec_optim
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import (
-        EmbeddingShardingPlanner,
-        ParameterConstraints,
-        Topology,
-    )
-    from torchrec.distributed.planner.storage_reservations import (
-        FixedPercentageStorageReservation,
-    )
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
     from torchrec.distributed.planner.types import PlannerError
     from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection

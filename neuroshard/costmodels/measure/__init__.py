@@ -7,13 +7,6 @@
 
 Heavy imports (torch, fbgemm) happen inside the functions that need them.
 """
-from .store import (
-    comm_arrays,
-    compute_arrays,
-    load_comm_data,
-    load_compute_data,
-    read_meta,
-    record_shards,
-)
+from .store import comm_arrays, compute_arrays, load_comm_data, load_compute_data, read_meta, record_shards
 
 __all__ = ["load_compute_data", "load_comm_data", "read_meta", "record_shards", "compute_arrays", "comm_arrays"]
