@@ -79,25 +79,33 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"\n   simulated improvement of NeuroShard over {baseline}: "
           f"{_improvement(simulated[baseline], simulated['neuroshard'])}")
 
+    control = f"{baseline} again"  # the A/A control: the same plan measured as a third plan
     print(f"\n== 3. run both plans on the training runtime: {args.devices} gloo processes, batch "
-          f"{models.batch_size}, {args.runs} runs alternating the two plans' steps, {args.iterations} iterations each")
-    runs = measure_alternating({a: plans[a] for a in ("neuroshard", baseline)}, tables, runs=args.runs,
-                                 iterations=args.iterations, devices=args.devices, batch_size=models.batch_size)
+          f"{models.batch_size}, {args.runs} runs alternating the plans' steps, {args.iterations} iterations each; "
+          f"{baseline}'s plan runs twice (an A/A control: the noise of one comparison)")
+    runs = measure_alternating({"neuroshard": plans["neuroshard"], baseline: plans[baseline], control: plans[baseline]},
+                               tables, runs=args.runs, iterations=args.iterations, devices=args.devices,
+                               batch_size=models.batch_size)
     measured = {}
     for algorithm, results in runs.items():
+        if algorithm == control:
+            continue
         measured[algorithm] = min(results, key=lambda m: abs(m.max_device_cost_ms - _median(results)))
         measured[algorithm].write_json(out / f"measured-{algorithm}.json")
         print(f"\n-- {algorithm} (the median run; max device cost per run: "
               f"{', '.join(f'{m.max_device_cost_ms:.1f}' for m in results)} ms)\n{measured[algorithm].format()}")
-    gain = paired_improvement([m.max_device_cost_ms for m in runs["neuroshard"]],
-                              [m.max_device_cost_ms for m in runs[baseline]])
-    print(f"\n   measured improvement of NeuroShard over {baseline}: {100 * gain:+.1f}% "
-          f"(paired runs: one minus the geometric mean of the per-run cost ratios)")
+    costs = {a: [m.max_device_cost_ms for m in results] for a, results in runs.items()}
+    gain = paired_improvement(costs["neuroshard"], costs[baseline])
+    noise = abs(paired_improvement(costs[control], costs[baseline]))
+    verdict = ("inside the noise: no measured difference" if abs(gain) <= noise else
+               "NeuroShard's plan is faster" if gain > 0 else f"NeuroShard's plan is slower than {baseline}'s")
+    print(f"\n   measured improvement of NeuroShard over {baseline}: {100 * gain:+.1f}% (paired runs: one minus the "
+          f"geometric mean of the per-run cost ratios)\n   A/A control ({baseline} against itself): "
+          f"{100 * noise:.1f}%; {verdict}")
 
     figure = _plot(plans, measured, baseline, out / "demo-per-device.png")
     summary = {"simulated_ms": simulated, "best_baseline": baseline, "devices": args.devices,
-               "measured_ms": {a: [m.max_device_cost_ms for m in results] for a, results in runs.items()},
-               "measured_improvement": gain}
+               "measured_ms": costs, "measured_improvement": gain, "aa_noise": noise}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"\n== done: plans, measurements and {figure} are in {out}/")
     return 0
