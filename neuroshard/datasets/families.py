@@ -31,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..constants import FP32_BYTES, TABLES_BATCH_SIZE
 from ..constraints import check_capacity
 from ..errors import NeuroShardError
 from ..tables import Table, TableSet
@@ -38,8 +39,6 @@ from .synthetic import generate as calibrated
 
 log = logging.getLogger(__name__)
 
-BATCH_SIZE = 65536
-BYTES_PER_ELEMENT = 4  # fp32
 
 #: Criteo Kaggle DAC, features C1..C26: rows per table.
 CRITEO_KAGGLE_ROWS = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
@@ -70,7 +69,7 @@ def _zipf(alpha: float) -> dict:
 
 def _table_set(name: str, count: int, seed: int, tables: list[Table]) -> TableSet:
     log.info("generated %d tables for preset %s (seed %d)", count, name, seed)
-    return TableSet(f"{name}-t{count}-s{seed}", tables, BATCH_SIZE, {"synthetic": {"preset": name, "seed": seed}})
+    return TableSet(f"{name}-t{count}-s{seed}", tables, TABLES_BATCH_SIZE, {"synthetic": {"preset": name, "seed": seed}})
 
 
 def _criteo(name: str, rows: tuple[int, ...], dim: int, pooling: tuple[float, ...],
@@ -173,13 +172,13 @@ def family_tasks(family: str, num_devices: int, num_tasks: int, tables_per_devic
         if count < fixed:
             tables = [pool[int(j)] for j in np.sort(rng.choice(fixed, size=count, replace=False))]
         headroom = float(rng.uniform(*memory_headroom))
-        total = sum(t.size_bytes(BYTES_PER_ELEMENT) for t in tables)
+        total = sum(t.size_bytes(FP32_BYTES) for t in tables)
         memory = int(math.ceil(total * headroom / num_devices))
         name = f"{family}-d{num_devices}-task{i:03d}"
         extra = {"synthetic": {"preset": family, "seed": task_seed},
                  "task": {"family": family, "num_devices": num_devices, "index": i, "seed": seed,
                           "memory_headroom": round(headroom, 4), "device_memory_bytes": memory}}
         task = TableSet(name, tables, pool.batch_size, extra)
-        check_capacity(task, num_devices, memory, BYTES_PER_ELEMENT, row_splits=True)
+        check_capacity(task, num_devices, memory, FP32_BYTES, row_splits=True)
         tasks.append((task, memory))
     return tasks
