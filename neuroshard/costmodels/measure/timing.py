@@ -116,11 +116,15 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
                  warmup_passes: int = DEFAULT_WARMUP_PASSES, repeats: int = DEFAULT_REPEATS,
                  batch_size: int = MEASURED_BATCH_SIZE, row_cap: int = DEFAULT_MAX_ROWS, kernel: str = "auto",
                  backend: str = "cpu", optimizer: str = "exact_sgd", max_memory_bytes: int | None = None,
-                 progress: bool = False, weights_precision: str = "fp32") -> tuple[list[list[float]], dict]:
+                 progress: bool = False, weights_precision: str = "fp32",
+                 flush_bytes: int | None = None) -> tuple[list[list[float]], dict]:
     """Time each device's shards (a list of shard lists, one per device, of any plans)
     as one fused kernel with weights of ``weights_precision``, the devices taking turns
     round-robin with the order rotated every pass. Returns per device its time (ms) in
-    each measured pass (empty for a device without shards), and how the run was made."""
+    each measured pass (empty for a device without shards), and how the run was made.
+    ``flush_bytes``: the cache flush before every timed run (None: the kernel benchmark's
+    default, larger than the last-level cache; 0: none, a warm cache as in training, where
+    a device's hot rows stay cached from one iteration to the next)."""
     for name, value, low in (("passes", passes, 1), ("warmup_passes", warmup_passes, 0), ("repeats", repeats, 1),
                              ("row_cap", row_cap, 1), ("batch_size", batch_size, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -130,7 +134,7 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
     # cache flush each timed run starts as cold as the first would.
     bench = KernelBenchmark(backend=backend, kernel=kernel, batch_size=batch_size, max_rows=row_cap,
                             warmup=0, repeats=repeats, max_repeats=repeats, optimizer=optimizer,
-                            weights_precision=weights_precision)
+                            weights_precision=weights_precision, flush_bytes=flush_bytes)
     element_bytes = WEIGHTS_PRECISIONS[weights_precision]
     turns = [_device_times(shards, tables, batch_size, row_cap) for shards in devices]
     capped = len({(s.table, s.row_offset, s.num_rows) for dt in turns
@@ -176,7 +180,7 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
     config = {"backend": backend, "hardware": cpu_model() if backend == "cpu" else torch.cuda.get_device_name(),
               "kernel": kernel, "clock": bench.clock, "optimizer": optimizer, "batch_size": batch_size,
               "passes": passes, "warmup_passes": warmup_passes, "repeats": repeats, "row_cap": row_cap,
-              "capped_shards": capped, "buffer_bytes": need * element_bytes,
+              "capped_shards": capped, "buffer_bytes": need * element_bytes, "flush_bytes": bench.flush_bytes,
               "seconds": round(time.perf_counter() - start, 2)}
     if weights_precision != "fp32":
         config["weights_precision"] = weights_precision
