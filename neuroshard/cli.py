@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", type=device_count, default=None,
                    help="devices (runtime processes) (default: 4, or the CPU cores when fewer, at least 2)")
     p.add_argument("--iterations", type=positive_int, default=12,
-                   help="measured iterations per plan and round (default: 12)")
+                   help="measured iterations per plan and run (default: 12)")
     p.add_argument("--runs", type=positive_int, default=3,
                    help="measurement runs, each alternating the two plans' steps (default: 3)")
     p.add_argument("--calibrate", type=int_in(0, 100000, "a set count"), default=None, metavar="SETS",
