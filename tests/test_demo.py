@@ -1,6 +1,11 @@
+"""`neuroshard demo`: the whole path on a small task (searches, real kernels timed on gloo processes)."""
+import pytest
+
 from conftest import run_cli
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 def test_demo_runs_end_to_end_small(tmp_path):
     out = tmp_path / "demo"
     # --calibrate never: the suite takes the same time on every CPU (calibration has its own tests)

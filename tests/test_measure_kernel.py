@@ -24,6 +24,7 @@ def _mean_costs(bench, sets, rounds=3):
     return costs
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_costs_positive_and_grow_with_pooling_and_width(kernel):
     bench = _bench(kernel)
@@ -37,6 +38,7 @@ def test_costs_positive_and_grow_with_pooling_and_width(kernel):
     assert costs[3] > 1.5 * costs[2], costs
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_fused_set_of_mixed_widths(kernel):
     shards = [Table("x", 5000, 16, 4.0), Table("y", 300, 64, 1.0, {"zipf_alpha": 1.1}),
