@@ -8,7 +8,7 @@ FBGEMM ?= fbgemm-gpu-cpu==1.8.0
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q
 
-.PHONY: setup demo test experiments clean
+.PHONY: setup demo test test-fast experiments clean
 
 setup: $(VENV)/.installed
 
@@ -24,8 +24,13 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(VENV)/bin/neuroshard demo --out out/demo
 
+# the whole suite (CI runs this: .ci/run)
 test: setup
 	$(PY) -m pytest tests
+
+# about a minute: no gloo processes, no kernel timing, no TorchRec, nothing slow (markers: pyproject.toml)
+test-fast: setup
+	$(PY) -m pytest tests -m "not slow and not gloo and not timing and not torchrec"
 
 experiments: setup
 	$(PY) experiments/evaluate.py

@@ -21,9 +21,14 @@ import numpy as np
 import pytest
 
 import neuroshard
+import neuroshard.search.neuroshard as ns
 from neuroshard.cli import main
-from neuroshard.errors import FormatError, NeuroShardError
-from neuroshard.plan import Plan, Shard
+from neuroshard.costmodels import DEFAULT_CHECKPOINT, load_cost_models
+from neuroshard.measured import collect
+from neuroshard.costmodels.measure import store
+from neuroshard.costmodels.pretrain import pretrain
+from neuroshard.errors import FormatError, InfeasibleError, NeuroShardError
+from neuroshard.plan import Plan
 from neuroshard.tables import Table, TableSet
 from neuroshard.validate import MAX_TABLES
 
@@ -232,7 +237,6 @@ def files(tmp_path_factory) -> Path:
     (root / "file").write_text("not a folder")
     # Checkpoints whose contents are wrong.
     import torch
-    from neuroshard.costmodels import DEFAULT_CHECKPOINT
     payload = torch.load(DEFAULT_CHECKPOINT, map_location="cpu", weights_only=True)
     for name, change in (("no-hparams", lambda p: p["compute"]["state"].pop("hparams")),
                          ("batch-abc", lambda p: p.__setitem__("batch_size", "abc")),
@@ -578,26 +582,17 @@ API_CASES = [
 
 
 @pytest.mark.parametrize("kwargs, text", [c[1:] for c in API_CASES], ids=[c[0] for c in API_CASES])
-def test_bad_api_arguments_raise_one_line(kwargs, text):
-    from neuroshard.costmodels import resolve_cost_models
-    call = {"tables": _tables(), "devices": 2, "memory": "1GiB", "cost_models": _analytic(), **kwargs}
+def test_bad_api_arguments_raise_one_line(kwargs, text, analytic_models):
+    call = {"tables": _tables(), "devices": 2, "memory": "1GiB", "cost_models": analytic_models, **kwargs}
     if "cost_models" in kwargs:
         call["cost_models"] = kwargs["cost_models"]
     with pytest.raises(NeuroShardError) as info:
         neuroshard.shard(**call)
     assert text in str(info.value) and "\n" not in str(info.value)
-    assert resolve_cost_models  # the bundle resolver is what rejects a bad cost_models
-
-
-def _analytic():
-    from neuroshard.costmodels import analytic_cost_models
-    return analytic_cost_models()
 
 
 # ------------------------------------------------------------- collections
 def test_a_refused_collection_leaves_no_description_and_a_torn_tail_is_cut(files, tmp_path):
-    from neuroshard.measured import collect
-    from neuroshard.costmodels.measure import store
     out = tmp_path / "data"
     with pytest.raises(NeuroShardError, match="holds no shard"):
         collect.collect_compute(files / "T.json", 2, out, memory_bytes=256, progress=False)
@@ -623,7 +618,6 @@ def test_a_refused_collection_leaves_no_description_and_a_torn_tail_is_cut(files
 
 
 def test_pretrain_on_a_small_collection_falls_back_to_a_random_split(tmp_path, caplog):
-    from neuroshard.costmodels.pretrain import pretrain
     rng = np.random.default_rng(0)
     base = tables_dict()["tables"] + [{"name": "t3", "num_embeddings": 900, "embedding_dim": 16,
                                        "pooling_factor": 2.0}]
@@ -668,6 +662,7 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+@pytest.mark.gloo
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_kill_9_of_the_launcher_leaves_no_worker(files, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "neuroshard.cli", "train", "--plan", str(files / "P.json"),
@@ -712,27 +707,25 @@ def test_a_worker_whose_parent_is_gone_exits_at_once():
 FUZZ_CASES = int(os.environ.get("NEUROSHARD_FUZZ_CASES", "40"))
 
 
+@pytest.mark.slow
 def test_fuzz_shard_plans_whenever_a_baseline_does():
     """A valid plan or a one-line NeuroShardError, and a plan whenever a greedy baseline finds
     one. The 1,000-case run: ``experiments/fuzz_shard.py --cases 1000`` (or NEUROSHARD_FUZZ_CASES)."""
     from fuzz_shard import check_case
-    from neuroshard.costmodels import load_cost_models
     models = load_cost_models()
     outcomes = [check_case(seed, models) for seed in range(FUZZ_CASES)]
     assert outcomes.count("plan") >= FUZZ_CASES // 2
 
 
-def test_the_search_falls_back_to_a_baseline_that_packs(monkeypatch):
+def test_the_search_falls_back_to_a_baseline_that_packs(monkeypatch, analytic_models):
     """When the beam search cannot pack, the plan comes from the best greedy baseline that does,
     and says so in its provenance."""
-    import neuroshard.search.neuroshard as ns
-    from neuroshard.errors import InfeasibleError
 
     def cannot(*args, **kwargs):
         raise InfeasibleError("could not pack 3 shards into device memory")
 
     monkeypatch.setattr(ns, "search", cannot)
-    plan = neuroshard.shard(_tables(), devices=2, memory="1GiB", cost_models=_analytic())
+    plan = neuroshard.shard(_tables(), devices=2, memory="1GiB", cost_models=analytic_models)
     assert not plan.problems()
     fallback = plan.provenance["fallback"]
     assert fallback["algorithm"] in ("random", "size", "dim", "lookup", "size-lookup")

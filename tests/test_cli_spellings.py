@@ -10,6 +10,7 @@ import pytest
 from neuroshard import __version__
 from neuroshard.cli import build_parser, main
 from neuroshard.cli_options import missing_input
+from neuroshard.costmodels.measure.kernel import DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, KernelBenchmark
 
 
 def _parse(*argv: str):
@@ -77,7 +78,6 @@ def test_collect_lists_its_choices(flag, bad, capsys):
 
 
 def test_collect_defaults_are_the_same_from_python_and_the_command_line():
-    from neuroshard.costmodels.measure.kernel import DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, KernelBenchmark
     args = _parse("collect", "compute", "t.json", "--samples", "1", "-o", "d")
     defaults = inspect.signature(KernelBenchmark).parameters
     assert args["repeats"] == defaults["repeats"].default == DEFAULT_REPEATS

@@ -13,18 +13,13 @@ from neuroshard.constraints import TableConstraints
 from neuroshard.types import layout_kind
 from neuroshard.errors import FormatError, InvalidPlanError
 from neuroshard.plan import Plan, Shard
-from neuroshard.search.registry import ALGORITHMS
-from neuroshard.torchrec.guard import torchrec_available
+from neuroshard.torchrec.export import torchrec_sharding
+from neuroshard.torchrec.planner import torchrec_available
 from neuroshard.tables import Table, TableSet
 
-from conftest import tables_dict
+from conftest import algorithm_params, tables_dict
 
 MEMORY = 20 * 2**20  # 6 tables of 2.6-15.4 MB (53.8 MB) on 4 devices: the largest fits one device, not two
-
-
-def _analytic():
-    from neuroshard.costmodels import analytic_cost_models
-    return analytic_cost_models()
 
 
 def _task(constraints: dict[int, dict]) -> TableSet:
@@ -50,15 +45,15 @@ def _strips(plan: Plan, name: str) -> dict[int, int]:
     return out
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_every_algorithm_keeps_the_constraints(algorithm):
+@pytest.mark.parametrize("algorithm", algorithm_params())
+def test_every_algorithm_keeps_the_constraints(algorithm, analytic_models):
     if algorithm == "torchrec" and not torchrec_available():
         pytest.skip("needs TorchRec")
     torchrec = algorithm == "torchrec"
     tables = _task(UNPINNED if torchrec else PINNED)
     memory = 3 * MEMORY if torchrec else MEMORY  # TorchRec also counts its input/output buffers
     params = {"passes": 1, "repeats": 1, "batch_size": 256} if algorithm == "measured-greedy" else {}
-    plan = neuroshard.shard(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=_analytic(),
+    plan = neuroshard.shard(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=analytic_models,
                             **params)
     assert plan.problems() == []
     t3 = _strips(plan, "t3")
@@ -99,15 +94,15 @@ def test_layout_kinds_are_torchrecs_names():
     assert "more than its max_shards 8" in rule.layout_problem([4, 4, 4], 8, 4)
 
 
-def test_old_tables_read_unchanged_and_permissive_constraints_change_nothing():
+def test_old_tables_read_unchanged_and_permissive_constraints_change_nothing(analytic_models):
     data = tables_dict()
     assert TableSet.from_dict(data).to_dict() == {**data, "tables": data["tables"]}
     assert all(t.constraints == {} for t in TableSet.from_dict(data))
     tables = _task({})
     every = _task({i: {"sharding_types": list(SHARDING_TYPES)} for i in range(6)})
     for algorithm in ("neuroshard", "size"):
-        a = neuroshard.shard(tables, devices=4, memory=MEMORY, algorithm=algorithm, cost_models=_analytic())
-        b = neuroshard.shard(every, devices=4, memory=MEMORY, algorithm=algorithm, cost_models=_analytic())
+        a = neuroshard.shard(tables, devices=4, memory=MEMORY, algorithm=algorithm, cost_models=analytic_models)
+        b = neuroshard.shard(every, devices=4, memory=MEMORY, algorithm=algorithm, cost_models=analytic_models)
         assert a.shards == b.shards and a.estimate == b.estimate
 
 
@@ -123,12 +118,13 @@ def test_constraints_round_trip_and_bad_ones_name_file_table_field(tmp_path):
         TableSet.read(path)
 
 
-def test_search_cli_honours_constraints_and_plan_score_and_import_report_them(tmp_path, capsys):
+def test_search_cli_honours_constraints_and_plan_score_and_import_report_them(tmp_path, capsys, analytic_models):
+    checkpoint = analytic_models.save(tmp_path / "analytic.pt")  # the CLI takes a path
     tables = tmp_path / "t.json"
     _task(PINNED).write(tables)
     plan_path = tmp_path / "p.json"
     assert main(["search", str(tables), "-d", "4", "-m", str(MEMORY), "-a", "size", "--cost-model",
-                 str(_analytic_checkpoint(tmp_path)), "-o", str(plan_path)]) == 0
+                 str(checkpoint), "-o", str(plan_path)]) == 0
     plan = Plan.read(plan_path)
     assert plan.problems() == [] and {s.device for s in plan.shards_of("t0")} == {1}
     # the same tables with t0 pinned elsewhere: score warns, naming the table
@@ -140,20 +136,14 @@ def test_search_cli_honours_constraints_and_plan_score_and_import_report_them(tm
     bare.write(bare_path)
     capsys.readouterr()
     assert main(["plan", "score", str(bare_path), "--tables", str(moved_path), "--cost-model",
-                 str(_analytic_checkpoint(tmp_path))]) == 0
+                 str(checkpoint)]) == 0
     err = capsys.readouterr().err
     assert "table 't0' has shards on device 1, outside its pinned devices [2]" in err
     if not torchrec_available():
         return
-    from neuroshard.torchrec.export import torchrec_sharding
     exported = tmp_path / "tr.json"
     exported.write_text(json.dumps(torchrec_sharding(bare, compute_device="cpu")))
     assert main(["plan", "import", str(exported), "--format", "torchrec", "--tables", str(moved_path),
                  "-o", str(tmp_path / "imported.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "table 't0' has shards on device 1, outside its pinned devices [2]" in err[0]
-
-
-def _analytic_checkpoint(tmp_path):
-    """The analytic cost models as a checkpoint file (the CLI takes a path)."""
-    return _analytic().save(tmp_path / "analytic.pt")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import io
 import logging
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,12 +17,12 @@ from neuroshard.costmodels.tree import TreeCommModel, TreeComputeModel
 from neuroshard.errors import NeuroShardError
 
 from conftest import run_cli
-from test_costmodels_models import measured_folders
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory) -> dict:
-    return measured_folders(tmp_path_factory)
+def folders(measured_folders) -> dict:
+    """Measured on this machine (real kernels, gloo): the tests using it are marked timing and gloo."""
+    return measured_folders
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +34,15 @@ def neural_bundle(folders) -> CostModels:
     return CostModels(compute, comm, data.batch_size, hardware=data.meta.get("hardware", {}), name="test")
 
 
+@pytest.fixture(scope="module")
+def small_bundle(reference_data) -> CostModels:
+    """Small neural models fitted on the checked-in reference data (tests/data): no kernel is timed."""
+    compute = NeuralComputeModel(hidden=16, depth=2, epochs=10, patience=5, seed=0)
+    comm = NeuralCommModel(4096, hidden=8, epochs=10, seed=0)
+    return CostModels(compute.fit(reference_data["sets"], reference_data["compute_ms"]),
+                      comm.fit(reference_data["comm"]), 4096, hardware={"cpu_model": "test"}, name="small")
+
+
 def predictions(models: CostModels, folders: dict) -> list[np.ndarray]:
     data = load_compute(folders["compute"])
     widths, skews = np.array([[64.0, 128.0, 0.0]]), np.array([[0.0, 1.5, 0.3]])
@@ -43,6 +51,8 @@ def predictions(models: CostModels, folders: dict) -> list[np.ndarray]:
             comm.predict_reduce([32.0])]
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 def test_neural_round_trip(neural_bundle, folders, tmp_path):
     path = neural_bundle.save(tmp_path / "m.pt")
     loaded = CostModels.load(path)
@@ -53,6 +63,8 @@ def test_neural_round_trip(neural_bundle, folders, tmp_path):
     assert path.stat().st_size < 5 << 20
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 def test_reference_models_round_trip(folders, tmp_path):
     data = load_compute(folders["compute"])
     groups, meta = load_comm([folders["comm2"]])
@@ -64,8 +76,8 @@ def test_reference_models_round_trip(folders, tmp_path):
             np.testing.assert_allclose(before, after, rtol=1e-9)
 
 
-def test_other_schema_version_is_refused(neural_bundle, tmp_path):
-    path = neural_bundle.save(tmp_path / "m.pt")
+def test_other_schema_version_is_refused(small_bundle, tmp_path):
+    path = small_bundle.save(tmp_path / "m.pt")
     payload = torch.load(path, weights_only=True)
     payload["feature_schema_version"] += 1
     buffer = io.BytesIO()
@@ -78,8 +90,8 @@ def test_other_schema_version_is_refused(neural_bundle, tmp_path):
         CostModels.load(path)
 
 
-def test_writes_are_atomic(neural_bundle, tmp_path):
-    path = neural_bundle.save(tmp_path / "m.pt")
+def test_writes_are_atomic(small_bundle, tmp_path):
+    path = small_bundle.save(tmp_path / "m.pt")
     original = path.read_bytes()
     analytic = CostModels(AnalyticComputeModel(), AnalyticCommModel(), 4096)
     analytic.save(path)  # replaced in one rename: no temporary file left behind
@@ -95,13 +107,13 @@ def test_writes_are_atomic(neural_bundle, tmp_path):
     assert path.read_bytes() == original  # a failed save leaves the old file whole
 
 
-def test_load_cost_models_without_and_with_checkpoint(neural_bundle, tmp_path, monkeypatch, caplog):
+def test_load_cost_models_without_and_with_checkpoint(small_bundle, tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(costmodels, "DEFAULT_CHECKPOINT", tmp_path / "missing.pt")
     with caplog.at_level(logging.WARNING):
         fallback = load_cost_models()
     assert isinstance(fallback.compute, AnalyticComputeModel) and "analytic" in caplog.text
     assert fallback.comm_for(128).predict_backward(np.full((1, 128), 64.0)).shape == (1, 128)
-    path = neural_bundle.save(tmp_path / "cpu-default.pt")
+    path = small_bundle.save(tmp_path / "cpu-default.pt")
     monkeypatch.setattr(costmodels, "DEFAULT_CHECKPOINT", path)
     assert isinstance(load_cost_models().compute, NeuralComputeModel)
     assert isinstance(load_cost_models(path).comm, NeuralCommModel)
@@ -118,6 +130,8 @@ def test_shipped_checkpoint_loads_if_present():
     assert np.isfinite(models.compute.predict(sets)).all()
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 def test_pretrain_command(folders, tmp_path):
     out = tmp_path / "model.pt"
     done = run_cli("pretrain", "--data", folders["compute"], "--comm-data", folders["comm2"], "--out", out,

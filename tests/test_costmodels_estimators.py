@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import inspect
 import io
-import json
 import pickle
 from pathlib import Path
 
@@ -27,17 +26,15 @@ from neuroshard.errors import NeuroShardError
 
 from conftest import run_cli
 
-DATA = Path(__file__).parent / "data"
-V1_CHECKPOINT = DATA / "cpu-default-v1.pt"
-REFERENCE = json.loads((DATA / "cpu-default-v1.predictions.json").read_text())
+V1_CHECKPOINT = Path(__file__).parent / "data" / "cpu-default-v1.pt"
 
 
 @pytest.fixture(scope="module")
-def measured() -> tuple[list[np.ndarray], np.ndarray, list[CommSamples]]:
+def measured(reference_data) -> tuple[list[np.ndarray], np.ndarray, list[CommSamples]]:
     """Shard sets with costs (the reference predictions, 5% noise) and comm samples at 2 and 3 devices."""
     rng = np.random.default_rng(0)
-    sets = [np.asarray(s, dtype=np.float32) for s in REFERENCE["sets"]]
-    costs = np.asarray(REFERENCE["compute_ms"]) * rng.lognormal(0.0, 0.05, len(sets))
+    sets = reference_data["sets"]
+    costs = reference_data["compute_ms"] * rng.lognormal(0.0, 0.05, len(sets))
     groups = []
     for d in (2, 3):
         widths = rng.integers(1, 512, size=(60, d)).astype(np.float64)
@@ -152,10 +149,9 @@ def test_tampered_tree_arrays_are_refused(fitted, tmp_path):
         CostModels.load(path)
 
 
-def _reference_predictions_match(models: CostModels) -> None:
-    sets = [np.asarray(s, dtype=np.float32) for s in REFERENCE["sets"]]
-    np.testing.assert_allclose(models.compute.predict(sets), REFERENCE["compute_ms"], rtol=1e-6)
-    for d, ref in REFERENCE["comm"].items():
+def _reference_predictions_match(models: CostModels, reference: dict) -> None:
+    np.testing.assert_allclose(models.compute.predict(reference["sets"]), reference["compute_ms"], rtol=1e-6)
+    for d, ref in reference["raw"]["comm"].items():
         comm = models.comm_for(int(d))
         widths, skews, reduce_width = (np.asarray(ref[k]) for k in ("widths", "skews_ms", "reduce_width"))
         np.testing.assert_allclose(comm.predict_forward(widths, skews), ref["fwd_ms"], rtol=1e-6)
@@ -163,20 +159,20 @@ def _reference_predictions_match(models: CostModels) -> None:
         np.testing.assert_allclose(comm.predict_reduce(reduce_width), ref["reduce_ms"], rtol=1e-6)
 
 
-def test_v1_checkpoint_predicts_what_it_did_before(tmp_path):
+def test_v1_checkpoint_predicts_what_it_did_before(tmp_path, reference_data):
     """The shipped checkpoint as it was in format v1, read and re-saved: the predictions the code of v1 made."""
     models = CostModels.load(V1_CHECKPOINT)
-    _reference_predictions_match(models)
-    _reference_predictions_match(CostModels.load(models.save(tmp_path / "v2.pt")))
+    _reference_predictions_match(models, reference_data)
+    _reference_predictions_match(CostModels.load(models.save(tmp_path / "v2.pt")), reference_data)
 
 
-def test_shipped_checkpoint_is_v2_and_round_trips(tmp_path):
+def test_shipped_checkpoint_is_v2_and_round_trips(tmp_path, reference_data):
     path = costmodels.DEFAULT_CHECKPOINT
     if not path.exists():
         pytest.skip("no shipped checkpoint in this tree")
     assert torch.load(path, weights_only=True)["format"] == "neuroshard.costmodels/v2"
     models = CostModels.load(path)
-    sets = [np.asarray(s, dtype=np.float32) for s in REFERENCE["sets"]]
+    sets = reference_data["sets"]
     again = CostModels.load(models.save(tmp_path / "again.pt"))
     for before, after in zip(_predictions(models, sets), _predictions(again, sets)):
         np.testing.assert_array_equal(after, before)

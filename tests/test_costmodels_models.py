@@ -1,11 +1,8 @@
 """Compute and communication models fitted on small real measurements (real kernels, real gloo).
 
-The measured folders are made once per session by the measurement code itself and are
-also used by ``test_costmodels_checkpoint.py``."""
+The measured folders (conftest's ``measured_folders``) are made once per session by the
+measurement code itself."""
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,42 +14,15 @@ from neuroshard.costmodels.neural import NeuralCommModel, NeuralComputeModel
 from neuroshard.costmodels.pretrain import ComputeData, load_comm, load_compute, split_comm
 from neuroshard.costmodels.tree import TreeCommModel, TreeComputeModel
 
-HISTOGRAM = [0.473, 0.152, 0.139, 0.112, 0.072, 0.032, 0.011, 0.005, 0.002, 0.001, 0.001, 0, 0, 0, 0, 0, 0]
-_MEASURED: dict[str, Path] = {}
+
+@pytest.fixture(scope="module")
+def compute_data(measured_folders) -> ComputeData:
+    return load_compute(measured_folders["compute"])
 
 
-def measured_folders(tmp_path_factory) -> dict[str, Path]:
-    """A tables file of 14 varied tables, 200 measured shard sets of them and 24 two-device
-    all-to-all samples, measured once per test session."""
-    if _MEASURED:
-        return _MEASURED
-    from neuroshard.measured.collect import collect_comm, collect_compute
-    root = tmp_path_factory.mktemp("cost-data")
-    tables = []
-    for i in range(14):
-        access = [{"zipf_alpha": 0.6 + 0.1 * i}, {"reuse_histogram": HISTOGRAM, "mean_reuse": 6.9}, {}][i % 3]
-        tables.append({"name": f"t{i}", "num_embeddings": [500, 3000, 20000, 100000][i % 4],
-                       "embedding_dim": [16, 64, 128][i % 3], "pooling_factor": [1.0, 4.0, 12.0, 40.0, 0.5][i % 5],
-                       "access": access})
-    (root / "tables.json").write_text(json.dumps({"format": "neuroshard.tables/v1", "name": "cm", "batch_size": 512,
-                                                  "tables": tables}))
-    collect_compute(root / "tables.json", 200, root / "compute", max_tables=4, batch_size=1024,
-                    dims=(8, 16, 32, 64, 128),
-                    max_rows=20000, warmup=1, repeats=3, max_repeats=3, flush_bytes=1 << 20, progress=False)
-    collect_comm(2, 24, root / "comm2", batch_size=512, max_width=128, max_skew_ms=2.0, repeats=3, warmup=1,
-                 progress=False)
-    _MEASURED.update(compute=root / "compute", comm2=root / "comm2")
-    return _MEASURED
-
-
-@pytest.fixture(scope="session")
-def compute_data(tmp_path_factory) -> ComputeData:
-    return load_compute(measured_folders(tmp_path_factory)["compute"])
-
-
-@pytest.fixture(scope="session")
-def comm_groups(tmp_path_factory) -> list[CommSamples]:
-    return load_comm([measured_folders(tmp_path_factory)["comm2"]])[0]
+@pytest.fixture(scope="module")
+def comm_groups(measured_folders) -> list[CommSamples]:
+    return load_comm([measured_folders["comm2"]])[0]
 
 
 def random_split(data: ComputeData, seed: int = 0) -> tuple[ComputeData, ComputeData]:
@@ -60,12 +30,14 @@ def random_split(data: ComputeData, seed: int = 0) -> tuple[ComputeData, Compute
     return data.subset(order[50:]), data.subset(order[:50])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def neural_compute(compute_data) -> NeuralComputeModel:
     train, _ = random_split(compute_data)
     return NeuralComputeModel(hidden=64, depth=2, lr=1e-2, epochs=300, patience=60, seed=0).fit(train.sets, train.costs_ms)
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 def test_loaded_data_matches_the_records(compute_data):
     assert len(compute_data) == 200 and compute_data.batch_size == 1024
     assert all(s.ndim == 2 and 1 <= len(s) <= 4 for s in compute_data.sets)
@@ -73,6 +45,8 @@ def test_loaded_data_matches_the_records(compute_data):
     assert (compute_data.costs_ms > 0).all()
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 def test_neural_compute_learns(compute_data, neural_compute):
     """On sets it never saw, far better than the best constant (the geometric mean)."""
     train, test = random_split(compute_data)
@@ -83,6 +57,8 @@ def test_neural_compute_learns(compute_data, neural_compute):
     assert metrics["kendall_tau"] > 0.6 and metrics["pair_accuracy"] > 0.7
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 def test_neural_compute_predicts_many_sets_in_one_call(compute_data, neural_compute):
     sets = compute_data.sets * 20  # 4000 sets of mixed sizes, one batched call
     many = neural_compute.predict(sets)
@@ -92,6 +68,8 @@ def test_neural_compute_predicts_many_sets_in_one_call(compute_data, neural_comp
     assert neural_compute.predict([]).shape == (0,)
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 def test_reference_compute_models_fit_and_predict(compute_data):
     train, test = random_split(compute_data)
     for model in (TreeComputeModel(seed=0), AnalyticComputeModel(batch_size=1024)):
@@ -100,6 +78,8 @@ def test_reference_compute_models_fit_and_predict(compute_data):
         assert set(model.evaluate(test.sets, test.costs_ms)) == {"gmae", "mape", "kendall_tau", "pair_accuracy", "n"}
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 def test_analytic_compute_fit_beats_its_defaults(compute_data):
     model = AnalyticComputeModel(batch_size=1024)
     before = gmae(model.predict(compute_data.sets), compute_data.costs_ms)
@@ -117,6 +97,8 @@ def test_analytic_comm_defaults_follow_bytes_and_waiting():
     assert model.predict_reduce(np.array([0.0, 64.0]), 4)[0] == 0.0 and model.predict_reduce(np.array([64.0]), 4)[0] > 0
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 @pytest.mark.parametrize("cls", [NeuralCommModel, TreeCommModel, AnalyticCommModel])
 def test_comm_models_fit_and_answer_any_device_count(comm_groups, cls):
     train, test = split_comm(comm_groups, 0.25, seed=0)

@@ -8,14 +8,18 @@ import numpy as np
 import pytest
 
 from neuroshard.costmodels import analytic_cost_models
-from neuroshard.errors import FormatError, InvalidPlanError
+from neuroshard.errors import FormatError, InvalidPlanError, NeuroShardError
 from neuroshard.kernels import fbgemm_available
 from neuroshard.plan import Plan, Shard
+from neuroshard.runtime.measure_plan import measure_plans
 from neuroshard.runtime.model import init_rows, train_reference
-from neuroshard.runtime.trainer import RunConfig, run
+from neuroshard.runtime.trainer import RunConfig, check_run, run
 from neuroshard.search import shard
+from neuroshard.torchrec.export import torchrec_sharding
 from neuroshard.search.simulator import allreduce_ms
+from neuroshard.search.score import score_plan
 from neuroshard.search.simulator import Simulator
+from neuroshard.torchrec.import_plan import plan_from_torchrec
 from neuroshard.tables import Table, TableSet
 
 STEPS, BATCH, LR = 3, 48, 5.0
@@ -121,7 +125,6 @@ def test_search_replicates_a_small_hot_table_not_a_big_one():
     assert auto.provenance["data_parallel"]["tables"] == ["hot"]
     assert not auto.shards_of("hot") and auto.sharding_type("big") != "data_parallel"
     # memory counts the replica on every device, and a re-score reproduces the estimate
-    from neuroshard.search.score import score_plan
     assert score_plan(auto, tables, models).estimate["max_device_cost_ms"] == auto.estimate["max_device_cost_ms"]
     # a big table, however hot, is not replicated
     hot_big = TableSet("dp", [Table("hot", 2_000_000, 64, 60.0)] + list(_tables())[1:], 4096)
@@ -129,6 +132,7 @@ def test_search_replicates_a_small_hot_table_not_a_big_one():
     assert plan.data_parallel_tables == []
 
 
+@pytest.mark.gloo
 @pytest.mark.parametrize("devices,kernel", [(2, KERNEL), (3, KERNEL), (2, "embedding_bag")])
 def test_replicated_training_matches_unsharded(devices, kernel):
     """Row-wise, table-wise and replicated tables together on 2-3 gloo processes (replicas in
@@ -147,8 +151,6 @@ def test_replicated_training_matches_unsharded(devices, kernel):
 
 
 def test_export_and_import_keep_replicated_tables():
-    from neuroshard.torchrec.export import torchrec_sharding
-    from neuroshard.torchrec.import_plan import plan_from_torchrec
     plan = _plan(2)
     doc = json.loads(json.dumps(torchrec_sharding(plan, compute_device="cpu")))
     assert doc["tables"]["hot"] == {"sharding_type": "data_parallel", "compute_kernel": "dense", "ranks": [0, 1]}
@@ -166,7 +168,6 @@ def _constrained(kinds: list[str] | None = None, devices: list[int] | None = Non
 
 
 def test_constraints_decide_whether_a_table_may_or_must_be_replicated():
-    from neuroshard.errors import NeuroShardError
     models = analytic_cost_models()
     kept = shard(_constrained(["table_wise", "column_wise"]), devices=4, memory="256MiB", cost_models=models,
                  data_parallel="auto")
@@ -182,7 +183,6 @@ def test_constraints_decide_whether_a_table_may_or_must_be_replicated():
 
 
 def test_the_runtime_refuses_replicated_tables_with_another_optimizer():
-    from neuroshard.runtime.trainer import check_run
     plan = _plan(2)
     adam = Plan(plan.tables, plan.shards, 2, 10**6, optimizer="adam", data_parallel_tables=["hot", "t1"]).validate()
     with pytest.raises(InvalidPlanError, match="data-parallel table 'hot': the runtime trains replicated tables "
@@ -192,6 +192,5 @@ def test_the_runtime_refuses_replicated_tables_with_another_optimizer():
 
 
 def test_measure_refuses_replicated_tables_rather_than_timing_them_wrong():
-    from neuroshard.runtime.measure_plan import measure_plans
     with pytest.raises(InvalidPlanError, match="data-parallel table 'hot' cannot be timed device by device"):
         measure_plans({"dp": _plan(2)}, TableSet("dp", TABLES))

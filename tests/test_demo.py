@@ -1,6 +1,13 @@
+"""`neuroshard demo`: the whole path on a small task (searches, real kernels timed on gloo processes)."""
+import json
+
+import pytest
+
 from conftest import run_cli
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 def test_demo_runs_end_to_end_small(tmp_path):
     out = tmp_path / "demo"
     # --calibrate 0: the suite takes the same time on every CPU (calibration has its own tests)
@@ -8,6 +15,9 @@ def test_demo_runs_end_to_end_small(tmp_path):
                      "--calibrate", "0")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "memory_used" in result.stdout and "measured improvement of NeuroShard" in result.stdout
+    assert "A/A control" in result.stdout  # the noise band every comparison is read against
     for name in ("tables.json", "plan-neuroshard.json", "summary.json", "demo-per-device.png"):
         assert (out / name).exists(), name
     assert run_cli("plan", "validate", out / "plan-neuroshard.json").returncode == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0 <= summary["aa_noise"] < 1 and len(summary["measured_ms"]) == 3

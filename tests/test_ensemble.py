@@ -21,18 +21,13 @@ TABLES = TableSet("ens", [Table(f"t{i}", 2_000 * (i + 1), (16, 32, 64)[i % 3], 0
 
 
 @pytest.fixture(scope="module")
-def shipped():
-    return load_cost_models()
-
-
-@pytest.fixture(scope="module")
-def data(shipped):
+def data(shipped_models):
     """Random shard sets of TABLES' pieces, costed by the shipped model with 5% noise."""
-    sim = Simulator(TABLES, 1, shipped)
+    sim = Simulator(TABLES, 1, shipped_models)
     ids = sim.piece_ids([h for p in whole_pieces(TABLES) for h in (p, *p.halve_cols())])
     rng = np.random.default_rng(0)
     sets = [sim.features_of(rng.choice(ids, size=int(rng.integers(1, 8)), replace=False)) for _ in range(160)]
-    costs = shipped.compute.predict(sets) * rng.lognormal(0.0, 0.05, len(sets))
+    costs = shipped_models.compute.predict(sets) * rng.lognormal(0.0, 0.05, len(sets))
     return sets, costs
 
 
@@ -60,19 +55,19 @@ def test_ensemble_needs_two_members_and_clones(data):
     assert clone(model).get_params() == model.get_params()
 
 
-def test_checkpoint_round_trip_loads_weights_only(ensemble, shipped, data, tmp_path):
+def test_checkpoint_round_trip_loads_weights_only(ensemble, shipped_models, data, tmp_path):
     sets, _ = data
-    path = CostModels(ensemble, shipped.comm, shipped.batch_size, name="ens").save(tmp_path / "ens.pt")
+    path = CostModels(ensemble, shipped_models.comm, shipped_models.batch_size, name="ens").save(tmp_path / "ens.pt")
     torch.load(path, weights_only=True)  # data only: no code runs on load
     loaded = load_cost_models(path)
     assert isinstance(loaded.compute, EnsembleComputeModel) and loaded.compute.size == 3
     assert np.allclose(loaded.compute.predict_members(sets), ensemble.predict_members(sets), rtol=1e-6)
 
 
-def test_search_charges_the_spread_and_the_plan_reports_the_mean(ensemble, shipped):
-    models = CostModels(ensemble, shipped.comm, shipped.batch_size, name="ens")
+def test_search_charges_the_spread_and_the_plan_reports_the_mean(ensemble, shipped_models):
+    models = CostModels(ensemble, shipped_models.comm, shipped_models.batch_size, name="ens")
     sim = Simulator(TABLES, 3, models)
-    single = CostModels(ensemble.members_[0], shipped.comm, shipped.batch_size, name="one")
+    single = CostModels(ensemble.members_[0], shipped_models.comm, shipped_models.batch_size, name="one")
     assert sim.risk == 1.0 and Simulator(TABLES, 3, single).risk == 0.0
     ids = sim.piece_ids(whole_pieces(TABLES))
     sets = [tuple(sorted(ids[i::3].tolist())) for i in range(3)]
@@ -86,8 +81,9 @@ def test_search_charges_the_spread_and_the_plan_reports_the_mean(ensemble, shipp
     assert plan.estimate["max_device_cost_ms"] == pytest.approx(float(again.max_ms[0]), rel=1e-6)
 
 
-def test_calibration_fine_tunes_every_member_or_keeps_the_pretrained(ensemble, shipped):
-    models = CostModels(ensemble, shipped.comm, shipped.batch_size, name="ens")
+@pytest.mark.timing
+def test_calibration_fine_tunes_every_member_or_keeps_the_pretrained(ensemble, shipped_models):
+    models = CostModels(ensemble, shipped_models.comm, shipped_models.batch_size, name="ens")
     small = TableSet("ens-small", TABLES.tables[:6], 4096)
     calibrated, report = calibrate(small, models, devices=2, sets=8, epochs=5)
     assert isinstance(calibrated.compute, EnsembleComputeModel)

@@ -5,13 +5,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from neuroshard.costmodels.measure import (comm_arrays, compute_arrays, load_comm_data, load_compute_data,
-                                           read_meta, record_shards)
+from neuroshard.cli import main
+from neuroshard.costmodels.measure import (comm_arrays, compute_arrays, load_comm_data, load_compute_data, read_meta,
+                                           record_shards)
 from neuroshard.measured.collect import collect_comm, parse_dims, sample_shard_set
 from neuroshard.costmodels.measure.store import locked
 from neuroshard.errors import NeuroShardError
@@ -22,7 +22,8 @@ FAST = ["--batch-size", "256", "--flush-bytes", "4MiB", "--warmup", "0", "--repe
 
 
 @pytest.fixture
-def tables_file(tmp_path):
+def varied_tables_file(tmp_path):
+    """12 random tables and one of 3,000,000 rows (not conftest's small ``varied_tables_file``)."""
     rng = np.random.default_rng(1)
     tables = [Table(f"t{i}", int(rng.integers(100, 50000)), int(rng.choice([8, 32, 128])), float(rng.uniform(1, 10)),
                     {"zipf_alpha": float(rng.uniform(0, 1.2))}) for i in range(12)]
@@ -43,22 +44,23 @@ def test_parse_dims():
         parse_dims("big")
 
 
-def test_shard_sets_follow_the_rules(tables_file):
-    tables = TableSet.read(tables_file).tables
+def test_shard_sets_follow_the_rules(varied_tables_file):
+    tables = TableSet.read(varied_tables_file).tables
     memory = 4 << 20
     for i in range(30):
         shards = sample_shard_set(tables, np.random.default_rng(i), 5, memory, 256, [4, 8, 16, 32, 64, 128], 0.3)
         assert 1 <= len(shards) <= 5
         assert sum(s.size_bytes() for s in shards) <= memory
         for s in shards:
-            src = TableSet.read(tables_file)[s.extra["source_table"]]
+            src = TableSet.read(varied_tables_file)[s.extra["source_table"]]
             assert s.embedding_dim in (4, 8, 16, 32, 64, 128) and s.embedding_dim <= src.embedding_dim
             assert s.num_embeddings <= src.num_embeddings
 
 
-def test_resume_after_kill_9(tables_file, tmp_path):
+@pytest.mark.timing
+def test_resume_after_kill_9(varied_tables_file, tmp_path):
     out = tmp_path / "data"
-    cmd = _cli("compute", "--tables", str(tables_file), "--samples", "14", "--out", str(out),
+    cmd = _cli("compute", "--tables", str(varied_tables_file), "--samples", "14", "--out", str(out),
                "--max-tables-per-device", "4", "--memory", "64MiB", "--max-rows", "20000", *FAST)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     path = out / "compute.jsonl"
@@ -81,7 +83,7 @@ def test_resume_after_kill_9(tables_file, tmp_path):
     raw = [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
     assert sorted(r["sample"] for r in raw) == list(range(14))
     assert [r["shards"] for r in records[:len(before)]] == [r["shards"] for r in before]  # untouched
-    tables = TableSet.read(tables_file).tables
+    tables = TableSet.read(varied_tables_file).tables
     for r in records:  # sample i is the set drawn from seed + i
         expect = sample_shard_set(tables, np.random.default_rng(r["sample"]), 4, 64 << 20, 256,
                                   [4, 8, 16, 32, 64, 128], 0.2)
@@ -104,6 +106,7 @@ def test_resume_after_kill_9(tables_file, tmp_path):
     assert len(refused.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.gloo
 def test_other_hardware_refused(tmp_path):
     out = tmp_path / "c"
     collect_comm(2, 2, out, batch_size=64, warmup=0, repeats=1, progress=False, timeout_s=30)
@@ -114,6 +117,7 @@ def test_other_hardware_refused(tmp_path):
         collect_comm(2, 3, out, batch_size=64, warmup=0, repeats=1, progress=False, timeout_s=30)
 
 
+@pytest.mark.gloo
 def test_comm_collection_and_loader(tmp_path):
     out = tmp_path / "comm2"
     assert collect_comm(2, 3, out, batch_size=128, warmup=0, repeats=2, progress=False, timeout_s=30) == 3
@@ -128,10 +132,9 @@ def test_comm_collection_and_loader(tmp_path):
     assert arrays["widths"].shape == (4, 2) and arrays["reduce_ms"].shape == (4,)
 
 
-def test_bad_input(tmp_path, tables_file):
-    from neuroshard.cli import main
+def test_bad_input(tmp_path, varied_tables_file):
     assert main(["collect", "comm", "--devices", "1", "--samples", "3", "--out", str(tmp_path / "x")]) == 2
-    assert main(["collect", "compute", "--tables", str(tables_file), "--samples", "3", "--out",
+    assert main(["collect", "compute", "--tables", str(varied_tables_file), "--samples", "3", "--out",
                  str(tmp_path / "y"), "--kernel", "magic"]) == 2
     assert main(["collect", "compute", "--tables", str(tmp_path / "missing.json"), "--samples", "3", "--out",
                  str(tmp_path / "y")]) == 2

@@ -32,6 +32,7 @@ def _check_measures(bench, devices):
     assert len(bench.measure([0] + widths[1:], None, 4).fwd_ms) == devices
 
 
+@pytest.mark.gloo
 def test_two_devices_then_one_hangs():
     bench = CommBenchmark(2, batch_size=512, warmup=1, repeats=3, timeout_s=30).start()
     try:
@@ -45,6 +46,7 @@ def test_two_devices_then_one_hangs():
         bench.close()
 
 
+@pytest.mark.gloo
 def test_three_devices_then_one_exits_early():
     bench = CommBenchmark(3, batch_size=512, warmup=1, repeats=3, timeout_s=30).start()
     try:
@@ -57,6 +59,7 @@ def test_three_devices_then_one_exits_early():
         bench.close()
 
 
+@pytest.mark.gloo
 def test_four_devices_then_one_is_killed():
     bench = CommBenchmark(4, batch_size=256, warmup=1, repeats=2, timeout_s=30).start()
     try:

@@ -15,15 +15,16 @@ def _bench(kernel, **kw):
                            max_repeats=7, **kw)
 
 
-def _mean_costs(bench, sets, rounds=3):
-    """Interleaved rounds so machine noise hits every set alike."""
+def _mean_costs(bench, sets, passes=3):
+    """Interleaved passes so machine noise hits every set alike."""
     costs = np.zeros(len(sets))
-    for _ in range(rounds):
+    for _ in range(passes):
         for i, shards in enumerate(sets):
-            costs[i] += bench.measure(shards).cost_ms / rounds
+            costs[i] += bench.measure(shards).cost_ms / passes
     return costs
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_costs_positive_and_grow_with_pooling_and_width(kernel):
     bench = _bench(kernel)
@@ -37,6 +38,7 @@ def test_costs_positive_and_grow_with_pooling_and_width(kernel):
     assert costs[3] > 1.5 * costs[2], costs
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_fused_set_of_mixed_widths(kernel):
     shards = [Table("x", 5000, 16, 4.0), Table("y", 300, 64, 1.0, {"zipf_alpha": 1.1}),

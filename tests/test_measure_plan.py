@@ -41,6 +41,8 @@ def test_shared_weights_buffer_computes_like_own_weights():
         FusedEmbedding(shapes, weights_buffer=torch.zeros(10))
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 def test_measure_ranks_devices_as_the_runtime_does():
     tables = TableSet("measure", TABLES, 2048)
     plan = three_device_plan()
@@ -54,6 +56,7 @@ def test_measure_ranks_devices_as_the_runtime_does():
     assert all(c > 0 for c in measured.modeled_comm_ms)
 
 
+@pytest.mark.timing
 def test_any_device_count_shares_one_buffer_and_aa_control_agrees(tmp_path):
     tables = TableSet("many", [Table(f"t{i}", 5_000 + 1_000 * i, 16, 1.0 + i % 3) for i in range(24)], 1024)
     plan = shard(tables, devices=12, memory="64MiB", algorithm="size")
@@ -64,6 +67,7 @@ def test_any_device_count_shares_one_buffer_and_aa_control_agrees(tmp_path):
     assert 0.7 < result.ratios()[1] < 1.3
 
 
+@pytest.mark.timing
 def test_row_cap_folds_and_is_reported():
     tables = TableSet("capped", [Table("wide", 300_000, 16, 2.0), Table("small", 100, 8, 1.0)], 512)
     plan = shard(tables, devices=2, memory="64MiB", algorithm="size")
@@ -72,6 +76,7 @@ def test_row_cap_folds_and_is_reported():
     assert "rows capped at 10,000 (1 shards capped)" in result.format()
 
 
+@pytest.mark.timing
 def test_measured_greedy_is_valid_under_tight_memory():
     tables = TableSet("tight", [Table(f"t{i}", 2_000 * (i + 1), 16 if i % 2 else 32, 1.0 + i) for i in range(10)],
                       512)
@@ -88,6 +93,7 @@ def _write(tmp_path: Path, plan: Plan, tables: TableSet) -> tuple[Path, Path]:
     return tmp_path / "plan.json", tmp_path / "tables.json"
 
 
+@pytest.mark.timing
 def test_cli_measures_and_writes_json(tmp_path, capsys):
     plan_path, tables_path = _write(tmp_path, three_device_plan(), TableSet("measure", TABLES, 256))
     code = main(["measure", str(plan_path), "--with", str(plan_path), "--tables", str(tables_path), "--passes", "1",

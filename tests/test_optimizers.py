@@ -15,20 +15,15 @@ from neuroshard.optimizers import OPTIMIZERS, check_optimizer, shard_bytes
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.model import init_rows, train_reference
 from neuroshard.runtime.trainer import RunConfig, run
+from neuroshard.torchrec.export import fused_params, torchrec_sharding
 from neuroshard.search.registry import SIMULATED_ALGORITHMS
-from neuroshard.torchrec.planner import TORCHREC_OPTIMIZERS
-from neuroshard.torchrec.guard import torchrec_available
+from neuroshard.torchrec.import_plan import plan_from_torchrec
+from neuroshard.torchrec.planner import TORCHREC_OPTIMIZERS, torchrec_available
 from neuroshard.tables import Table, TableSet
 
-from conftest import tables_dict
-from test_runtime_correctness import TABLES, make_plan
+from conftest import algorithm_params, tables_dict
 
 TBE = pytest.mark.skipif(not fbgemm_available(), reason="needs fbgemm's TBE (fbgemm-gpu-cpu)")
-
-
-def _analytic():
-    from neuroshard.costmodels import analytic_cost_models
-    return analytic_cost_models()
 
 
 # ------------------------------------------------------------------- memory
@@ -46,6 +41,7 @@ def test_shard_memory_is_weights_plus_state_by_hand():
         check_optimizer("lamb")
 
 
+@pytest.mark.torchrec
 @pytest.mark.skipif(not torchrec_available(), reason="needs TorchRec")
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_memory_matches_torchrecs_storage_estimate(optimizer):
@@ -97,27 +93,27 @@ def _tight_task() -> tuple[TableSet, int]:
     return tables, int(weights * 1.5 / 3)  # 1.5x the weights over 3 devices
 
 
-@pytest.mark.parametrize("algorithm", SIMULATED_ALGORITHMS)
-def test_every_algorithm_counts_the_state(algorithm):
+@pytest.mark.parametrize("algorithm", algorithm_params(SIMULATED_ALGORITHMS))
+def test_every_algorithm_counts_the_state(algorithm, analytic_models):
     if algorithm == "torchrec" and not torchrec_available():
         pytest.skip("needs TorchRec")
     tables, memory = _tight_task()
     if algorithm == "torchrec":  # TorchRec's planner also counts input/output buffers: give it room
         memory *= 2
-    plan = neuroshard.shard(tables, devices=3, memory=memory, algorithm=algorithm, cost_models=_analytic(),
+    plan = neuroshard.shard(tables, devices=3, memory=memory, algorithm=algorithm, cost_models=analytic_models,
                             optimizer="rowwise-adagrad")
     assert plan.optimizer == "rowwise-adagrad" and plan.provenance["cost_optimizer"] == "sgd"
     used = [sum(s.num_rows * (s.num_cols * 4 + 4) for s in plan.shards if s.device == d) for d in range(3)]
     assert plan.memory_used_bytes() == used and max(used) <= memory
-    sgd = neuroshard.shard(tables, devices=3, memory=memory, algorithm=algorithm, cost_models=_analytic())
+    sgd = neuroshard.shard(tables, devices=3, memory=memory, algorithm=algorithm, cost_models=analytic_models)
     assert "optimizer" not in sgd.to_dict() and "cost_optimizer" not in sgd.provenance
 
 
-def test_adam_state_that_cannot_fit_is_refused_saying_so():
+def test_adam_state_that_cannot_fit_is_refused_saying_so(analytic_models):
     tables, memory = _tight_task()
     with pytest.raises(InfeasibleError, match="weights and adam state"):
-        neuroshard.shard(tables, devices=3, memory=memory, cost_models=_analytic(), optimizer="adam")
-    plan = neuroshard.shard(tables, devices=7, memory=memory, cost_models=_analytic(), optimizer="adam")
+        neuroshard.shard(tables, devices=3, memory=memory, cost_models=analytic_models, optimizer="adam")
+    plan = neuroshard.shard(tables, devices=7, memory=memory, cost_models=analytic_models, optimizer="adam")
     assert max(plan.memory_used_bytes()) <= memory
     assert sum(plan.memory_used_bytes()) == 3 * sum(t.num_embeddings * t.embedding_dim * 4 for t in tables)
 
@@ -150,17 +146,18 @@ STEPS, BATCH, LR = 3, 48, 0.01
 # runs the same kernel per shard): a column-split table then updates differently from the
 # unsharded one, so it is compared on table- and row-wise plans.
 @TBE
+@pytest.mark.gloo
 @pytest.mark.parametrize("optimizer,kind", [("adagrad", "column_wise"), ("adagrad", "mixed"),
                                             ("rowwise-adagrad", "table_wise"), ("rowwise-adagrad", "row_wise")])
-def test_sharded_training_with_the_optimizer_matches_unsharded(optimizer, kind):
-    reference = train_reference(TABLES, STEPS, BATCH, LR, optimizer=optimizer)
-    sgd = train_reference(TABLES, STEPS, BATCH, LR)
-    plan = replace(make_plan(kind, 2), optimizer=optimizer)
-    result = run(RunConfig(plan, list(TABLES), 2, steps=STEPS, batch_size=BATCH, lr=LR, kernel="fbgemm_tbe",
+def test_sharded_training_with_the_optimizer_matches_unsharded(optimizer, kind, runtime_tables, runtime_plan):
+    reference = train_reference(runtime_tables, STEPS, BATCH, LR, optimizer=optimizer)
+    sgd = train_reference(runtime_tables, STEPS, BATCH, LR)
+    plan = replace(runtime_plan(kind, 2), optimizer=optimizer)
+    result = run(RunConfig(plan, list(runtime_tables), 2, steps=STEPS, batch_size=BATCH, lr=LR, kernel="fbgemm_tbe",
                            collect_weights=True, timeout_s=60))
     np.testing.assert_allclose(result.losses, reference.losses, rtol=0, atol=1e-5)
     moved_unlike_sgd = 0.0
-    for t in TABLES:
+    for t in runtime_tables:
         want = reference.weights[t.name].numpy()
         assert np.abs(want - init_rows(t, 0, 0, t.num_embeddings).numpy()).max() > 1e-3  # it trained
         np.testing.assert_allclose(result.weights[t.name], want, rtol=0, atol=1e-5)
@@ -169,18 +166,16 @@ def test_sharded_training_with_the_optimizer_matches_unsharded(optimizer, kind):
 
 
 @TBE
-def test_adam_is_refused_on_cpu_before_any_process_starts():
-    plan = replace(make_plan("table_wise", 2), optimizer="adam")
+def test_adam_is_refused_on_cpu_before_any_process_starts(runtime_tables, runtime_plan):
+    plan = replace(runtime_plan("table_wise", 2), optimizer="adam")
     with pytest.raises(NeuroShardError, match="adam cannot train on CPU"):
-        run(RunConfig(plan, list(TABLES), 2, steps=1, batch_size=BATCH, kernel="fbgemm_tbe"))
+        run(RunConfig(plan, list(runtime_tables), 2, steps=1, batch_size=BATCH, kernel="fbgemm_tbe"))
     with pytest.raises(NeuroShardError, match="embedding_bag fallback trains with sgd only"):
-        run(RunConfig(replace(plan, optimizer="adagrad"), list(TABLES), 2, steps=1, batch_size=BATCH,
+        run(RunConfig(replace(plan, optimizer="adagrad"), list(runtime_tables), 2, steps=1, batch_size=BATCH,
                       kernel="embedding_bag"))
 
 
 def test_torchrec_export_carries_the_optimizer_as_fused_params_and_import_reads_it_back():
-    from neuroshard.torchrec.export import fused_params, torchrec_sharding
-    from neuroshard.torchrec.import_plan import plan_from_torchrec
     tables = TableSet.from_dict(tables_dict())
     shards = [Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, i % 2) for i, t in enumerate(tables)]
     plan = Plan(list(tables), shards, 2, 4 * 10**6, optimizer="adagrad").validate()

@@ -62,6 +62,7 @@ def test_invalid_plan_is_never_written(tmp_path, tables_file):
     assert not (tmp_path / "plan.json").exists()
 
 
+@pytest.mark.slow
 def test_cli_validate_and_show(tmp_path, tables_file):
     path = tmp_path / "plan.json"
     make_plan(tables_file, GOOD).write(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from neuroshard.measured.plan_sets import DEVICES_PER_TASK, TASK_DEVICES, PlanSetSampler
 from neuroshard.costmodels.pretrain import load_compute
@@ -27,6 +28,7 @@ def test_samples_are_devices_of_one_searched_plan():
     assert [t.name for t in again(1)] == [t.name for t in sets[1]]  # sample i depends on the seed and i only
 
 
+@pytest.mark.timing
 def test_collect_plan_sets_writes_loadable_records(tmp_path):
     TABLES.write(tmp_path / "tables.json")
     out = tmp_path / "plans"

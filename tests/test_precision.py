@@ -26,40 +26,47 @@ import numpy as np
 import pytest
 import torch
 
+import neuroshard
 from neuroshard.costmodels.analytic import comm_terms
 from neuroshard.costmodels.base import CostModels
-from neuroshard.costmodels.precision import compute_scaling, measured_ratios
+from neuroshard.measured.calibrate import calibrate
+from neuroshard.measured.collect import collect_compute
+from neuroshard.costmodels.precision import compute_scaling, measured_ratios, model_precision
+from neuroshard.errors import NeuroShardError
+from neuroshard.exchange import PooledExchange
 from neuroshard.kernels import FusedEmbedding, fbgemm_available
 from neuroshard.plan import Plan
 from neuroshard.launch import launch
 from neuroshard.runtime.model import init_rows, train_reference
 from neuroshard.runtime.trainer import RunConfig, run
 from neuroshard.costmodels import resolve_cost_models
+from neuroshard.torchrec.export import qcomms_config
 from neuroshard.search.score import score_plan
 from neuroshard.search.simulator import Simulator
+from neuroshard.torchrec.import_plan import plan_from_torchrec
 from neuroshard.tables import TableSet
-
-from test_runtime_correctness import BATCH, LR, STEPS, TABLES, make_plan
 
 TBE = pytest.mark.skipif(not fbgemm_available(), reason="fbgemm-gpu-cpu is not installed")
 UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+STEPS, BATCH, LR = 3, 48, 5.0  # the tables and plans: conftest's runtime_tables and runtime_plan
 
 
 def _train(plan: Plan, devices: int, kernel: str = "fbgemm_tbe"):
-    return run(RunConfig(plan, list(TABLES), devices, steps=STEPS, batch_size=BATCH, lr=LR, kernel=kernel,
+    return run(RunConfig(plan, list(plan.tables), devices, steps=STEPS, batch_size=BATCH, lr=LR, kernel=kernel,
                          collect_weights=True, timeout_s=90))
 
 
 # ------------------------------------------------------------ fp16 weights
 @TBE
-def test_fp16_weights_train_like_the_unsharded_fp16_model():
-    plan = replace(make_plan("mixed", 2), bytes_per_element=2)
+@pytest.mark.gloo
+def test_fp16_weights_train_like_the_unsharded_fp16_model(runtime_tables, runtime_plan):
+    plan = replace(runtime_plan("mixed", 2), bytes_per_element=2)
     result = _train(plan, 2)
-    ref16 = train_reference(TABLES, STEPS, BATCH, LR, weights_precision="fp16")
-    ref32 = train_reference(TABLES, STEPS, BATCH, LR)
+    ref16 = train_reference(runtime_tables, STEPS, BATCH, LR, weights_precision="fp16")
+    ref32 = train_reference(runtime_tables, STEPS, BATCH, LR)
     np.testing.assert_allclose(result.losses, ref16.losses, rtol=1e-5, atol=0)
     moved_off_fp32 = 0.0
-    for t in TABLES:
+    for t in runtime_tables:
         got, want = result.weights[t.name], ref16.weights[t.name].numpy()
         assert np.array_equal(got, got.astype(np.float16).astype(np.float32)), t.name  # stored as fp16
         ulp = 2.0**-10 * np.abs(want).max()
@@ -80,14 +87,15 @@ def test_fp16_weights_read_back_rounded_and_int8_is_refused():
 
 # ---------------------------------------------------- reduced-precision comm
 @TBE
+@pytest.mark.gloo
 @pytest.mark.parametrize("precision, devices", [("fp16", 2), ("bf16", 3)])
-def test_reduced_precision_comm_trains_within_its_rounding(precision, devices):
-    ref = train_reference(TABLES, STEPS, BATCH, LR)
-    result = _train(replace(make_plan("mixed", devices), comm_precision=precision), devices)
+def test_reduced_precision_comm_trains_within_its_rounding(precision, devices, runtime_tables, runtime_plan):
+    ref = train_reference(runtime_tables, STEPS, BATCH, LR)
+    result = _train(replace(runtime_plan("mixed", devices), comm_precision=precision), devices)
     u = UNIT_ROUNDOFF[precision]
     np.testing.assert_allclose(result.losses, ref.losses, rtol=4 * u, atol=0)
     worst = 0.0
-    for t in TABLES:
+    for t in runtime_tables:
         want = ref.weights[t.name].numpy()
         moved = np.abs(want - init_rows(t, 0, 0, t.num_embeddings).numpy()).max()
         err = np.abs(result.weights[t.name] - want).max()
@@ -98,7 +106,6 @@ def test_reduced_precision_comm_trains_within_its_rounding(precision, devices):
 
 def _exchange_worker(wctx, widths, batch, precision):
     import torch.distributed as dist
-    from neuroshard.exchange import PooledExchange
     dist.init_process_group("gloo", init_method="env://", rank=wctx.rank, world_size=wctx.world_size)
     try:
         ex = PooledExchange.for_widths(widths, wctx.rank, wctx.world_size, batch, torch.device("cpu"), precision)
@@ -110,6 +117,7 @@ def _exchange_worker(wctx, widths, batch, precision):
         dist.destroy_process_group()
 
 
+@pytest.mark.gloo
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 def test_exchange_sends_exactly_the_cast_values(precision):
     """fp32: every received value is the sent one, bit for bit; fp16/bf16: it is the sent
@@ -129,15 +137,16 @@ def test_exchange_sends_exactly_the_cast_values(precision):
 
 
 # --------------------------------------------------------------- the model
-def _tables() -> TableSet:
-    return TableSet("small", list(TABLES), 4096)
+@pytest.fixture
+def tables(runtime_tables) -> TableSet:
+    return TableSet("small", list(runtime_tables), 4096)
 
 
-def test_modeled_comm_bytes_are_halved():
+def test_modeled_comm_bytes_are_halved(tables, runtime_plan):
     models = resolve_cost_models(None)
-    plan = make_plan("mixed", 2)
-    sim32 = Simulator(_tables(), 2, models)
-    sim16 = Simulator(_tables(), 2, models, comm_precision="fp16")
+    plan = runtime_plan("mixed", 2)
+    sim32 = Simulator(tables, 2, models)
+    sim16 = Simulator(tables, 2, models, comm_precision="fp16")
     est32, est16 = sim32.evaluate_plan(plan), sim16.evaluate_plan(plan)
     widths = np.array([[sum(s.num_cols for s in plan.shards_on(d)) for d in range(2)]], dtype=np.float64)
     # the measured (fp32) comm model is asked for the exchange that moves half the bytes
@@ -149,13 +158,13 @@ def test_modeled_comm_bytes_are_halved():
     np.testing.assert_allclose(terms16[..., 2:], terms32[..., 2:] / 2)  # send, receive, peak bytes
 
 
-def test_fp16_weights_are_costed_with_the_measured_ratio():
+def test_fp16_weights_are_costed_with_the_measured_ratio(tables, runtime_plan):
     models = resolve_cost_models(None)
     ratio = measured_ratios()["fp16"]["compute_ratio_to_fp32"]
     assert 0.5 < ratio < 2.0 and "precision_ratio.py" in measured_ratios()["fp16"]["command"]
-    plan32 = make_plan("mixed", 2)
-    scored32 = score_plan(plan32, _tables(), models)
-    scored16 = score_plan(replace(plan32, bytes_per_element=2), _tables(), models)
+    plan32 = runtime_plan("mixed", 2)
+    scored32 = score_plan(plan32, tables, models)
+    scored16 = score_plan(replace(plan32, bytes_per_element=2), tables, models)
     np.testing.assert_allclose(scored16.estimate["per_device_compute_ms"],
                                np.array(scored32.estimate["per_device_compute_ms"]) * ratio, rtol=1e-5)
     np.testing.assert_allclose(scored16.estimate["per_device_bwd_comm_ms"], scored32.estimate["per_device_bwd_comm_ms"])
@@ -167,8 +176,7 @@ def test_fp16_weights_are_costed_with_the_measured_ratio():
     assert compute_scaling(models, "int8")[:2] == (1.0, "fp32")  # no ratio: stays at the model's fp32
 
 
-def test_shard_records_precisions_and_fp32_plans_are_unchanged(caplog):
-    tables = _tables()
+def test_shard_records_precisions_and_fp32_plans_are_unchanged(tables, caplog):
     base = neuroshard_shard(tables)
     assert "comm_precision" not in base.to_dict() and "cost_precision" not in base.provenance
     half = neuroshard_shard(tables, bytes_per_element=2, comm_precision="fp16")
@@ -183,12 +191,11 @@ def test_shard_records_precisions_and_fp32_plans_are_unchanged(caplog):
 
 
 def neuroshard_shard(tables, **kw) -> Plan:
-    import neuroshard
     return neuroshard.shard(tables, devices=2, memory="1GiB", algorithm="size", **kw)
 
 
-def test_comm_precision_round_trips_through_the_plan_file(tmp_path):
-    plan = make_plan("mixed", 2)
+def test_comm_precision_round_trips_through_the_plan_file(tmp_path, runtime_plan):
+    plan = runtime_plan("mixed", 2)
     assert "comm_precision" not in plan.to_dict()
     for precision in ("fp16", "bf16"):
         path = replace(plan, comm_precision=precision).write(tmp_path / f"{precision}.json")
@@ -199,38 +206,36 @@ def test_comm_precision_round_trips_through_the_plan_file(tmp_path):
 
 
 # ------------------------------------------------------------------ TorchRec
-def test_exported_qcomms_run_in_torchrec_within_fp16_rounding():
+@pytest.mark.gloo
+@pytest.mark.torchrec
+def test_exported_qcomms_run_in_torchrec_within_fp16_rounding(torchrec_interop):
     """The export's ``qcomms`` applied as TorchRec's QCommsConfig (DistributedModelParallel on
     2 gloo processes): the pooled outputs are those of the unsharded model rounded once to
     fp16 in the all-to-all. Pooled values are sums of at most 3 rows of TorchRec's initial
     weights (|w| <= 1/sqrt(rows) <= 1/sqrt(33) < 0.18), so they differ by at most
     3 x 0.18 x 2**-11 (one rounding); a difference above 0 shows the codec ran."""
-    pytest.importorskip("torchrec.distributed.planner")
-    from test_torchrec_interop import TABLES as INTEROP_TABLES
-    from test_torchrec_interop import _exported, _plan, _run_in_torchrec, _spec
-    from neuroshard.torchrec.export import qcomms_config
-    from neuroshard.torchrec.import_plan import plan_from_torchrec
+    interop = torchrec_interop
     cases = {}
     for kind in ("table_wise", "column_wise", "row_wise"):
-        doc = _exported(replace(_plan(kind), comm_precision="fp16"))
+        doc = interop.export(replace(interop.plan(kind), comm_precision="fp16"))
         assert doc["qcomms"] == {"forward_precision": "fp16", "backward_precision": "fp16"}
         assert qcomms_config(doc).forward_precision.value == "fp16"
-        assert plan_from_torchrec(doc, TableSet("t", INTEROP_TABLES)).comm_precision == "fp16"
-        cases[kind] = (_spec(INTEROP_TABLES), doc)
-    assert "qcomms" not in _exported(_plan("row_wise")) and qcomms_config(_exported(_plan("row_wise"))) is None
+        assert plan_from_torchrec(doc, TableSet("t", interop.tables)).comm_precision == "fp16"
+        cases[kind] = (interop.spec(interop.tables), doc)
+    fp32 = interop.export(interop.plan("row_wise"))
+    assert "qcomms" not in fp32 and qcomms_config(fp32) is None
     bound = 3 * 0.18 * 2.0**-11
-    for r, results in enumerate(_run_in_torchrec(list(cases.values()))):
+    for r, results in enumerate(interop.run(list(cases.values()))):
         for name, res in zip(cases, results):
             assert 0 < res["forward"] <= bound, (name, r, res)
 
 
 # ------------------------------------------------------------- measurement
 @TBE
-def test_collect_compute_at_fp16_records_it_and_keeps_fp32_folders_apart(tmp_path):
-    from neuroshard.measured.collect import collect_compute
-    from neuroshard.errors import NeuroShardError
+@pytest.mark.timing
+def test_collect_compute_at_fp16_records_it_and_keeps_fp32_folders_apart(tmp_path, runtime_tables):
     tables = tmp_path / "t.json"
-    TableSet("small", list(TABLES), 512).write(tables)
+    TableSet("small", list(runtime_tables), 512).write(tables)
     options = dict(batch_size=512, max_tables=3, progress=False, repeats=1, max_repeats=1, warmup=0)
     assert collect_compute(tables, 2, tmp_path / "fp16", weights_precision="fp16", **options) == 2
     assert json.loads((tmp_path / "fp16" / "meta.json").read_text())["config"]["weights_precision"] == "fp16"
@@ -241,11 +246,10 @@ def test_collect_compute_at_fp16_records_it_and_keeps_fp32_folders_apart(tmp_pat
 
 
 @TBE
-def test_calibrate_at_fp16_fine_tunes_an_fp16_model():
-    from neuroshard.measured.calibrate import calibrate
-    from neuroshard.costmodels.precision import model_precision
+@pytest.mark.timing
+def test_calibrate_at_fp16_fine_tunes_an_fp16_model(tables):
     models = resolve_cost_models(None)
-    calibrated, report = calibrate(_tables(), models, devices=2, sets=8, epochs=20, weights_precision="fp16")
+    calibrated, report = calibrate(tables, models, devices=2, sets=8, epochs=20, weights_precision="fp16")
     # fine-tuned on fp16 timings it predicts fp16 (no ratio); a kept pre-trained model stays fp32 (ratio applies)
     assert model_precision(calibrated) == ("fp32" if report.kept_pretrained else "fp16")
     factor, precision, record = compute_scaling(calibrated, "fp16")

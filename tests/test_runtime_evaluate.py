@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from neuroshard.costmodels.measure.kernel import KernelBenchmark
 from neuroshard.plan import Plan, Shard
+from neuroshard.runtime.evaluate import evaluate, evaluate_together, measure_alternating, paired_improvement
 from neuroshard.launch import free_port
+from neuroshard.runtime.trainer import RunConfig, run
 from neuroshard.tables import Table, TableSet
 
 TABLES = [Table("big", 50_000, 16, 2.0, {"zipf_alpha": 1.05}), Table("a", 300, 8, 1.0),
@@ -26,6 +29,8 @@ def _files(tmp_path: Path) -> None:
          estimate={"max_device_cost_ms": 1.5, "per_device_cost_ms": [1.5, 1.2]}).write(tmp_path / "plan.json")
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 def test_evaluate_reports_per_device_costs(tmp_path):
     _files(tmp_path)
     out = subprocess.run([sys.executable, "-m", "neuroshard.cli", "evaluate", "--plan", "plan.json",
@@ -45,6 +50,7 @@ def test_evaluate_reports_per_device_costs(tmp_path):
     assert m["iterations_per_s"] > 0
 
 
+@pytest.mark.gloo
 def test_train_under_torchrun(tmp_path):
     _files(tmp_path)
     torchrun = Path(sys.executable).with_name("torchrun")
@@ -58,10 +64,10 @@ def test_train_under_torchrun(tmp_path):
     assert "step     2  loss" in out.stdout
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 def test_runtime_runs_the_kernel_the_measurement_picks(tmp_path):
     """`auto` means the same kernel in training as in the kernel benchmark, timed on the same clock."""
-    from neuroshard.costmodels.measure.kernel import KernelBenchmark
-    from neuroshard.runtime.evaluate import evaluate
     _files(tmp_path)
     bench = KernelBenchmark(kernel="auto")
     m = evaluate(Plan.read(tmp_path / "plan.json"), TableSet.read(tmp_path / "tables.json"), iterations=2, warmup=1,
@@ -72,17 +78,16 @@ def test_runtime_runs_the_kernel_the_measurement_picks(tmp_path):
 
 
 def test_paired_improvement_is_the_geometric_mean_of_round_ratios():
-    from neuroshard.runtime.evaluate import paired_improvement
     assert paired_improvement([90.0, 45.0], [100.0, 50.0]) == pytest.approx(0.10)
     # a slow spell that hits both plans of a round does not change the result
     assert paired_improvement([90.0, 180.0], [100.0, 200.0]) == pytest.approx(0.10)
     assert paired_improvement([110.0], [100.0]) == pytest.approx(-0.10)
 
 
+@pytest.mark.timing
+@pytest.mark.gloo
 def test_plans_measured_together_alternate_their_steps(tmp_path):
     """An A/B run: both plans' embeddings live in every rank and their steps alternate."""
-    from neuroshard.runtime.evaluate import evaluate_together, measure_alternating
-    from neuroshard.runtime.trainer import RunConfig, run
     _files(tmp_path)
     tables = TableSet.read(tmp_path / "tables.json")
     split = Plan.read(tmp_path / "plan.json")

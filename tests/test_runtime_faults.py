@@ -1,9 +1,6 @@
 """A crashed or hung process ends the run with one clear line; bad plans never start."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -14,6 +11,8 @@ from neuroshard.runtime.evaluate import evaluate
 from neuroshard.launch import RunFailedError
 from neuroshard.runtime.trainer import RunConfig, run
 from neuroshard.tables import Table, TableSet
+
+from conftest import run_cli
 
 TABLES = [Table(f"t{i}", 100 + 20 * i, 8, 1.0) for i in range(4)]
 
@@ -27,12 +26,14 @@ def _config(**kw) -> RunConfig:
     return RunConfig(_plan(), list(TABLES), 2, steps=4, batch_size=16, **kw)
 
 
+@pytest.mark.gloo
 def test_a_rank_that_raises_stops_the_run_with_its_error():
     with pytest.raises(RunFailedError, match=r"^rank 1 failed at step 1.*injected fault at step 1$") as info:
         run(_config(fault="raise:1:1", timeout_s=30))
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.gloo
 def test_a_hung_rank_is_named_within_the_timeout():
     start = time.monotonic()
     with pytest.raises(RunFailedError, match=r"^rank 0 (made no progress|stopped responding) .*step 2") as info:
@@ -41,16 +42,12 @@ def test_a_hung_rank_is_named_within_the_timeout():
     assert time.monotonic() - start < 60
 
 
-def _cli(tmp_path, *args, env=None):
-    return subprocess.run([sys.executable, "-m", "neuroshard.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=tmp_path, timeout=120)
-
-
+@pytest.mark.gloo
 def test_cli_reports_a_dead_rank_in_one_line(tmp_path):
     TableSet("faults", TABLES, 16).write(tmp_path / "tables.json")
     _plan().write(tmp_path / "plan.json")
-    out = _cli(tmp_path, "train", "--plan", "plan.json", "--tables", "tables.json", "--steps", "4",
-               "--timeout", "30", env={"NEUROSHARD_FAULT": "exit:0:1"})
+    out = run_cli("train", "--plan", "plan.json", "--tables", "tables.json", "--steps", "4", "--timeout", "30",
+                  cwd=tmp_path, timeout=120, env={"NEUROSHARD_FAULT": "exit:0:1"})
     errors = [line for line in out.stderr.splitlines() if line.startswith("neuroshard: error:")]
     assert out.returncode == 2
     assert errors == ["neuroshard: error: rank 0 exited with code 3 at step 1, preparing inputs; the run was stopped"]
@@ -61,7 +58,7 @@ def test_cli_refuses_a_plan_for_other_tables(tmp_path):
     other = [Table(t.name, t.num_embeddings + 1, 8, 1.0) for t in TABLES]
     _plan(other).write(tmp_path / "plan.json")
     start = time.monotonic()
-    out = _cli(tmp_path, "evaluate", "--plan", "plan.json", "--tables", "tables.json")
+    out = run_cli("evaluate", "--plan", "plan.json", "--tables", "tables.json", cwd=tmp_path, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
         "neuroshard: error: plan does not match tables 'faults': table 't0' is 101x8 in the plan, 100x8 in the file"]

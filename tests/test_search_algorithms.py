@@ -5,20 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from neuroshard.costmodels import analytic_cost_models
 from neuroshard.datasets.synthetic import generate
 from neuroshard.errors import InfeasibleError, NeuroShardError
-from neuroshard.search import ALGORITHMS, Simulator, search_placement, shard
+from neuroshard.search import ALGORITHMS, Simulator, registry, search_placement, shard
 from neuroshard.search.api import GREEDY_ALGORITHMS
-from neuroshard.torchrec.guard import torchrec_available
+from neuroshard.search.cli import ALGORITHM_CHOICES
+from neuroshard.search.placer import greedy_place
+from neuroshard.torchrec.planner import torchrec_available
 from neuroshard.tables import Table, TableSet
 
+from conftest import algorithm_params
+
 SMALL = {"beam_width": 2, "depth": 4, "top_n": 2, "grid_size": 5}
-
-
-@pytest.fixture(scope="module")
-def models():
-    return analytic_cost_models()
 
 
 def _memory_for(tables: TableSet, devices: int, fill: float) -> int:
@@ -27,10 +25,10 @@ def _memory_for(tables: TableSet, devices: int, fill: float) -> int:
 
 
 @pytest.mark.parametrize("num_tables,devices,seed", [(12, 4, 0), (20, 4, 1), (16, 2, 2)])
-def test_neuroshard_beats_or_ties_the_best_greedy_baseline(models, num_tables, devices, seed):
+def test_neuroshard_beats_or_ties_the_best_greedy_baseline(analytic_models, num_tables, devices, seed):
     tables = generate("dlrm-2021", num_tables, seed=seed)
     memory = _memory_for(tables, devices, 0.6)
-    sim = Simulator(tables, devices, models)
+    sim = Simulator(tables, devices, analytic_models)
     # The beam and grid search alone, without the greedy plans as seeds, already do it here.
     ours = search_placement(sim, memory, "neuroshard", baseline_seeds=False, **SMALL)
     assert ours.details["local_search_from"] == "beam"
@@ -42,11 +40,11 @@ def test_neuroshard_beats_or_ties_the_best_greedy_baseline(models, num_tables, d
     assert seeded.cost_ms <= ours.cost_ms * (1 + 1e-9)
 
 
-def test_greedy_seeds_keep_neuroshard_at_least_as_good_as_the_baselines(models):
+def test_greedy_seeds_keep_neuroshard_at_least_as_good_as_the_baselines(analytic_models):
     """With a search too shallow to split anything, the seeds still bring the best greedy plan."""
     tables = generate("dlrm-2021", 16, seed=3)
     memory = _memory_for(tables, 2, 0.6)
-    sim = Simulator(tables, 2, models)
+    sim = Simulator(tables, 2, analytic_models)
     shallow = {"beam_width": 1, "depth": 0, "top_n": 1, "grid_size": 1, "local_search_steps": 0}
     beam_only = search_placement(sim, memory, "neuroshard", baseline_seeds=False, **shallow)
     seeded = search_placement(sim, memory, "neuroshard", **shallow)
@@ -57,13 +55,13 @@ def test_greedy_seeds_keep_neuroshard_at_least_as_good_as_the_baselines(models):
         assert seeded.details["local_search_from"] == f"greedy-{best}"
 
 
-def test_table_larger_than_a_device_is_split_by_rows(models):
+def test_table_larger_than_a_device_is_split_by_rows(analytic_models):
     # 'wide' cannot be halved along columns (12 = 2 x 6, 6 is no multiple of 4), and alone
     # it is 2.4x a device: it must be split by rows.
     tables = TableSet("big", [Table("wide", 100_000, 12, 4.0, {"zipf_alpha": 0.9}),
                               Table("a", 10_000, 32, 2.0), Table("b", 5_000, 64, 6.0)], 4096)
     memory = 2_000_000
-    plan = shard(tables, devices=5, memory=memory, cost_models=models, **SMALL)
+    plan = shard(tables, devices=5, memory=memory, cost_models=analytic_models, **SMALL)
     plan.validate()
     wide = plan.shards_of("wide")
     assert len({(s.row_offset, s.num_rows) for s in wide}) >= 3
@@ -74,75 +72,76 @@ def test_table_larger_than_a_device_is_split_by_rows(models):
     assert max(plan.estimate["per_device_bwd_comm_ms"]) > 0
 
 
-def test_wide_table_is_split_by_columns_first(models):
+def test_wide_table_is_split_by_columns_first(analytic_models):
     tables = TableSet("cols", [Table("t", 100_000, 128, 4.0), Table("u", 1000, 16, 1.0)], 4096)
-    plan = shard(tables, devices=4, memory=16_000_000, cost_models=models, row_splits=False, **SMALL)
+    plan = shard(tables, devices=4, memory=16_000_000, cost_models=analytic_models, row_splits=False, **SMALL)
     assert plan.sharding_type("t") == "column_wise"
     assert all(s.num_cols % 4 == 0 for s in plan.shards)
 
 
-def test_infeasible_tasks_say_by_how_much(models):
+def test_infeasible_tasks_say_by_how_much(analytic_models):
     tables = TableSet("x", [Table("t", 1_000_000, 64, 1.0), Table("u", 1_000_000, 64, 1.0)])  # 512 MB
     with pytest.raises(InfeasibleError, match=r"too much .*need at least 4 devices"):
-        shard(tables, devices=2, memory="128MiB", cost_models=models)
+        shard(tables, devices=2, memory="128MiB", cost_models=analytic_models)
     narrow = TableSet("y", [Table("t", 10_000_000, 4, 1.0)])  # 160 MB, one 4-wide column
     with pytest.raises(InfeasibleError, match=r"'t' fits on no device even fully split.*over"):
-        shard(narrow, devices=4, memory="100MB", cost_models=models, row_splits=False)
+        shard(narrow, devices=4, memory="100MB", cost_models=analytic_models, row_splits=False)
     # With row-wise splits allowed the same task is feasible.
-    plan = shard(narrow, devices=4, memory="100MB", cost_models=models, **SMALL)
+    plan = shard(narrow, devices=4, memory="100MB", cost_models=analytic_models, **SMALL)
     assert plan.sharding_type("t") == "row_wise"
 
 
-def test_memory_units_and_bytes_per_element(models):
+def test_memory_units_and_bytes_per_element(analytic_models):
     tables = TableSet("u", [Table("t", 1_000_000, 64, 1.0), Table("u", 10_000, 16, 1.0)])  # 256 MB in fp32
-    plan = shard(tables, devices=2, memory="1GiB", algorithm="size", cost_models=models)
+    plan = shard(tables, devices=2, memory="1GiB", algorithm="size", cost_models=analytic_models)
     assert plan.device_memory_bytes == 2**30
-    assert shard(tables, devices=2, memory="1GB", algorithm="size", cost_models=models).device_memory_bytes == 10**9
+    decimal = shard(tables, devices=2, memory="1GB", algorithm="size", cost_models=analytic_models)
+    assert decimal.device_memory_bytes == 10**9
     with pytest.raises(NeuroShardError, match="cannot read a memory size"):
-        shard(tables, devices=2, memory="lots", cost_models=models)
+        shard(tables, devices=2, memory="lots", cost_models=analytic_models)
     # 100 MiB per device: infeasible in fp32 (2 x 100 MiB < 256 MB), feasible in fp16.
     with pytest.raises(InfeasibleError):
-        shard(tables, devices=2, memory="100MiB", algorithm="size", cost_models=models)
-    half = shard(tables, devices=2, memory="100MiB", algorithm="size", cost_models=models, bytes_per_element=2)
+        shard(tables, devices=2, memory="100MiB", algorithm="size", cost_models=analytic_models)
+    half = shard(tables, devices=2, memory="100MiB", algorithm="size", cost_models=analytic_models, bytes_per_element=2)
     assert half.bytes_per_element == 2 and max(half.memory_used_bytes()) <= 100 * 2**20
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_every_algorithm_returns_a_valid_plan(models, algorithm):
+@pytest.mark.parametrize("algorithm", algorithm_params())
+def test_every_algorithm_returns_a_valid_plan(analytic_models, algorithm):
     if algorithm == "torchrec" and not torchrec_available():
         pytest.skip("torchrec is not importable")
     tables = generate("dlrm-2021", 10, seed=3)
     params = {"neuroshard": SMALL, "bayes": {"n_trials": 8, "batch": 4}}.get(algorithm, {})
     # TorchRec also counts optimizer state and buffers (about 3x the weights).
     memory = _memory_for(tables, 4, 0.1 if algorithm == "torchrec" else 0.5)
-    plan = shard(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=models, seed=1, **params)
+    plan = shard(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=analytic_models, seed=1, **params)
     assert plan.problems() == []
     assert plan.provenance["algorithm"] == algorithm
-    assert plan.provenance["cost_model"] == models.name
+    assert plan.provenance["cost_model"] == analytic_models.name
     assert plan.estimate["max_device_cost_ms"] == pytest.approx(max(plan.estimate["per_device_cost_ms"]), rel=1e-6)
     assert plan.estimate["balanced_bound_ms"] > 0
     assert len(plan.estimate["per_device_compute_ms"]) == 4
 
 
-def test_searches_are_deterministic_and_check_their_parameters(models):
+def test_searches_are_deterministic_and_check_their_parameters(analytic_models):
     tables = generate("dlrm-2021", 10, seed=4)
     memory = _memory_for(tables, 4, 0.5)
     for algorithm, params in (("random", {}), ("bayes", {"n_trials": 6, "batch": 3})):
-        a = shard(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=models, seed=7, **params)
-        b = shard(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=models, seed=7, **params)
+        a = shard(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=analytic_models, seed=7, **params)
+        b = shard(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=analytic_models, seed=7, **params)
         assert a.shards == b.shards
     with pytest.raises(NeuroShardError, match="unknown parameter.*beam_wdth"):
-        shard(tables, devices=4, memory=memory, cost_models=models, beam_wdth=3)
+        shard(tables, devices=4, memory=memory, cost_models=analytic_models, beam_wdth=3)
     with pytest.raises(NeuroShardError, match="unknown algorithm"):
-        shard(tables, devices=4, memory=memory, algorithm="magic", cost_models=models)
+        shard(tables, devices=4, memory=memory, algorithm="magic", cost_models=analytic_models)
 
 
-def test_greedy_baselines_share_one_loop(models):
+def test_greedy_baselines_share_one_loop(analytic_models):
     """The classic heuristics differ only by their key: on tables that differ in one
     property, each key's ordering puts its own largest tables on different devices."""
     tables = TableSet("k", [Table("big", 400_000, 16, 1.0), Table("wide", 1000, 128, 1.0),
                             Table("hot", 1000, 16, 50.0), Table("small", 1000, 16, 1.0)], 4096)
-    sim = Simulator(tables, 2, models)
+    sim = Simulator(tables, 2, analytic_models)
     memory = 10**9
     for key, first in (("size", "big"), ("dim", "wide"), ("lookup", "hot")):
         placed = search_placement(sim, memory, key)
@@ -152,19 +151,17 @@ def test_greedy_baselines_share_one_loop(models):
         assert np.bincount(placed.devices, minlength=2).min() >= 1
 
 
-def test_one_registry_serves_shard_the_cli_and_the_experiments(models):
+def test_one_registry_serves_shard_the_cli_and_the_experiments(analytic_models):
     """Every algorithm is registered once: the CLI's choices and the experiments read the
     registry, each entry has a name, a parameters dataclass (or none) and one search call."""
     import dataclasses
 
-    from neuroshard.search import registry
-    from neuroshard.search.cli import ALGORITHM_CHOICES
     assert registry.ALGORITHMS == ALGORITHMS == ALGORITHM_CHOICES
     assert registry.GREEDY_ALGORITHMS == GREEDY_ALGORITHMS == ("random", "size", "dim", "lookup", "size-lookup")
     assert "measured-greedy" not in registry.SIMULATED_ALGORITHMS
     tables = generate("dlrm-2021", 8, seed=5)
     memory = _memory_for(tables, 2, 0.5)
-    sim = Simulator(tables, 2, models)
+    sim = Simulator(tables, 2, analytic_models)
     for name in ALGORITHMS:
         algorithm = registry.get_algorithm(name)
         assert algorithm.name == name
@@ -184,9 +181,8 @@ def test_one_registry_serves_shard_the_cli_and_the_experiments(models):
         registry.get_algorithm("magic")
 
 
-def test_the_greedy_placer_is_shared(models):
+def test_the_greedy_placer_is_shared(analytic_models):
     """One placer: keys largest first, least-loaded device with memory, -1 when memory runs out."""
-    from neuroshard.search.placer import greedy_place
     devices = greedy_place(np.array([3.0, 1.0, 2.0, 1.0]), np.array([10, 10, 10, 10]), 2, 20)
     assert devices.tolist() == [[0, 1, 1, 0]]
     assert (greedy_place(np.array([1.0, 1.0, 1.0]), np.array([10, 10, 10]), 1, 20) == -1).all()
@@ -195,16 +191,17 @@ def test_the_greedy_placer_is_shared(models):
     assert capped.tolist() == [[0, 1, 1], [0, 1, 1]]
 
 
-def test_a_precision_without_a_measured_ratio_is_said_to_be_costed_as_fp32(models, caplog):
+def test_a_precision_without_a_measured_ratio_is_said_to_be_costed_as_fp32(analytic_models, caplog):
     """int8 (1 byte) has no measured ratio: costed as fp32, said so. fp16 (2 bytes) is costed
     at fp16 since issue 16 (tests/test_precision.py)."""
     tables = generate("dlrm-2021", 6, seed=6)
     memory = _memory_for(tables, 2, 0.5)
-    plan = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=models)
+    plan = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=analytic_models)
     assert "cost_precision" not in plan.provenance
     with caplog.at_level("WARNING", logger="neuroshard.search.api"):
-        int8 = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=models, bytes_per_element=1)
+        int8 = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=analytic_models,
+                     bytes_per_element=1)
     assert int8.provenance["cost_precision"] == "fp32"
     assert any("bytes_per_element=1" in r.getMessage() and "fp32" in r.getMessage() for r in caplog.records)
-    half = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=models, bytes_per_element=2)
+    half = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=analytic_models, bytes_per_element=2)
     assert half.provenance["cost_precision"] == "fp16"

@@ -10,7 +10,7 @@ from conftest import run_cli
 from neuroshard.costmodels import analytic_cost_models
 from neuroshard.errors import NeuroShardError
 from neuroshard.plan import Plan, Shard
-from neuroshard.search import ALGORITHMS
+from neuroshard.search import ALGORITHMS, shard
 from neuroshard.search.cli import ALGORITHM_CHOICES
 from neuroshard.torchrec.export import TORCHREC_FORMAT, to_parameter_shardings, torchrec_sharding
 from neuroshard.torchrec.guard import torchrec_available
@@ -88,6 +88,7 @@ def test_export_defaults_follow_this_machine_and_torchrec():
     assert placements[0]["placement"] == "rank:13/cuda:1"
 
 
+@pytest.mark.torchrec
 @needs_torchrec
 def test_export_builds_valid_torchrec_parameter_shardings():
     from torchrec.distributed.types import ParameterSharding
@@ -111,6 +112,7 @@ def test_export_builds_valid_torchrec_parameter_shardings():
         to_parameter_shardings(broken, sizes)
 
 
+@pytest.mark.slow
 def test_cli_search_writes_a_valid_plan_and_exports_it(tmp_path):
     assert ALGORITHM_CHOICES == ALGORITHMS  # the CLI lists every algorithm without importing the search
     tables = TableSet("cli", [Table(f"t{i}", 2_000 * (i + 1), [16, 32, 64][i % 3], 1.0 + i,
@@ -144,7 +146,6 @@ def test_searched_plans_export_for_torchrec():
     """Plans our searches write (row splits forced by memory included) are layouts
     TorchRec runs: the exporter refuses none of them."""
     import numpy as np
-    from neuroshard.search import shard
     models = analytic_cost_models()
     rng = np.random.default_rng(7)
     kinds: set[str] = set()

@@ -4,15 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from neuroshard.costmodels import analytic_cost_models
 from neuroshard.types import Piece, whole_pieces
 from neuroshard.search.simulator import Simulator
 from neuroshard.tables import Table, TableSet
-
-
-@pytest.fixture(scope="module")
-def models():
-    return analytic_cost_models()
 
 
 def _tables(batch_size: int = 4096) -> TableSet:
@@ -23,9 +17,9 @@ def _tables(batch_size: int = 4096) -> TableSet:
     ], batch_size)
 
 
-def test_forward_comm_waits_for_the_slowest_device(models):
+def test_forward_comm_waits_for_the_slowest_device(analytic_models):
     tables = _tables()
-    sim = Simulator(tables, 2, models)
+    sim = Simulator(tables, 2, analytic_models)
     pieces = whole_pieces(tables)[:2]  # heavy and light: same width, very different compute
     est = sim.evaluate(pieces, np.array([[0, 1]]))
     assert est.compute_ms[0, 0] > est.compute_ms[0, 1]
@@ -43,9 +37,9 @@ def test_forward_comm_waits_for_the_slowest_device(models):
     assert {"per_device_compute_ms", "per_device_fwd_comm_ms", "per_device_bwd_comm_ms"} <= set(record)
 
 
-def test_set_costs_are_cached_and_batched(models):
+def test_set_costs_are_cached_and_batched(analytic_models):
     tables = _tables()
-    sim = Simulator(tables, 3, models)
+    sim = Simulator(tables, 3, analytic_models)
     pieces = whole_pieces(tables)
     placements = np.array([[0, 1, 2], [1, 0, 2], [0, 0, 1], [2, 1, 0]])
     first = sim.evaluate(pieces, placements)
@@ -59,9 +53,9 @@ def test_set_costs_are_cached_and_batched(models):
     assert sim.sets_predicted == predicted
 
 
-def test_row_splits_are_charged_once_in_the_all_to_all(models):
+def test_row_splits_are_charged_once_in_the_all_to_all(analytic_models):
     tables = _tables()
-    sim = Simulator(tables, 2, models)
+    sim = Simulator(tables, 2, analytic_models)
     heavy, light, mid = whole_pieces(tables)
     cols = [*heavy.halve_cols(), light, mid]
     rows = [*heavy.halve_rows(), light, mid]
@@ -75,9 +69,9 @@ def test_row_splits_are_charged_once_in_the_all_to_all(models):
     assert np.allclose(same.total_ms, est_rows.compute_ms + est_rows.fwd_comm_ms + est_rows.bwd_comm_ms)
 
 
-def test_row_shard_features_follow_the_rows(models):
+def test_row_shard_features_follow_the_rows(analytic_models):
     tables = _tables()
-    sim = Simulator(tables, 2, models)
+    sim = Simulator(tables, 2, analytic_models)
     heavy = whole_pieces(tables)[0]
     top, bottom = heavy.halve_rows()
     ids = sim.piece_ids([heavy, top, bottom, Piece(0, 0, heavy.num_rows, 0, 32)])
@@ -87,9 +81,9 @@ def test_row_shard_features_follow_the_rows(models):
     assert feats[3, 0] == 32 and feats[3, 2] == pytest.approx(pooling[0])
 
 
-def test_costs_scale_with_the_batch_size(models):
+def test_costs_scale_with_the_batch_size(analytic_models):
     small, large = _tables(4096), _tables(8192)
     placement = np.array([[0, 1, 1]])
-    a = Simulator(small, 2, models).evaluate(whole_pieces(small), placement)
-    b = Simulator(large, 2, models).evaluate(whole_pieces(large), placement)
+    a = Simulator(small, 2, analytic_models).evaluate(whole_pieces(small), placement)
+    b = Simulator(large, 2, analytic_models).evaluate(whole_pieces(large), placement)
     assert np.allclose(b.total_ms, 2 * a.total_ms)

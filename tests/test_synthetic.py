@@ -20,6 +20,7 @@ def test_parses_published_statistics():
     assert avg.lookup_share.shape == (17,) and abs(avg.lookup_share.sum() - 1) < 0.01
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["dlrm-2021", "dlrm-2022"])
 def test_calibration_meets_targets(preset):
     tables = synthetic.generate(preset, seed=0)

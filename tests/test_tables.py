@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from neuroshard import FormatError, TableSet
-from neuroshard.datasets import access
+from neuroshard import FormatError, Table, TableSet
+from neuroshard.datasets import access, sampler
 from neuroshard.datasets.sampler import reuse_histograms, shard_table
 
 from conftest import run_cli, tables_dict
@@ -100,7 +100,6 @@ def test_histogram_access_reproduces_its_histogram():
 
 
 def test_row_shard_features_follow_row_order():
-    from neuroshard import Table
     hot = Table("hot", 10_000, 16, 4.0, {"zipf_alpha": 1.1, "row_order": "hottest_first"})
     top = shard_table(hot, 0, 1000, 0, 16, 1024)
     bottom = shard_table(hot, 9000, 1000, 0, 16, 1024)
@@ -115,7 +114,6 @@ def test_table_is_a_record_and_tables_imports_no_pipeline_stage():
     """``neuroshard.tables`` loads no ``neuroshard.datasets`` code; sampling lives in ``datasets.sampler``."""
     import subprocess
     import sys
-    from neuroshard import Table
     code = "import sys, neuroshard.tables; print(sorted(m for m in sys.modules if m.startswith('neuroshard.datasets')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
@@ -125,8 +123,6 @@ def test_table_is_a_record_and_tables_imports_no_pipeline_stage():
 def test_samples_are_those_drawn_before_sampling_left_table():
     """Digests of batches drawn by ``Table``'s own methods before they moved to ``datasets.sampler``."""
     import hashlib
-    from neuroshard import Table
-    from neuroshard.datasets import sampler
 
     def digest(rows, lengths):
         return hashlib.sha256(np.ascontiguousarray(rows).tobytes() + np.ascontiguousarray(lengths).tobytes()

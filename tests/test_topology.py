@@ -3,7 +3,6 @@ the simulator, plans, the runtime and the TorchRec export."""
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -12,15 +11,18 @@ import neuroshard
 from neuroshard.costmodels import analytic_cost_models
 from neuroshard.errors import NeuroShardError
 from neuroshard.plan import Plan
-from neuroshard.search.registry import ALGORITHMS
+from neuroshard.runtime.model import train_reference
+from neuroshard.runtime.trainer import RunConfig, run
+from neuroshard.torchrec.export import torchrec_sharding
+from neuroshard.search.score import score_plan
 from neuroshard.types import Piece
 from neuroshard.search.simulator import Simulator
-from neuroshard.torchrec.guard import torchrec_available
+from neuroshard.torchrec.planner import torchrec_available
 from neuroshard.tables import Table, TableSet
 from neuroshard.constants import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS
 from neuroshard.topology import Topology, make_topology, resolve_topology, topology_from_options
 
-from conftest import run_cli, run_ranks
+from conftest import algorithm_params, run_cli
 
 
 def _task() -> TableSet:
@@ -126,7 +128,7 @@ def test_the_exchange_splits_into_intra_and_inter_host_parts_as_computed_by_hand
 
 
 # --------------------------------------------------------- per-device memory
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", algorithm_params())
 def test_every_algorithm_respects_per_device_memory(algorithm):
     if algorithm == "torchrec" and not torchrec_available():
         pytest.skip("TorchRec is not importable")
@@ -158,7 +160,6 @@ def _twrw_plan() -> Plan:
 
 
 def test_the_search_lays_out_row_blocks_on_one_host_and_exports_table_row_wise():
-    from neuroshard.torchrec.export import torchrec_sharding
     plan = _twrw_plan()
     assert plan.topology.local_world_size == 2 and plan.provenance["topology"].startswith("2 hosts x 2")
     blocks = sorted(plan.shards_of("g"), key=lambda s: s.row_offset)
@@ -167,7 +168,6 @@ def test_the_search_lays_out_row_blocks_on_one_host_and_exports_table_row_wise()
     assert doc["local_world_size"] == 2 and doc["tables"]["g"]["sharding_type"] == "table_row_wise"
     assert "per_device_inter_host_comm_ms" in plan.estimate
     # re-scoring the plan (its topology read back from the file) reproduces the estimate
-    from neuroshard.search.score import score_plan
     again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
     rescored = score_plan(again, _task(), cost_models=analytic_cost_models())
     assert rescored.estimate["per_device_cost_ms"] == plan.estimate["per_device_cost_ms"]
@@ -186,10 +186,9 @@ def test_table_row_wise_beats_row_wise_across_hosts_in_the_estimate():
         sim.evaluate(pieces, devices[None, :]).inter_host_ms.sum()
 
 
+@pytest.mark.gloo
 def test_a_table_row_wise_plan_trains_like_the_unsharded_model():
     """The CPU runtime on 4 gloo processes (2 hosts x 2 ranks)."""
-    from neuroshard.runtime.model import train_reference
-    from neuroshard.runtime.trainer import RunConfig, run
     plan = _twrw_plan()
     tables = list(plan.tables)
     reference = train_reference(tables, 3, 48, 5.0)
@@ -200,38 +199,22 @@ def test_a_table_row_wise_plan_trains_like_the_unsharded_model():
 
 
 # -------------------------------------------------------- TorchRec, 2 hosts x 2
-def _torchrec_worker(rank: int, port: int, spec: list, doc: dict, results) -> None:
-    try:
-        import test_torchrec_interop as interop
-        interop.WORLD = 4  # its comparison averages the reference's gradient over WORLD ranks
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE="2")
-        import torch
-        import torch.distributed as dist
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=4)
-        out = interop._compare(rank, [Table(n, rows, dim, 1.0) for n, rows, dim in spec], doc)
-        dist.destroy_process_group()
-        results.put((rank, out))
-    except BaseException as exc:  # report, never hang the parent
-        import traceback
-        results.put((rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-
-
-def test_the_table_row_wise_export_runs_exactly_in_torchrec():
+@pytest.mark.gloo
+@pytest.mark.torchrec
+def test_the_table_row_wise_export_runs_exactly_in_torchrec(torchrec_interop):
     """The exported plan in DistributedModelParallel on 4 gloo processes, LOCAL_WORLD_SIZE=2:
     the same pooled outputs and SGD step as the unsharded model."""
-    pytest.importorskip("torchrec.distributed.planner")
-    from neuroshard.torchrec.export import torchrec_sharding
     plan = _twrw_plan()
-    doc = json.loads(json.dumps(torchrec_sharding(plan, compute_device="cpu")))
+    doc = torchrec_interop.export(plan)  # the local world size comes from the plan's topology
     assert "table_row_wise" in {r["sharding_type"] for r in doc["tables"].values()}
-    spec = [(t.name, t.num_embeddings, t.embedding_dim) for t in plan.tables]
-    got = run_ranks(_torchrec_worker, 4, (spec, doc), timeout=240)
-    for rank, res in got.items():
+    per_rank = torchrec_interop.run([(torchrec_interop.spec(plan.tables), doc)], world=4, local_world_size=2,
+                                    timeout=240)
+    for rank, [res] in enumerate(per_rank):
         assert res["forward"] < 1e-5 and res["weights"] < 1e-5 and res["after_step"] < 1e-5, (rank, res)
 
 
 # ------------------------------------------------------------------- the CLI
+@pytest.mark.slow
 def test_search_with_a_topology_file_and_flags_then_show_and_export(tmp_path):
     tables = tmp_path / "tables.json"
     _task().write(tables)

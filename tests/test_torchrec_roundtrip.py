@@ -45,6 +45,7 @@ def _shards(records: dict) -> dict:
             for name, r in records.items()}
 
 
+@pytest.mark.torchrec
 def test_a_torchrec_plan_round_trips_with_identical_shards(tmp_path):
     module_plan = _torchrec_plan()
     original = {name: record_of(sharding) for name, sharding in module_plan.items()}
@@ -90,6 +91,7 @@ def test_a_torchrec_plan_round_trips_with_identical_shards(tmp_path):
     assert done.returncode == 0 and "estimated max device cost" in done.stdout, done.stderr
 
 
+@pytest.mark.torchrec
 def test_torchrecs_own_planner_round_trips(tmp_path):
     pytest.importorskip("torchrec.distributed.planner")
     tables = TableSet("small", TABLES.tables[:4], 1024)
