@@ -43,3 +43,9 @@ DEFAULT_INTER_HOST_GBPS = 12.5
 DATA_PARALLEL = "data_parallel"
 #: TorchRec's sharding types, the layouts a table may take (``types.layout_kind`` names them)
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", DATA_PARALLEL)
+
+# ------------------------------------------------------------------ the measured loop
+#: random device-sized sets a calibration times when none is asked for (``search --calibrate``)
+CALIBRATION_SETS = 200
+#: where ``collect compute`` draws shard sets from: random augmented sets, or devices of searched plans
+COLLECT_SET_SOURCES = ("random", "plans")

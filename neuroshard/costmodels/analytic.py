@@ -25,7 +25,6 @@ import logging
 from typing import Sequence
 
 import numpy as np
-from scipy.optimize import nnls
 
 from ..constants import FP32_BYTES, MEASURED_BATCH_SIZE
 from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, pack_sets, set_sums
@@ -49,6 +48,7 @@ def _constants(values, count: int, name: str) -> np.ndarray:
 
 def _fit_relative_nnls(design: np.ndarray, target: np.ndarray) -> np.ndarray:
     """Non-negative constants minimising the squared *relative* error of design @ c vs target."""
+    from scipy.optimize import nnls  # heavy (scipy.optimize): imported when a model is fitted
     target = np.asarray(target, dtype=np.float64)
     keep = np.isfinite(target) & (target > 0) & np.isfinite(design).all(axis=1)
     design, target = design[keep], target[keep]

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..errors import NeuroShardError
 from ..io import atomic_write_bytes
@@ -107,6 +106,7 @@ def save_cost_models(models: CostModels, path: str | Path) -> Path:
         "compute": model_entry(models.compute),
         "comm": model_entry(models.comm),
     }
+    import torch  # heavy: only when a checkpoint is written or read
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     try:  # what is written must be data: refuse to write a file that would need unpickling to read
@@ -124,6 +124,7 @@ def read_checkpoint(path: str | Path) -> dict:
     path = Path(path)
     if not path.exists():
         raise NeuroShardError(f"{path}: no such cost-model checkpoint")
+    import torch
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many kinds for a file that is not a checkpoint

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..constants import FP32_BYTES
+from ..constants import CALIBRATION_SETS, FP32_BYTES
 from ..costmodels.base import CostModels
 from ..costmodels.measure.store import cpu_model
 from ..costmodels.measure.timing import time_devices
@@ -51,7 +51,7 @@ from ..types import DeviceTimer, Piece
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SETS = 200
+DEFAULT_SETS = CALIBRATION_SETS
 #: most weight bytes (rows capped) one measured set may take
 MAX_SET_BYTES = 3 << 30
 

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..constants import FP32_BYTES, MEASURED_BATCH_SIZE
+from ..constants import COLLECT_SET_SOURCES, FP32_BYTES, MEASURED_BATCH_SIZE
 from ..costmodels.measure import store
 from ..costmodels.measure.comm import CommBenchmark
 from ..costmodels.measure.kernel import KernelBenchmark
@@ -46,8 +46,7 @@ from .plan_sets import PlanSetSampler
 
 log = logging.getLogger(__name__)
 
-#: where ``collect compute`` draws shard sets from: random augmented sets, or devices of searched plans
-SET_SOURCES = ("random", "plans")
+SET_SOURCES = COLLECT_SET_SOURCES
 
 
 def parse_dims(text: str) -> list[int]:

@@ -4,10 +4,9 @@ from __future__ import annotations
 import argparse
 
 from ...cli_options import add_input, add_output, add_weights_precision
-from ...constants import MEASURED_BATCH_SIZE
+from ...constants import COLLECT_SET_SOURCES, MEASURED_BATCH_SIZE
 from ...errors import NeuroShardError
 from ...kernels import DEFAULT_MAX_ROWS, TIMED_OPTIMIZERS, kernel_names
-from ...measured.collect import SET_SOURCES
 from ...validate import (
     MAX_DEVICES,
     batch_size_int,
@@ -78,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dims", default="4..128", help="width ladder: 4..128 (halving) or a list 16,32,64")
     p.add_argument("--seed", type=seed_int, default=0, help="sample i is drawn from seed+i (default 0)")
     p.add_argument("--row-split-prob", type=probability, default=0.2, help="share of shards that are row slices")
-    p.add_argument("--sets", choices=SET_SOURCES, default="random",
+    p.add_argument("--sets", choices=COLLECT_SET_SOURCES, default="random",
                    help="random augmented sets (default), or devices of plans searched on random tasks of the "
                         "tables (4-16 devices, 5-40 tables per device): the sets the search asks about")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where kernels run: cpu or cuda (default cpu)")

@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
-import torch
-from tqdm import tqdm
 
 from ...constants import MEASURED_BATCH_SIZE
 from ...datasets.sampler import sample_lookups
@@ -125,6 +123,9 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
     ``flush_bytes``: the cache flush before every timed run (None: the kernel benchmark's
     default, larger than the last-level cache; 0: none, a warm cache as in training, where
     a device's hot rows stay cached from one iteration to the next)."""
+    import torch  # heavy: imported when a run starts, so the CLI starts fast
+    from tqdm import tqdm
+
     for name, value, low in (("passes", passes, 1), ("warmup_passes", warmup_passes, 0), ("repeats", repeats, 1),
                              ("row_cap", row_cap, 1), ("batch_size", batch_size, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
