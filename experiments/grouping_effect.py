@@ -42,7 +42,7 @@ from neuroshard.datasets.families import family_tasks
 from neuroshard.plan import Shard
 from neuroshard.search.api import shard
 from neuroshard.search.simulator import Simulator
-from neuroshard.tables import TableSet
+from neuroshard.tables import Table, TableSet
 from neuroshard.types import whole_pieces
 
 GREEDY = ("size", "lookup", "size-lookup", "dim")
@@ -118,6 +118,29 @@ def run_task(tables: TableSet, devices: int, memory: int, models, args) -> tuple
     return lines, rows
 
 
+def count_curve(models, args) -> list[str]:
+    """One device of N equal small tables, N from 1 to 80, all timed in one interleaved run:
+    does a device's cost grow faster than its number of tables?"""
+    counts = (1, 2, 5, 10, 20, 40, 60, 80)
+    tables = TableSet("count-curve", [Table(f"t{i}", 20_000, 16, 1.0, {"zipf_alpha": 1.05}) for i in range(max(counts))],
+                      models.batch_size)
+    sets = [[Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, 0) for t in tables.tables[:n]] for n in counts]
+    sim = Simulator(tables, 1, models)
+    pieces = whole_pieces(tables)
+    predicted = [float(sim.set_costs_ms([tuple(sim.piece_ids(pieces[:n]))])[0]) for n in counts]
+    lines = ["| tables on the device | " + " | ".join(map(str, counts)) + " |",
+             "|---|" + "---|" * len(counts)]
+    for protocol, flush in (("flushed", None), ("warm", 0)):
+        times, _ = time_devices(sets * 2, tables, passes=args.passes, repeats=args.repeats,
+                                batch_size=models.batch_size, flush_bytes=flush)
+        med = [float(np.median(a + b)) for a, b in zip(times[:len(counts)], times[len(counts):])]
+        lines.append(f"| {protocol}: ms per table | " + " | ".join(f"{m / n:.3f}" for m, n in zip(med, counts)) + " |")
+    lines.append("| model: ms per table | " + " | ".join(f"{p / n:.3f}" for p, n in zip(predicted, counts)) + " |")
+    for line in lines:
+        print(line, flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", nargs="+", default=["hot-few", "criteo-terabyte", "broad"])
@@ -130,10 +153,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7, help="task seed (benchmarks elsewhere use 0)")
     parser.add_argument("--cost-model", default=None)
     parser.add_argument("--out", default="experiments/results/grouping_effect")
+    parser.add_argument("--count-curve", action="store_true",
+                        help="only the cost of one device against its number of equal small tables")
     args = parser.parse_args()
     models = load_cost_models(args.cost_model)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.count_curve:
+        lines = count_curve(models, args)
+        (out / "count_curve.md").write_text(
+            "# One device, N equal small tables (20,000 rows x 16, 1 lookup per sample)\n\n"
+            f"`python experiments/grouping_effect.py --count-curve --passes {args.passes} --repeats {args.repeats}`\n\n"
+            f"Machine: {cpu_model()}; batch {models.batch_size}; each set timed twice in one interleaved run "
+            "(median of both).\n\n" + "\n".join(lines) + "\n")
+        print(f"wrote {out / 'count_curve.md'}")
+        return
     header = ("| task | protocol | groupings | total max/min | A/A | non-additivity median (range) | "
               "rho(ws) | rho(tables) | rho(lookups) | rho(pred, total) | total GMAE | best max / least mean |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|")
