@@ -6,12 +6,14 @@ it from here; none writes the literal again.
 from __future__ import annotations
 
 # ------------------------------------------------------------------ element sizes
-#: bytes of one fp32 value (weights, pooled embeddings, gradients)
-FP32_BYTES = 4
 #: bytes per element of each precision a plan can name (weights or communication)
 PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+#: bytes of one fp32 value (weights, pooled embeddings, gradients)
+FP32_BYTES = PRECISION_BYTES["fp32"]
+#: the precisions the all-to-all may send (``comm_precision``)
+COMM_PRECISIONS = ("fp32", "fp16", "bf16")
 #: bytes per element the exchange sends at each communication precision
-COMM_ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+COMM_ELEMENT_BYTES = {p: PRECISION_BYTES[p] for p in COMM_PRECISIONS}
 
 # ------------------------------------------------------------------ batch sizes
 #: the GLOBAL batch of a tables file that does not state one (samples per iteration over all devices)

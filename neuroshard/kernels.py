@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 
 import numpy as np
 
+from .constants import PRECISION_BYTES
 from .errors import NeuroShardError
 from .optimizers import CPU_OPTIMIZERS, FBGEMM_OPTIMIZERS, check_optimizer
 
@@ -57,9 +58,9 @@ DEFAULT_MAX_ROWS = 1_000_000
 #: TBE's widths must be multiples of this
 TBE_WIDTH_ALIGN = 4
 #: weight element types a kernel trains with, by bytes per element (a plan's ``bytes_per_element``)
-WEIGHTS_PRECISIONS = {"fp32": 4, "fp16": 2}
+WEIGHTS_PRECISIONS = {p: PRECISION_BYTES[p] for p in ("fp32", "fp16")}
 #: precisions a plan's ``bytes_per_element`` may name that no kernel here trains with
-UNTRAINABLE_PRECISIONS = {"int8": 1}
+UNTRAINABLE_PRECISIONS = {"int8": PRECISION_BYTES["int8"]}
 
 
 def precision_of(bytes_per_element: int) -> str:

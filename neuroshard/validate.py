@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from .constants import COMM_PRECISIONS
 from .errors import FormatError, NeuroShardError
 from .units import parse_bytes
 
@@ -142,10 +143,6 @@ def check_seed(value: Any, name: str = "seed") -> int:
 
 def check_bytes_per_element(value: Any, name: str = "bytes_per_element") -> int:
     return check_int(value, name, 1, MAX_BYTES_PER_ELEMENT)
-
-
-#: element types the pooled-embedding exchange may send (a plan's ``comm_precision``)
-COMM_PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 def check_comm_precision(value: Any, name: str = "comm_precision") -> str:
