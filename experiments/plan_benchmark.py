@@ -13,8 +13,8 @@ and bayes. Then ALL plans of the task are measured in ONE interleaved run of
 one fused kernel, devices of all plans taking turns, median over passes), together with
 an A/A control: the measured-greedy plan (the baseline to beat) a second time.
 With ``--calibrate`` each task first calibrates the cost models on its own tables
-(``neuroshard.costmodels.calibrate``) and adds NeuroShard's plan against them, and the
-plan of measured refinement from the same calibration (``neuroshard.search.refine``,
+(``neuroshard.measured.calibrate``) and adds NeuroShard's plan against them, and the
+plan of measured refinement from the same calibration (``neuroshard.measured.refine``,
 ``--refine-rounds``). The A/A line also gives ``aa_spearman``: the Spearman of the control
 plan's devices against the same devices measured again, the ceiling the noise of the run
 puts on any model's within-plan Spearman.
@@ -56,7 +56,7 @@ log = logging.getLogger("plan_benchmark")
 
 CONTROL = "control"  # the A/A control: the measured-greedy plan measured a second time
 CALIBRATED = "neuroshard-calibrated"  # with --calibrate: NeuroShard against models calibrated on the task
-REFINED = "neuroshard-refined"  # with --calibrate: then measured refinement (search.refine) from that calibration
+REFINED = "neuroshard-refined"  # with --calibrate: then measured refinement (measured.refine) from that calibration
 #: columns of tasks.csv (every task's rows are written in this order)
 COLUMNS = ["family", "devices", "task", "tables", "memory_bytes", "algorithm", "failed", "max_compute_ms",
            "ratio_to_best_baseline", "balance", "estimated_max_compute_ms", "estimate_gmae", "estimate_spearman",
@@ -262,7 +262,7 @@ def main() -> None:
                         help="random sets measured per calibration (default: 120)")
     parser.add_argument("--refine-rounds", type=int, default=2,
                         help="with --calibrate: also NeuroShard refined on this machine for this many rounds "
-                             "(search.refine, from the same calibration; 0: not) (default: 2)")
+                             "(measured.refine, from the same calibration; 0: not) (default: 2)")
     parser.add_argument("--one-host", action="store_true",
                         help="plan for one host of D GPUs: the exchange costed as bytes over NVLink (600 GB/s, "
                              "TorchRec's constant) instead of by the communication models measured on this machine's "

@@ -23,7 +23,7 @@ def show_torchrec_export(path: str) -> bool:
                 f"file")
         where = (f"{data.get('local_world_size', '?')} per host, compute device {data.get('compute_device', '?')}; ")
         qcomms = data.get("qcomms")
-        if isinstance(qcomms, dict):  # TorchRec's QCommsConfig (search.export.qcomms_config)
+        if isinstance(qcomms, dict):  # TorchRec's QCommsConfig (torchrec.export.qcomms_config)
             where += (f"qcomms forward {qcomms.get('forward_precision')}, backward "
                       f"{qcomms.get('backward_precision')}; ")
     elif "format" not in data:

@@ -11,7 +11,7 @@ tables, in a few minutes, and fine-tunes the pre-trained model on the measuremen
    shards each (1 to 3x that), some tables halved by columns or cut into row
    blocks, as the search proposes them.
 
-All are timed with ``neuroshard measure``'s protocol (``runtime.measure_plan.time_devices``)
+All are timed with ``neuroshard measure``'s protocol (``costmodels.measure.timing.time_devices``)
 at the cost models' batch size, and described with the features the simulator gives
 the same pieces, so the calibrated model predicts exactly what the search will ask.
 A quarter of the random sets is held out: the model's error on them before and after
@@ -67,7 +67,7 @@ class CalibrationReport:
     gmae_after: float
     seconds: float
     kept_pretrained: bool = False  # fine-tuning did not help on the held-out sets: the pre-trained model is used
-    plan_sets: int = 0  # of sets_measured: devices of searched plans (``search.refine``)
+    plan_sets: int = 0  # of sets_measured: devices of searched plans (``measured.refine``)
 
     def format(self) -> str:
         plans = f" + {self.plan_sets} devices of searched plans" if self.plan_sets else ""

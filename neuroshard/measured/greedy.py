@@ -3,7 +3,7 @@
 1. Cut every table larger than half a device into equal row blocks
    (``rowwise.split_rows``, the fewest blocks of at most half a device).
 2. Time each unit alone on this machine: its fused kernel, forward + backward + update,
-   with ``neuroshard measure``'s protocol (``runtime.measure_plan.time_devices``: one
+   with ``neuroshard measure``'s protocol (``costmodels.measure.timing.time_devices``: one
    pinned thread or one GPU, cache flush, median over interleaved passes).
 3. Place units largest-measured-first on the least-loaded device (sum of measured
    times) that still has memory for them; when nothing fits, halve the largest unit

@@ -3,7 +3,7 @@
 A search goes where its cost model is most wrong: it prefers the device sets the model
 underestimates. Random calibration sets rarely are those sets; the devices of the plans
 the search proposes are. ``refine`` therefore continues a calibration
-(``costmodels.calibrate.Calibration``: the task's tables alone and random device-sized
+(``measured.calibrate.Calibration``: the task's tables alone and random device-sized
 sets, measured on this machine) for ``rounds`` rounds:
 
 1. search a plan against the current (calibrated) models;
