@@ -26,7 +26,11 @@ Spearman of devices within a plan), search time, and all-to-all bytes per device
 largest device's forward pooled output at the tables' batch size, fp32). The A/A control
 line shows the noise of the run. The "balance bound" line is 1 / the best baseline's
 max/mean balance: the ratio a perfectly balanced plan with the same total compute would
-reach, so a target below it asks for less total work, not better balance. Results go
+reach, so a target below it asks for less total work, not better balance. The "work
+bound" line is the least total compute any plan of the task reached, spread evenly over
+the devices, over the best baseline's max device: the physical limit of the task on
+this instrument. ``total_ratio_geomean`` compares a plan's total compute (the sum of its
+devices) with the least of the baselines'. Results go
 to ``--out`` (default ``experiments/results/plan_benchmark``): ``tasks.csv`` (one row per task and plan,
 appended as each task finishes, so an interrupted run resumes where it stopped),
 ``summary.csv``, ``summary.md`` and ``ratios.png``.
@@ -63,7 +67,8 @@ COLUMNS = ["family", "devices", "task", "tables", "memory_bytes", "algorithm", "
            "max_total_ms", "search_time_s", "a2a_bytes_per_device", "a2a_ratio_to_best_baseline", "shards",
            "aa_ratio", "measure_seconds", "hardware", "calibration_s", "estimate_gmae_calibrated",
            "estimate_spearman_calibrated", "estimate_gmae_also", "estimate_spearman_also", "aa_spearman",
-           "refine_chosen_round", "polish_accepted", "refine_chosen"]
+           "refine_chosen_round", "polish_accepted", "refine_chosen", "total_compute_ms",
+           "total_ratio_to_least_baseline", "work_bound_ratio"]
 
 
 def algorithms(include_torchrec: bool) -> list[str]:
@@ -143,6 +148,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                            batch_size=args.batch_size, progress=True)
     for p in result.plans:
         rows.append({"algorithm": p.name, "max_compute_ms": p.max_compute_ms, "balance": p.balance,
+                     "total_compute_ms": float(sum(p.compute_ms)),
                      "estimated_max_compute_ms": max(p.estimated_compute_ms), "estimate_gmae": p.error_gmae,
                      "estimate_spearman": p.error_spearman, "max_total_ms": p.max_total_ms,
                      "search_time_s": p.plan.provenance.get("search_time_s", float("nan")),
@@ -159,11 +165,17 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
     best = min((measured[b] for b in baselines(args.torchrec) if b in measured), default=float("nan"))
     best_bytes = min((r["a2a_bytes_per_device"] for r in rows if r["algorithm"] in baselines(args.torchrec)
                       and not r.get("failed") and measured[r["algorithm"]] == best), default=float("nan"))
+    totals = {r["algorithm"]: r["total_compute_ms"] for r in rows if not r.get("failed")}
+    least_total = min((totals[b] for b in baselines(args.torchrec) if b in totals), default=float("nan"))
+    # the work bound: the least total compute any plan of the task reached, spread evenly
+    work_bound = min((t for a, t in totals.items() if a != CONTROL), default=float("nan")) / devices
     for r in rows:
         r.update(family=family, devices=devices, task=index, tables=len(tables), memory_bytes=memory,
                  measure_seconds=result.config["seconds"], hardware=result.config["hardware"])
         if not r.get("failed"):
             r["ratio_to_best_baseline"] = r["max_compute_ms"] / best
+            r["total_ratio_to_least_baseline"] = r["total_compute_ms"] / least_total
+            r["work_bound_ratio"] = work_bound / best
             r["a2a_ratio_to_best_baseline"] = r["a2a_bytes_per_device"] / best_bytes
     if CONTROL in measured:
         by_name = {p.name: p.compute_ms for p in result.plans}
@@ -189,6 +201,9 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             out.append({"family": family, "algorithm": algo, "tasks": len(g),
                         "ratio_geomean": float(np.exp(np.log(g["ratio_to_best_baseline"]).mean())),
                         "ratio_worst": float(g["ratio_to_best_baseline"].max()),
+                        "total_ratio_geomean": (float(np.exp(np.log(g["total_ratio_to_least_baseline"]).mean()))
+                                                if g.get("total_ratio_to_least_baseline") is not None
+                                                else math.nan),  # rows of runs before the column: none
                         "balance": float(g["balance"].mean()), "estimate_gmae": float(g["estimate_gmae"].mean()),
                         "estimate_spearman": float(g["estimate_spearman"].mean()),
                         "search_time_s": float(g["search_time_s"].mean()),
@@ -208,6 +223,11 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             bounds.append({"family": family, "algorithm": "balance bound", "tasks": len(best),
                            "ratio_geomean": float(np.exp(-np.log(best["balance"]).mean())),
                            "ratio_worst": float((1 / best["balance"]).max())})
+        tasks = part[part["failed"] == ""].drop_duplicates(["family", "devices", "task"])
+        if len(tasks) and "work_bound_ratio" in tasks and tasks["work_bound_ratio"].notna().all():
+            bounds.append({"family": family, "algorithm": "work bound", "tasks": len(tasks),
+                           "ratio_geomean": float(np.exp(np.log(tasks["work_bound_ratio"]).mean())),
+                           "ratio_worst": float(tasks["work_bound_ratio"].max())})
     summary = pd.concat([summary, pd.DataFrame(bounds)], ignore_index=True)
     aa = df[df["algorithm"] == "A/A"]
     if len(aa):
