@@ -13,6 +13,7 @@ import sys
 
 from . import __version__
 from .cli_options import add_input, add_output, add_verbose, missing_input
+from .constants import MAX_CALIBRATION_SETS
 from .errors import NeuroShardError
 from .validate import device_count, int_in, positive_int, seed_int
 
@@ -100,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measured iterations per plan and run (default: 12)")
     p.add_argument("--runs", type=positive_int, default=3,
                    help="measurement runs, each alternating the two plans' steps (default: 3)")
-    p.add_argument("--calibrate", type=int_in(0, 100000, "a set count"), default=None, metavar="SETS",
+    p.add_argument("--calibrate", type=int_in(0, MAX_CALIBRATION_SETS, "a set count"), default=None, metavar="SETS",
                    help="calibrate the cost models on this machine and the demo's tables first, with SETS random "
                         "sets (0: never; default: the demo's set count when this CPU is not the one the checkpoint "
                         "was measured on, else 0)")

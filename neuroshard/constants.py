@@ -49,5 +49,7 @@ SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "gr
 # ------------------------------------------------------------------ the measured loop
 #: random device-sized sets a calibration times when none is asked for (``search --calibrate``)
 CALIBRATION_SETS = 200
+#: fewest and most random sets a calibration may time
+MIN_CALIBRATION_SETS, MAX_CALIBRATION_SETS = 8, 100000
 #: where ``collect compute`` draws shard sets from: random augmented sets, or devices of searched plans
 COLLECT_SET_SOURCES = ("random", "plans")

@@ -83,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "on all data after the held-out evaluation)")
     p.set_defaults(func=_pretrain)
 
-    from ..constants import CALIBRATION_SETS
+    from ..constants import CALIBRATION_SETS, MAX_CALIBRATION_SETS, MIN_CALIBRATION_SETS
     p = sub.add_parser("calibrate", help="fine-tune the cost models on this machine and these tables",
                        description="Time the task's tables on this machine (each table alone, then random "
                                    "device-sized sets of them) and fine-tune the pre-trained compute model on the "
@@ -92,7 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cost-model", default=None, metavar="MODEL.pt", help="pre-trained checkpoint (default: shipped)")
     p.add_argument("-d", "--devices", type=int_in(1, 1024, "a device count"), default=8,
                    help="devices the plans will use: random sets hold about tables/devices shards (default: 8)")
-    p.add_argument("--sets", type=int_in(8, 100000, "a set count"), default=CALIBRATION_SETS,
+    p.add_argument("--sets", type=int_in(MIN_CALIBRATION_SETS, MAX_CALIBRATION_SETS, "a set count"), default=CALIBRATION_SETS,
                    help=f"random sets measured (default: {CALIBRATION_SETS})")
     p.add_argument("--seed", type=seed_int, default=0)
     add_weights_precision(p)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..constants import FP32_BYTES
+from ..constants import FP32_BYTES, MAX_CALIBRATION_SETS, MIN_CALIBRATION_SETS
 from ..costmodels import resolve_cost_models
 from ..errors import NeuroShardError
 from ..kernels import WEIGHTS_PRECISIONS, precision_of
@@ -20,18 +20,13 @@ from .calibrate import DEFAULT_SETS, calibrated_models, start_calibration
 from .refine import check_refine
 from .refine import refine as refine_rounds
 
-#: fewest random sets a calibration may time
-MIN_SETS = 8
-#: most random sets a calibration may time
-MAX_SETS = 100000
-
 
 def check_calibrate(calibrate: Any) -> int:
     """``calibrate`` as a number of random sets (0: no calibration); one-line error otherwise.
     One type everywhere: ``shard(calibrate=200)``, ``search --calibrate 200``, ``demo --calibrate 200``."""
     if (isinstance(calibrate, bool) or not isinstance(calibrate, int)
-            or (calibrate != 0 and not MIN_SETS <= calibrate <= MAX_SETS)):
-        raise NeuroShardError(f"calibrate must be a number of random sets in [{MIN_SETS}, {MAX_SETS}] (e.g. "
+            or (calibrate != 0 and not MIN_CALIBRATION_SETS <= calibrate <= MAX_CALIBRATION_SETS)):
+        raise NeuroShardError(f"calibrate must be a number of random sets in [{MIN_CALIBRATION_SETS}, {MAX_CALIBRATION_SETS}] (e.g. "
                               f"{DEFAULT_SETS}), or 0 for none, got {calibrate!r}")
     return calibrate
 

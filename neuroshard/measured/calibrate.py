@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..constants import CALIBRATION_SETS, FP32_BYTES
+from ..constants import CALIBRATION_SETS, FP32_BYTES, MIN_CALIBRATION_SETS
 from ..costmodels.base import CostModels
 from ..costmodels.measure.store import cpu_model
 from ..costmodels.measure.timing import time_devices
@@ -168,8 +168,9 @@ class Calibration:
         start = time.perf_counter()
         kinds = np.array(self.kinds)
         randoms = np.flatnonzero(kinds == "random")
-        if len(randoms) < 8:
-            raise NeuroShardError(f"calibration needs at least 8 measured random sets, got {len(randoms)}")
+        if len(randoms) < MIN_CALIBRATION_SETS:
+            raise NeuroShardError(f"calibration needs at least {MIN_CALIBRATION_SETS} measured random sets, "
+                                  f"got {len(randoms)}")
         if self.held_out is None:  # fixed at the first fit, so every refit is judged on the same sets
             order = randoms[self.rng.permutation(len(randoms))]
             test = order[:max(2, len(randoms) // 4)]
@@ -209,8 +210,8 @@ def start_calibration(tables: TableSet, models: CostModels, devices: int = 8, se
                       seed: int = 0, **options: Any) -> Calibration:
     """A ``Calibration`` with the task's tables alone and ``sets`` random device-sized sets
     measured (``options``: ``Calibration``'s row_cap, kernel, epochs, weights_precision)."""
-    if not isinstance(sets, int) or isinstance(sets, bool) or sets < 8:
-        raise NeuroShardError(f"calibration needs at least 8 random sets, got {sets!r}")
+    if not isinstance(sets, int) or isinstance(sets, bool) or sets < MIN_CALIBRATION_SETS:
+        raise NeuroShardError(f"calibration needs at least {MIN_CALIBRATION_SETS} random sets, got {sets!r}")
     calibration = Calibration(tables, models, seed, **options)
     singles = [[Piece(i, 0, t.num_embeddings, 0, t.embedding_dim)] for i, t in enumerate(tables)]
     randoms = _random_sets(tables, devices, sets, calibration.row_cap, calibration.rng)

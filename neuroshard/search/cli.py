@@ -5,7 +5,7 @@ import argparse
 import json
 
 from ..cli_options import STDOUT, add_comm_precision, add_input, add_output, add_topology_options, write_output
-from ..constants import CALIBRATION_SETS
+from ..constants import CALIBRATION_SETS, MAX_CALIBRATION_SETS, MIN_CALIBRATION_SETS
 from ..exporters import exporter_names
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
 from ..topology import memory_list
@@ -109,7 +109,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "machine, so run it on the hardware the plan is for")
     p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
                    help="cost-model checkpoint (default: the shipped one)")
-    p.add_argument("--calibrate", nargs="?", const=CALIBRATION_SETS, default=0, type=int_in(8, 100000, "a set count"),
+    p.add_argument("--calibrate", nargs="?", const=CALIBRATION_SETS, default=0, type=int_in(MIN_CALIBRATION_SETS, MAX_CALIBRATION_SETS, "a set count"),
                    metavar="SETS", help="first calibrate the cost models on this machine and these tables (as "
                    f"`neuroshard calibrate`, with SETS random sets, {CALIBRATION_SETS} when SETS is left out; a few "
                    "minutes, cached per machine, checkpoint and tables)")
