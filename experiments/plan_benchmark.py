@@ -266,7 +266,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=4, help="tasks per family and device count (default: 4)")
     parser.add_argument("--tables-per-device", nargs=2, type=int, default=[10, 40], metavar=("MIN", "MAX"))
     parser.add_argument("--passes", type=int, default=3, help="timed passes of the interleaved run (default: 3)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per device and round (default: 1)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per device and pass (default: 1)")
     parser.add_argument("--batch-size", type=int, default=None, help="batch each device looks up (default: the "
                         "cost models', 4096 for the shipped CPU checkpoint)")
     parser.add_argument("--bayes-trials", type=int, default=48)
