@@ -1,6 +1,8 @@
 """The ensemble compute model: members, spread, checkpoint, and a search that charges the spread."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -89,3 +91,22 @@ def test_calibration_fine_tunes_every_member_or_keeps_the_pretrained(ensemble, s
     assert isinstance(calibrated.compute, EnsembleComputeModel)
     assert report.kept_pretrained == (calibrated.compute is ensemble)
     assert report.kept_pretrained == (report.gmae_after > report.gmae_before)
+
+
+def test_set_size_correction_learns_a_crowding_curve_and_survives_a_checkpoint(ensemble, data, tmp_path):
+    """Costs that rise with the number of shards beyond what the members predict are learnt by
+    the set-size correction (fitted on measured sets), and a checkpoint keeps it."""
+    sets, _ = data
+    model = copy.deepcopy(ensemble)
+    sizes = np.array([len(s) for s in sets])
+    crowded = model.predict(sets) * np.exp(0.15 * np.maximum(0, sizes - 3))  # 16% more per shard past 3
+    before = np.abs(np.log(model.predict(sets) / crowded))
+    model.fit_set_size_correction(sets, crowded)
+    after = np.abs(np.log(model.predict(sets) / crowded))
+    assert after.mean() < 0.5 * before.mean()
+    assert model.predict([s for s in sets if len(s) >= 6]).mean() > ensemble.predict([s for s in sets if len(s) >= 6]).mean()
+    bundle = CostModels(model, load_cost_models().comm, 4096, name="with-correction")
+    loaded = CostModels.load(bundle.save(tmp_path / "c.pt")).compute
+    np.testing.assert_allclose(loaded.predict(sets[:20]), model.predict(sets[:20]), rtol=1e-5)
+    model.fine_tune(sets[:40], crowded[:40], sets[40:50], crowded[40:50], epochs=2)
+    assert model.set_size_coef_ is None  # new members: the old correction no longer applies

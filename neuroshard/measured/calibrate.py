@@ -182,6 +182,8 @@ class Calibration:
         compute = copy.deepcopy(self.models.compute)
         compute.fine_tune([features[i] for i in train], costs[train], [features[i] for i in val], costs[val],
                           epochs=self.epochs)
+        if hasattr(compute, "fit_set_size_correction"):  # the crowding the pooled members miss (``ensemble``)
+            compute.fit_set_size_correction([features[i] for i in train], costs[train])
         after = gmae(compute.predict([features[i] for i in test]), costs[test])
         kept = after > before  # fine-tuning made it worse on held-out sets (too few, too noisy): keep the pre-trained
         if kept:
