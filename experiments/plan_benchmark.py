@@ -38,6 +38,7 @@ appended as each task finishes, so an interrupted run resumes where it stopped),
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import math
 import time
@@ -46,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from neuroshard.costmodels import load_cost_models
+from neuroshard.costmodels import CostModels, load_cost_models
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.errors import NeuroShardError
 from neuroshard.runtime.measure_plan import estimate_gmae, estimate_spearman, measure_plans
@@ -59,6 +60,7 @@ from neuroshard.topology import Topology
 log = logging.getLogger("plan_benchmark")
 
 CONTROL = "control"  # the A/A control: the measured-greedy plan measured a second time
+UNCORRECTED = "neuroshard-calibrated-uncorrected"  # the calibrated models without the set-size correction
 CALIBRATED = "neuroshard-calibrated"  # with --calibrate: NeuroShard against models calibrated on the task
 REFINED = "neuroshard-refined"  # with --calibrate: then measured refinement (measured.refine) from that calibration
 #: columns of tasks.csv (every task's rows are written in this order)
@@ -123,6 +125,12 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                                   **network)
         plans[CALIBRATED].provenance["calibration_s"] = start
         others["calibrated"] = calibrated
+        if getattr(calibrated.compute, "set_size_coef_", None) is not None:  # the same calibration, uncorrected
+            plain = copy.deepcopy(calibrated.compute)
+            plain.set_size_coef_ = None
+            uncorrected = CostModels(plain, calibrated.comm, calibrated.batch_size, name=calibrated.name + "-uncorrected")
+            plans[UNCORRECTED] = shard(tables, devices=devices, memory=memory, cost_models=uncorrected, seed=index,
+                                       **network)
         if args.refine_rounds:
             start = time.perf_counter()
             plans[REFINED] = refine(tables, devices, memory, calibration, args.refine_rounds, models=calibrated,
