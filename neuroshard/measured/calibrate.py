@@ -52,6 +52,9 @@ from ..types import DeviceTimer, Piece
 log = logging.getLogger(__name__)
 
 DEFAULT_SETS = CALIBRATION_SETS
+#: what a calibration does, in the cache key: 2 adds the set-size correction, so models cached
+#: by an earlier recipe are calibrated again rather than reused
+CALIBRATION_RECIPE = 2
 #: most weight bytes (rows capped) one measured set may take
 MAX_SET_BYTES = 3 << 30
 
@@ -237,7 +240,7 @@ def _cache_key(tables: TableSet, models: CostModels, devices: int, sets: int, se
     payload = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
                "models": models.name, "models_path": str(getattr(models, "path", "") or ""),
                "tables": TableSet(tables.name, list(tables), tables.batch_size).to_dict(),
-               "devices": devices, "sets": sets, "seed": seed}
+               "devices": devices, "sets": sets, "seed": seed, "recipe": CALIBRATION_RECIPE}
     if weights_precision != "fp32":  # fp32 entries keep the keys they had
         payload["weights_precision"] = weights_precision
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
