@@ -50,8 +50,8 @@ def random_task(seed: int) -> tuple[TableSet, int, int]:
 
 def check_case(seed: int, models) -> str:
     """'plan', 'refused' (no baseline plans it either) or raises AssertionError."""
-    from neuroshard.search.api import best_packing_greedy
     from neuroshard.constraints import check_capacity
+    from neuroshard.search.baselines import best_packing_greedy
     from neuroshard.search.simulator import Simulator
     tables, devices, memory = random_task(seed)
     try:

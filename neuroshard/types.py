@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-from .constants import DATA_PARALLEL, SHARDING_TYPES  # noqa: F401  (the layout names, re-exported for readers)
 from .optimizers import DEFAULT_OPTIMIZER, shard_bytes
 
 if TYPE_CHECKING:

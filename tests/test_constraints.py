@@ -5,19 +5,18 @@ import json
 from dataclasses import replace
 
 import pytest
+from conftest import algorithm_params, tables_dict
 
 import neuroshard
 from neuroshard.cli import main
 from neuroshard.constants import SHARDING_TYPES
 from neuroshard.constraints import TableConstraints
-from neuroshard.types import layout_kind
 from neuroshard.errors import FormatError, InvalidPlanError
 from neuroshard.plan import Plan, Shard
-from neuroshard.torchrec.export import torchrec_sharding
-from neuroshard.torchrec.planner import torchrec_available
 from neuroshard.tables import Table, TableSet
-
-from conftest import algorithm_params, tables_dict
+from neuroshard.torchrec.export import torchrec_sharding
+from neuroshard.torchrec.guard import torchrec_available
+from neuroshard.types import layout_kind
 
 MEMORY = 20 * 2**20  # 6 tables of 2.6-15.4 MB (53.8 MB) on 4 devices: the largest fits one device, not two
 

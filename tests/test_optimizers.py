@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import algorithm_params, tables_dict
 
 import neuroshard
 from neuroshard.cli import main
@@ -15,13 +16,12 @@ from neuroshard.optimizers import OPTIMIZERS, check_optimizer, shard_bytes
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.model import init_rows, train_reference
 from neuroshard.runtime.trainer import RunConfig, run
-from neuroshard.torchrec.export import fused_params, torchrec_sharding
 from neuroshard.search.registry import SIMULATED_ALGORITHMS
-from neuroshard.torchrec.import_plan import plan_from_torchrec
-from neuroshard.torchrec.planner import TORCHREC_OPTIMIZERS, torchrec_available
 from neuroshard.tables import Table, TableSet
-
-from conftest import algorithm_params, tables_dict
+from neuroshard.torchrec.export import fused_params, torchrec_sharding
+from neuroshard.torchrec.guard import torchrec_available
+from neuroshard.torchrec.import_plan import plan_from_torchrec
+from neuroshard.torchrec.planner import TORCHREC_OPTIMIZERS
 
 TBE = pytest.mark.skipif(not fbgemm_available(), reason="needs fbgemm's TBE (fbgemm-gpu-cpu)")
 

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import algorithm_params
 
 from neuroshard.datasets.synthetic import generate
 from neuroshard.errors import InfeasibleError, NeuroShardError
 from neuroshard.search import ALGORITHMS, Simulator, registry, search_placement, shard
-from neuroshard.search.api import GREEDY_ALGORITHMS
 from neuroshard.search.cli import ALGORITHM_CHOICES
 from neuroshard.search.placer import greedy_place
-from neuroshard.torchrec.planner import torchrec_available
+from neuroshard.search.registry import GREEDY_ALGORITHMS
 from neuroshard.tables import Table, TableSet
-
-from conftest import algorithm_params
+from neuroshard.torchrec.guard import torchrec_available
 
 SMALL = {"beam_width": 2, "depth": 4, "top_n": 2, "grid_size": 5}
 

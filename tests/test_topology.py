@@ -6,23 +6,22 @@ import json
 
 import numpy as np
 import pytest
+from conftest import algorithm_params, run_cli
 
 import neuroshard
+from neuroshard.constants import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS
 from neuroshard.costmodels import analytic_cost_models
 from neuroshard.errors import NeuroShardError
 from neuroshard.plan import Plan
 from neuroshard.runtime.model import train_reference
 from neuroshard.runtime.trainer import RunConfig, run
-from neuroshard.torchrec.export import torchrec_sharding
 from neuroshard.search.score import score_plan
-from neuroshard.types import Piece
 from neuroshard.search.simulator import Simulator
-from neuroshard.torchrec.planner import torchrec_available
 from neuroshard.tables import Table, TableSet
-from neuroshard.constants import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS
 from neuroshard.topology import Topology, make_topology, resolve_topology, topology_from_options
-
-from conftest import algorithm_params, run_cli
+from neuroshard.torchrec.export import torchrec_sharding
+from neuroshard.torchrec.guard import torchrec_available
+from neuroshard.types import Piece
 
 
 def _task() -> TableSet:

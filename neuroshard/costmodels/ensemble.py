@@ -30,7 +30,6 @@ from ..errors import NeuroShardError
 from .base import ComputeCostModel
 from .neural import NeuralComputeModel
 
-
 #: shards per set where the set-size correction may bend (piecewise linear in log n between them)
 SET_SIZE_KNOTS = (4.0, 16.0)
 #: ridge penalty of the set-size correction's slopes (its level is not penalised)

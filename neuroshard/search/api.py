@@ -29,8 +29,7 @@ from ..validate import (
     check_seed,
 )
 from ..version import __version__
-from .baselines import best_packing_greedy  # noqa: F401  (public here: the fuzz experiment uses it)
-from .registry import ALGORITHMS, GREEDY_ALGORITHMS, REPLICATING_ALGORITHMS, get_algorithm, get_trait, make_params  # noqa: F401
+from .registry import REPLICATING_ALGORITHMS, get_algorithm, get_trait, make_params
 from .replicate import DEFAULT_DATA_PARALLEL, check_data_parallel, forced_tables, search_with_replication
 from .rowwise import runnable_row_splits
 from .simulator import Simulator, replicated_bytes

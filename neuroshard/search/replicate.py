@@ -32,7 +32,7 @@ from ..constants import DATA_PARALLEL
 from ..constraints import TableConstraints
 from ..errors import InfeasibleError, NeuroShardError
 from .baselines import best_packing_greedy
-from .simulator import allreduce_ms, replicated_bytes, replicated_costs_ms  # noqa: F401  (computed by the simulator)
+from .simulator import replicated_bytes
 
 if TYPE_CHECKING:
     from ..tables import Table

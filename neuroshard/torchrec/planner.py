@@ -21,7 +21,7 @@ from ..search.registry import SearchFunction
 from ..search.simulator import Simulator
 from ..types import Piece, Placement
 from ..units import format_bytes
-from .guard import quiet_torchrec, require_torchrec, torchrec_available  # noqa: F401
+from .guard import quiet_torchrec, require_torchrec
 from .import_plan import shards_from_torchrec
 
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
