@@ -75,7 +75,7 @@ def run_task(tables: TableSet, devices: int, memory: int, models, args) -> tuple
     singles = [[Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, 0)] for t in tables]
     every = [d for n in names for d in groups[n]] + singles
     sim = Simulator(at_batch, devices, models)
-    index = {t.name: i for i, t in enumerate(tables)}
+    piece_of = dict(zip((t.name for t in tables), whole_pieces(at_batch)))
     lines, rows = [], []
     for protocol, flush in (("flushed", None), ("warm", 0)):
         times, config = time_devices(every, at_batch, passes=args.passes, repeats=args.repeats,
@@ -89,7 +89,7 @@ def run_task(tables: TableSet, devices: int, memory: int, models, args) -> tuple
             pieces, where = [], []
             for d, shards in enumerate(groups[name]):
                 for s in shards:
-                    pieces.append(whole_pieces(at_batch)[index[s.table]])
+                    pieces.append(piece_of[s.table])
                     where.append(d)
             est = sim.evaluate(pieces, np.array(where)[None, :], risk=0.0)
             predicted[name] = float(est.compute_ms[0].sum())

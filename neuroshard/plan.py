@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .constants import DATA_PARALLEL, FP32_BYTES, default_local_world_size
+from .constants import DATA_PARALLEL, FP32_BYTES
 from .constraints import plan_problems as constraint_problems
 from .errors import FormatError, InvalidPlanError, NeuroShardError
 from .io import atomic_write_text
@@ -16,7 +16,7 @@ from .kernels import precision_of
 from .optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer, shard_bytes
 from .provenance import Provenance
 from .tables import Table, TableSet
-from .topology import Topology
+from .topology import Topology, ranks_per_host
 from .types import layout_kind
 from .units import format_bytes
 from .validate import (
@@ -129,12 +129,8 @@ class Plan:
 
     @property
     def local_world_size(self) -> int:
-        """Ranks per host: the topology's when it states hosts, else TorchRec's default
-        (``constants.default_local_world_size``)."""
-        topology = self.topology
-        if topology is not None and topology.hosts_stated:
-            return topology.local_world_size
-        return default_local_world_size(self.num_devices)
+        """Ranks per host (``topology.ranks_per_host``)."""
+        return ranks_per_host(self.topology, self.num_devices)
 
     def sharding_type(self, table: str) -> str:
         """TorchRec's name of the table's layout (``types.layout_kind``, the one classifier):

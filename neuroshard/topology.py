@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .constants import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS
+from .constants import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS, default_local_world_size
 from .errors import FormatError, NeuroShardError
 from .units import format_bytes
 from .validate import check_devices, check_memory, check_number, read_json
@@ -195,6 +195,15 @@ def device_memory(topology: Topology | None, memory_bytes: int) -> int | np.ndar
     if topology is None or topology.device_memory_bytes is None:
         return memory_bytes
     return topology.memory_limits(memory_bytes)
+
+
+def ranks_per_host(topology: Topology | None, num_devices: int) -> int:
+    """Ranks per host: the topology's when it states hosts, else TorchRec's default
+    (``constants.default_local_world_size``). The one rule plans, the simulator and the
+    task checks use."""
+    if topology is not None and topology.hosts_stated:
+        return topology.local_world_size
+    return default_local_world_size(num_devices)
 
 
 def resolve_topology(topology: Any, num_devices: int, memory: Any) -> tuple[Topology | None, int | None]:

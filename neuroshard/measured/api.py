@@ -26,8 +26,8 @@ def check_calibrate(calibrate: Any) -> int:
     One type everywhere: ``shard(calibrate=200)``, ``search --calibrate 200``, ``demo --calibrate 200``."""
     if (isinstance(calibrate, bool) or not isinstance(calibrate, int)
             or (calibrate != 0 and not MIN_CALIBRATION_SETS <= calibrate <= MAX_CALIBRATION_SETS)):
-        raise NeuroShardError(f"calibrate must be a number of random sets in [{MIN_CALIBRATION_SETS}, {MAX_CALIBRATION_SETS}] (e.g. "
-                              f"{DEFAULT_SETS}), or 0 for none, got {calibrate!r}")
+        raise NeuroShardError(f"calibrate must be a number of random sets in [{MIN_CALIBRATION_SETS}, "
+                              f"{MAX_CALIBRATION_SETS}] (e.g. {DEFAULT_SETS}), or 0 for none, got {calibrate!r}")
     return calibrate
 
 

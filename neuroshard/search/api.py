@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..constants import FP32_BYTES, default_local_world_size
+from ..constants import FP32_BYTES
 from ..constraints import check_capacity
 from ..constraints import check_feasible as check_constraints_feasible
 from ..costmodels import CostModels, resolve_cost_models
@@ -17,7 +17,7 @@ from ..kernels import precision_of
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes
 from ..plan import Plan
 from ..tables import Table, TableSet
-from ..topology import device_memory, resolve_topology
+from ..topology import device_memory, ranks_per_host, resolve_topology
 from ..types import Placement
 from ..validate import (
     MAX_LOOKUPS_PER_BATCH,
@@ -143,11 +143,12 @@ class Task:
     topology: Any
     comm_precision: str
     params: dict
+    forced: list[str]           # tables allowed only data_parallel (never pieces)
 
     @property
     def replicating(self) -> bool:
         """Whether the search may replicate tables (``data_parallel="auto"`` and an algorithm that can)."""
-        return self.data_parallel == "auto" and get_trait(self.algorithm, "replicates")
+        return _replicating(self.data_parallel, self.algorithm)
 
     @property
     def options(self) -> dict:
@@ -155,6 +156,10 @@ class Task:
         positional ones), e.g. to search the same task again with other models."""
         return dict(optimizer=self.optimizer, data_parallel=self.data_parallel, topology=self.topology,
                     comm_precision=self.comm_precision, **self.params)
+
+
+def _replicating(data_parallel: str, algorithm: str) -> bool:
+    return data_parallel == "auto" and get_trait(algorithm, "replicates")
 
 
 def check_task(tables: TableSet | list[Table], devices: int, memory: int | str | list | None,
@@ -171,9 +176,8 @@ def check_task(tables: TableSet | list[Table], devices: int, memory: int | str |
     data_parallel = check_data_parallel(data_parallel)
     comm_precision = check_comm_precision(comm_precision)
     get_algorithm(algorithm)  # an unknown name fails before any work
-    replicating = data_parallel == "auto" and get_trait(algorithm, "replicates")
     forced = forced_tables(tables)
-    if forced and not replicating:
+    if forced and not _replicating(data_parallel, algorithm):
         raise NeuroShardError(f"table '{forced[0]}' allows only data_parallel sharding (its constraints): search "
                               f"with data_parallel='auto' (--data-parallel auto) and algorithm "
                               f"{' or '.join(REPLICATING_ALGORITHMS)}")
@@ -183,15 +187,13 @@ def check_task(tables: TableSet | list[Table], devices: int, memory: int | str |
     if not isinstance(row_splits, bool):
         raise NeuroShardError(f"parameter row_splits must be true or false, got {row_splits!r}")
     check_capacity(tables, devices, limits, bytes_per_element, row_splits, optimizer)
-    local = (topology.local_world_size if topology is not None and topology.hosts_stated
-             else default_local_world_size(devices))
     check_constraints_feasible(tables, devices, limits, lambda cols: row_bytes(cols, bytes_per_element, optimizer),
-                               local, row_splits)  # per-table constraints: one line naming the table
+                               ranks_per_host(topology, devices), row_splits)  # per-table constraints: one line naming the table
     if len(tables) * devices >= LARGE_TASK:  # say so before minutes without output
         log.warning("a large task (%d tables on %d devices): the %s search may take minutes", len(tables), devices,
                     algorithm)
     return Task(tables, devices, memory, memory_bytes, limits, algorithm, bytes_per_element, seed, optimizer,
-                data_parallel, topology, comm_precision, dict(params))
+                data_parallel, topology, comm_precision, dict(params), forced)
 
 
 def search_task(task: Task, models: CostModels) -> Plan:
@@ -203,9 +205,8 @@ def search_task(task: Task, models: CostModels) -> Plan:
                     "models' %s kernels to %s: the cost estimates (and the search's choices) are for %s",
                     task.bytes_per_element, sim.cost_precision, precision_of(task.bytes_per_element),
                     sim.cost_precision)
-    forced = forced_tables(task.tables)
-    if forced:  # tables allowed only data_parallel are never pieces
-        sim = sim.with_data_parallel(forced)
+    if task.forced:  # tables allowed only data_parallel are never pieces
+        sim = sim.with_data_parallel(task.forced)
     sim.memory_split(task.memory_bytes, task.params.get("row_splits", True))  # once: every algorithm starts here
     start = time.perf_counter()
     if task.replicating:

@@ -45,7 +45,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..constants import COMM_ELEMENT_BYTES, FP32_BYTES, default_local_world_size
+from ..constants import COMM_ELEMENT_BYTES, FP32_BYTES
 from ..constraints import allowed_state, conform, device_mask, table_constraints
 from ..costmodels.analytic import AnalyticCommModel
 from ..costmodels.base import CostModels
@@ -57,7 +57,7 @@ from ..kernels import precision_of
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes
 from ..plan import Plan, Shard
 from ..tables import TableSet
-from ..topology import Topology, device_memory
+from ..topology import Topology, device_memory, ranks_per_host
 from ..types import Estimate, Piece, whole_pieces
 from ..validate import check_comm_precision
 from .rowwise import split_for_memory
@@ -115,7 +115,7 @@ class Simulator:
         self.topology = topology
         self.hosts_stated = topology is not None and topology.hosts_stated
         #: ranks per host of row splits kept on one host (TorchRec's default without hosts)
-        self.local_world_size = topology.local_world_size if self.hosts_stated else default_local_world_size(self.num_devices)
+        self.local_world_size = ranks_per_host(topology, self.num_devices)
         #: devices per host when the topology states hosts (the placers keep such row splits on one host)
         self.host_size = topology.local_world_size if self.hosts_stated else None
         self._speed = None if topology is None or topology.relative_speed is None else topology.speeds()
