@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from . import __version__
 from .cli_options import add_input, add_output, add_verbose, missing_input
 from .constants import MAX_CALIBRATION_SETS
 from .errors import NeuroShardError
+from .launch import torchrun_env
 from .validate import device_count, int_in, positive_int, seed_int
 
 STAGE_CLIS = (
@@ -123,13 +125,21 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("neuroshard").setLevel(logging.INFO if args.verbose else logging.WARNING)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except NeuroShardError as exc:
         print(f"neuroshard: error: {exc}", file=sys.stderr)
-        return 2
+        code = 2
     except KeyboardInterrupt:
         print("neuroshard: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+    if getattr(args, "torchrun_rank", False) and torchrun_env() is not None:
+        # A rank under torchrun ends as the ranks we spawn do (multiprocessing ends them with
+        # os._exit): without interpreter finalization, where a gloo/fbgemm C++ thread still
+        # joinable aborts the process ("terminate called without an active exception").
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

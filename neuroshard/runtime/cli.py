@@ -114,7 +114,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "with its embedding tables sharded as the plan says, one process per device.")
     _common(p)
     p.add_argument("--steps", type=positive_int, default=20, help="training steps (default: 20)")
-    p.set_defaults(func=_train)
+    p.set_defaults(func=_train, torchrun_rank=True)
 
     p = sub.add_parser("evaluate", help="measure what each device spends per iteration under a plan",
                        description="Run training iterations of a plan and report per device the measured "
@@ -125,7 +125,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=nonneg_int, default=3, help="warm-up iterations, not measured (default: 3)")
     add_output(p, "also write the measurement as JSON to this file", dest="json", aliases=("--json",),
                metavar="OUT.json")
-    p.set_defaults(func=_evaluate)
+    p.set_defaults(func=_evaluate, torchrun_rank=True)
 
     from ..costmodels.measure.timing import DEFAULT_PASSES, DEFAULT_REPEATS, DEFAULT_WARMUP_PASSES
     p = sub.add_parser("measure", help="time every device of one or more plans on this machine, one at a time",
