@@ -204,3 +204,33 @@ def test_a_precision_without_a_measured_ratio_is_said_to_be_costed_as_fp32(analy
     assert any("bytes_per_element=1" in r.getMessage() and "fp32" in r.getMessage() for r in caplog.records)
     half = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=analytic_models, bytes_per_element=2)
     assert half.provenance["cost_precision"] == "fp16"
+
+
+def test_local_search_relieves_the_device_with_the_most_compute(analytic_models):
+    """Every device's simulated total includes waiting for the slowest in the exchange, so
+    the totals are all equal: the local search must pick its device by compute (it once
+    picked device 0 and never moved anything), and swaps close gaps moves cannot."""
+    from neuroshard.search.neuroshard import local_search
+    from neuroshard.topology import Topology
+    from neuroshard.types import Placement, whole_pieces
+
+    # 20 narrow, busy tables crowded on device 3; one wide, idle table on each other device
+    busy = [Table(f"busy{i}", 20_000, 8, 20.0, {"zipf_alpha": 1.0}) for i in range(20)]
+    wide = [Table(f"wide{i}", 1_000, 256, 0.1) for i in range(3)]
+    tables = TableSet("crowded", wide + busy, 65536)
+    devices = 4
+    sim = Simulator(tables, devices, analytic_models, topology=Topology(devices, local_world_size=devices))
+    pieces = whole_pieces(tables)
+    crowded = np.array([0, 1, 2] + [3] * len(busy), dtype=np.int64)
+    start = sim.evaluate(pieces, crowded[None, :])
+    totals, compute = start.total_ms[0], start.compute_ms[0]
+    assert np.ptp(totals) < 1e-3 * totals.max()  # the waiting equalises the totals...
+    assert totals.argmax() != compute.argmax() == 3  # ...and the widest device's exchange tops them
+    placed = Placement(pieces, crowded, float(start.max_ms[0]))
+    memory = tables.total_bytes()
+    moved, changes = local_search(sim, placed, memory, steps=40, swaps=0)
+    assert changes > 0 and moved.cost_ms < placed.cost_ms
+    with_swaps, _ = local_search(sim, placed, memory, steps=40, swaps=32)
+    assert with_swaps.cost_ms <= moved.cost_ms * (1 + 1e-9)
+    after = sim.evaluate(pieces, moved.devices[None, :]).compute_ms[0]
+    assert after.max() < start.compute_ms[0].max()

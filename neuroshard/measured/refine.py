@@ -49,12 +49,15 @@ log = logging.getLogger(__name__)
 DEFAULT_ROUNDS = 2
 #: runs per device set when a plan's devices are timed (median)
 TIMING_PASSES = 3
-#: measured local-search steps after the rounds (``polish``)
+#: measured local-search steps after the rounds (``polish``): at least this many, and 2 per device
+#: (the slowest device changes with each accepted step; 16 devices need more steps than 4)
 POLISH_STEPS = 12
+POLISH_STEPS_PER_DEVICE = 2
 #: a change must gain this fraction of the plan's cost (predicted, then measured) to be tried, then kept
 MIN_GAIN = 0.005
 #: the baselines whose plans join the final measured comparison: what a user would otherwise run
-#: (measured-greedy and size-lookup were the best baseline in 25 of 27 benchmark tasks, experiments/results)
+#: (measured-greedy and size-lookup were the best baseline in 25 of 27 benchmark tasks, experiments/results;
+#: the other greedy plans cost nothing to make and one device set each to time, and catch the rest)
 COMPARE = with_trait("refine_compares")
 #: the ``shard`` options that describe the plan (not the algorithm): the compared baselines get them too
 PLAN_OPTIONS = ("bytes_per_element", "seed", "optimizer", "topology", "comm_precision")
@@ -70,13 +73,14 @@ def check_refine(algorithm: str, rounds: Any) -> int:
 
 def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds: int = DEFAULT_ROUNDS,
            timing_passes: int = TIMING_PASSES, algorithm: str = "neuroshard", models: Any = None,
-           polish_steps: int = POLISH_STEPS, compare: tuple[str, ...] = COMPARE, **search_options: Any) -> Plan:
+           polish_steps: int | None = None, compare: tuple[str, ...] = COMPARE, **search_options: Any) -> Plan:
     """Search ``rounds + 1`` plans, each against models fine-tuned on the devices of the
     plans before it (see the module docstring), time them with the plans of the ``compare``
     algorithms, and return the one measured cheapest, polished. ``calibration`` is a
     ``Calibration`` with its random sets measured (``start_calibration``); ``models``: what
     ``calibration.fit()`` gave, when already fitted. ``search_options`` go to
-    ``search.api.shard`` (only ``PLAN_OPTIONS`` of them for the compared algorithms)."""
+    ``search.api.shard`` (only ``PLAN_OPTIONS`` of them for the compared algorithms);
+    ``polish_steps`` defaults to ``max(POLISH_STEPS, POLISH_STEPS_PER_DEVICE x devices)``."""
     rounds = check_refine(algorithm, rounds)
     batch = calibration.models.batch_size
     if models is None:
@@ -132,6 +136,8 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
               "chosen": f"round {best}" if best < len(history) else entries[best]["algorithm"],
               "compared": compared, "timing_passes": timing_passes, "batch_size": batch,
               "hardware": calibration.config.get("hardware", "")}
+    if polish_steps is None:
+        polish_steps = max(POLISH_STEPS, POLISH_STEPS_PER_DEVICE * devices)
     if polish_steps:
         chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps, timing_passes)
     chosen.provenance["refine"] = record

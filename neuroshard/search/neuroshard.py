@@ -16,7 +16,8 @@ Two levels, both judged by the simulator (the pre-trained cost models):
   placement the simulator finds cheapest.
 * **Local search.** The greedy balances sums of single-piece costs, but fused kernel
   costs are not additive: the best plan is then improved by moving single pieces off
-  its slowest device while the simulator says the plan gets cheaper.
+  its slowest device, or swapping one of them with a smaller one elsewhere, while the
+  simulator says the plan gets cheaper.
 * **Baseline seeds** (not in the paper; ``baseline_seeds``). The five classic greedy
   placements cost about 20 ms together; when the simulator finds one cheaper than
   the beam's best, the local search starts from it instead. So a NeuroShard plan is never
@@ -54,12 +55,14 @@ class NeuroShardParams:
     max_cap_factor: float = 1.5  # caps from 1x to this x the mean width per device (plus no cap)
     row_splits: bool = True      # also try splitting hot tables along rows
     patience: int = 3            # stop after this many steps without a better plan
-    local_search_steps: int = 16       # most single-piece moves off the slowest device at the end
+    local_search_steps: int = 48       # most single-piece moves or swaps off the slowest device at the end
+    local_search_swaps: int = 64       # swaps simulated per local-search step (0: moves only)
     baseline_seeds: bool = True  # also start the local search from the best classic greedy plan when cheaper
 
     def __post_init__(self) -> None:
         for name, low, high in (("beam_width", 1, 64), ("top_n", 1, 64), ("grid_size", 1, 64), ("patience", 1, 1000),
-                                ("depth", 0, 1000), ("local_search_steps", 0, 10000)):
+                                ("depth", 0, 1000), ("local_search_steps", 0, 10000),
+                                ("local_search_swaps", 0, 100000)):
             check_int(getattr(self, name), f"parameter {name}", low, high)
         check_number(self.max_cap_factor, "parameter max_cap_factor", 1.0, 100.0)
         for name in ("row_splits", "baseline_seeds"):
@@ -107,29 +110,43 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
         key = min(seeds, key=lambda k: seeds[k].cost_ms, default=None)
         if key is not None and seeds[key].cost_ms < best.cost_ms - 1e-9:
             best, origin = seeds[key], f"greedy-{key}"
-    best, moves = local_search(sim, best, memory_bytes, params.local_search_steps)
+    best, moves = local_search(sim, best, memory_bytes, params.local_search_steps, params.local_search_swaps)
     best.details = {"parameters": asdict(params), "shards": len(best.pieces), "states_evaluated": len(seen),
                     "local_search_from": origin, "local_search_moves": moves, "simulated_cost_ms": best.cost_ms}
     return best
 
 
-def local_search(sim: Simulator, placement: Placement, memory_bytes: int, steps: int) -> tuple[Placement, int]:
-    """Move one piece at a time off the slowest device to wherever the simulated plan cost
-    drops most (memory permitting); stop when no move helps. Returns (placement, moves)."""
+def local_search(sim: Simulator, placement: Placement, memory_bytes: int, steps: int,
+                 swaps: int = 0) -> tuple[Placement, int]:
+    """Change one piece's device at a time, or (``swaps`` > 0) exchange two pieces, always
+    involving the slowest device, to wherever the simulated plan cost drops most (memory
+    and pinned devices permitting); stop when no change helps. Returns (placement, changes).
+
+    Moves alone stall when every piece of the slowest device is bigger than the gap to
+    the others: a swap of a big piece for a smaller one closes it. All moves are
+    simulated; of the many swaps, the ``swaps`` whose *marginal* costs (a piece's set
+    with and without it, which the fused kernel's amortisation makes far smaller than
+    the piece's cost alone) come closest to halving the gap between the two devices."""
     ids = sim.piece_ids(placement.pieces)
     sizes = sim.bytes_of(ids)
+    limits = np.broadcast_to(np.asarray(sim.memory_limits(memory_bytes), dtype=np.float64), (sim.num_devices,))
     mask = sim.device_mask(placement.pieces)  # pinned tables move only among their devices
     devices, cost = placement.devices.copy(), placement.cost_ms
     for move in range(steps):
-        slowest = int(sim.evaluate_ids([(ids, devices)]).total_ms[0].argmax())
+        # every device's total includes waiting for the slowest in the exchange: the
+        # device to relieve is the one with the most compute
+        loads = sim.evaluate_ids([(ids, devices)]).compute_ms[0]
+        slowest = int(loads.argmax())
         used = np.bincount(devices, weights=sizes, minlength=sim.num_devices)
         candidates = []
         for piece in np.flatnonzero(devices == slowest):
-            for target in np.flatnonzero(used + sizes[piece] <= memory_bytes):
+            for target in np.flatnonzero(used + sizes[piece] <= limits):
                 if target != slowest and (mask is None or mask[piece, target]):
                     moved = devices.copy()
                     moved[piece] = target
                     candidates.append(moved)
+        if swaps:
+            candidates += _swap_candidates(sim, ids, devices, slowest, loads, sizes, used, limits, mask, swaps)
         if not candidates:
             return Placement(placement.pieces, devices, cost), move
         costs = sim.evaluate_ids([(ids, row) for row in candidates]).max_ms
@@ -138,6 +155,44 @@ def local_search(sim: Simulator, placement: Placement, memory_bytes: int, steps:
             return Placement(placement.pieces, devices, cost), move
         devices, cost = candidates[best], float(costs[best])
     return Placement(placement.pieces, devices, cost), steps
+
+
+def _swap_candidates(sim: Simulator, ids: np.ndarray, devices: np.ndarray, slowest: int, loads: np.ndarray,
+                     sizes: np.ndarray, used: np.ndarray, limits: np.ndarray, mask: np.ndarray | None,
+                     count: int) -> list[np.ndarray]:
+    """Up to ``count`` placements that exchange a piece of ``slowest`` with a piece of another
+    device, ranked by how close the difference of their marginal costs comes to half the
+    two devices' gap (only exchanges that move work off ``slowest`` and fit memory)."""
+    sets = [np.flatnonzero(devices == d) for d in range(sim.num_devices)]
+    keys = [tuple(sorted(ids[m].tolist())) for m in sets]
+    full = sim.set_costs_ms(keys)
+    marginal = np.zeros(len(ids))
+    without = [(d, k, tuple(sorted(ids[np.delete(m, k)].tolist()))) for d, m in enumerate(sets) for k in range(len(m))]
+    rest = sim.set_costs_ms([w for _, _, w in without])
+    for (d, k, _), c in zip(without, rest):
+        marginal[sets[d][k]] = full[d] - c
+    mine = sets[slowest]
+    pairs = []
+    for d in range(sim.num_devices):
+        gap = loads[slowest] - loads[d]
+        if d == slowest or gap <= 0 or not len(sets[d]):
+            continue
+        theirs = sets[d]
+        delta = marginal[mine][:, None] - marginal[theirs][None, :]
+        fits = ((used[d] - sizes[theirs][None, :] + sizes[mine][:, None] <= limits[d])
+                & (used[slowest] - sizes[mine][:, None] + sizes[theirs][None, :] <= limits[slowest]))
+        if mask is not None:
+            fits &= mask[mine, d][:, None] & mask[theirs, slowest][None, :]
+        ok = fits & (delta > 0) & (delta < gap)
+        for a, b in zip(*np.nonzero(ok)):
+            pairs.append((abs(delta[a, b] - gap / 2), int(mine[a]), int(theirs[b]), d))
+    pairs.sort()
+    out = []
+    for _, i, j, d in pairs[:count]:
+        swapped = devices.copy()
+        swapped[i], swapped[j] = d, slowest
+        out.append(swapped)
+    return out
 
 
 def split_children(sim: Simulator, pieces: list[Piece], params: NeuroShardParams) -> list[list[Piece]]:
