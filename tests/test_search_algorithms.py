@@ -30,7 +30,7 @@ def test_neuroshard_beats_or_ties_the_best_greedy_baseline(analytic_models, num_
     sim = Simulator(tables, devices, analytic_models)
     # The beam and grid search alone, without the greedy plans as seeds, already do it here.
     ours = search_placement(sim, memory, "neuroshard", baseline_seeds=False, **SMALL)
-    assert ours.details["local_search_from"] == "beam"
+    assert ours.details["local_search_from"] in ("beam", "beam-split")
     baselines = {algo: search_placement(sim, memory, algo).cost_ms for algo in GREEDY_ALGORITHMS}
     assert ours.cost_ms <= min(baselines.values()) * (1 + 1e-9), (ours.cost_ms, baselines)
     # The reported cost is what the simulator says of the returned placement.

@@ -40,7 +40,7 @@ import torch
 from ..constants import CALIBRATION_SETS, FP32_BYTES, MIN_CALIBRATION_SETS
 from ..costmodels.base import CostModels
 from ..costmodels.measure.store import cpu_model
-from ..costmodels.measure.timing import time_devices
+from ..costmodels.measure.timing import MEMORY_SHARE, available_memory_bytes, time_devices
 from ..costmodels.metrics import gmae
 from ..costmodels.precision import model_precision
 from ..errors import NeuroShardError
@@ -85,8 +85,11 @@ class CalibrationReport:
 
 def _random_sets(tables: TableSet, devices: int, count: int, row_cap: int, rng: np.random.Generator):
     """``count`` random sets of pieces (Simulator ``Piece``s): about tables/devices pieces
-    each, some halved by columns or cut into row halves, within ``MAX_SET_BYTES``."""
+    each, some halved by columns or cut into row halves, within ``MAX_SET_BYTES`` and within
+    what the device timer may allocate now (``MEMORY_SHARE`` of the memory available, less a
+    fifth for its buffers): a busy machine gets smaller sets, not a refusal mid-calibration."""
     per_device = max(1, round(len(tables) / devices))
+    budget = min(MAX_SET_BYTES, int(0.8 * MEMORY_SHARE * available_memory_bytes()))
     sets = []
     for _ in range(count):
         size = int(rng.integers(max(1, per_device // 2), 3 * per_device + 1))
@@ -100,7 +103,7 @@ def _random_sets(tables: TableSet, devices: int, count: int, row_cap: int, rng: 
             elif piece.can_halve_rows() and rng.random() < 0.1:
                 piece = piece.halve_rows()[int(rng.integers(2))]
             weight = min(piece.num_rows, row_cap) * piece.num_cols * FP32_BYTES
-            if used + weight > MAX_SET_BYTES:
+            if used + weight > budget:
                 continue
             pieces.append(piece)
             used += weight
