@@ -254,7 +254,10 @@ def _torchrec_compare(rank: int, world: int, tables: list[Table], doc: dict) -> 
     """Max abs difference between the exported plan in DistributedModelParallel and the
     unsharded EmbeddingBagCollection built from the same weights: of the pooled outputs
     (``forward``), of the weights after one SGD step (``weights``), and of the outputs
-    after it (``after_step``)."""
+    after it (``after_step``). ``doc`` may instead be ``TorchRecInterop.planner_request``'s:
+    the plan is then ``NeuroShardPlanner.collective_plan``'s for the model with its EBC at
+    ``doc["path"]``, and the result adds it (``plan``: TorchRec's plan as JSON, ``shards``:
+    ``last_plan``'s shards)."""
     import torch
     import torch.distributed as dist
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -286,21 +289,41 @@ def _torchrec_compare(rank: int, world: int, tables: list[Table], doc: dict) -> 
     reference = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
     full = {k: v.detach().clone() for k, v in reference.state_dict().items()}
 
+    path = doc.get("path", "ebc")  # where the model holds its EmbeddingBagCollection
+
     class Model(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.ebc = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+            holder = self
+            for name in path.split(".")[:-1]:
+                holder.add_module(name, torch.nn.Module())
+                holder = getattr(holder, name)
+            holder.add_module(path.split(".")[-1], EmbeddingBagCollection(tables=configs, device=torch.device("cpu")))
 
         def forward(self, kjt: KeyedJaggedTensor):
-            return self.ebc(kjt)
+            return self.get_submodule(path)(kjt)
 
     model = Model()
-    apply_optimizer_in_backward(torch.optim.SGD, model.ebc.parameters(), {"lr": lr})
+    apply_optimizer_in_backward(torch.optim.SGD, model.get_submodule(path).parameters(), {"lr": lr})
     sizes = {t.name: (t.num_embeddings, t.embedding_dim) for t in tables}
-    plan = ShardingPlan({"ebc": EmbeddingModuleShardingPlan(to_parameter_shardings(doc, sizes))})
+    sharders = [EmbeddingBagCollectionSharder(qcomm_codecs_registry=_qcomms(doc))]
+    planned = {}
+    if "planner" in doc:  # NeuroShardPlanner plans on rank 0 and broadcasts
+        from torchrec.distributed.planner import ParameterConstraints, Topology
+
+        from neuroshard.torchrec import NeuroShardPlanner
+        from neuroshard.torchrec.import_plan import sharding_plan_json
+        options = dict(doc["planner"])
+        constraints = {name: ParameterConstraints(**rule) for name, rule in options.pop("constraints", {}).items()}
+        planner = NeuroShardPlanner(Topology(world_size=world, compute_device="cpu", ddr_cap=options.pop("ddr_cap")),
+                                    batch_size, constraints, cost_models=analytic_cost_models(), log_stats=False,
+                                    **options)
+        plan = planner.collective_plan(model, sharders, dist.group.WORLD)
+        planned = {"plan": sharding_plan_json(plan), "shards": [s.to_dict() for s in planner.last_plan.shards]}
+    else:
+        plan = ShardingPlan({"ebc": EmbeddingModuleShardingPlan(to_parameter_shardings(doc, sizes))})
     dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                   device=torch.device("cpu"), plan=plan,
-                                   sharders=[EmbeddingBagCollectionSharder(qcomm_codecs_registry=_qcomms(doc))])
+                                   device=torch.device("cpu"), plan=plan, sharders=sharders)
 
     def local_parts(value) -> list[tuple[int, int, torch.Tensor]]:
         """(row offset, column offset, tensor) of this rank's shards; a data-parallel table's
@@ -310,7 +333,7 @@ def _torchrec_compare(rank: int, world: int, tables: list[Table], doc: dict) -> 
         return [(*s.metadata.shard_offsets, s.tensor) for s in value.local_shards()]
 
     for key, value in dmp.state_dict().items():  # the reference's weights into the shards
-        name = key.split("ebc.", 1)[1]
+        name = key.split(f"{path}.", 1)[1]
         for r0, c0, part in local_parts(value):
             part.detach().copy_(full[name][r0:r0 + part.shape[0], c0:c0 + part.shape[1]])
 
@@ -339,14 +362,14 @@ def _torchrec_compare(rank: int, world: int, tables: list[Table], doc: dict) -> 
     ref_opt.step()
     weights = 0.0
     for key, value in dmp.state_dict().items():
-        name = key.split("ebc.", 1)[1]
+        name = key.split(f"{path}.", 1)[1]
         ref = reference.state_dict()[name]
         for r0, c0, part in local_parts(value):
             weights = max(weights, float((part - ref[r0:r0 + part.shape[0], c0:c0 + part.shape[1]]).abs().max()))
     kjt = batch(rank, 1)
     with torch.no_grad():
         after = float((sharded_pooled(kjt) - reference_pooled(kjt)).abs().max())
-    return {"forward": fwd, "weights": weights, "after_step": after}
+    return {"forward": fwd, "weights": weights, "after_step": after, **planned}
 
 
 class TorchRecInterop:
@@ -391,6 +414,15 @@ class TorchRecInterop:
     def export(plan: Plan, local_world_size: int | None = None) -> dict:
         """``plan`` exported for TorchRec (CPU), through JSON as a file would carry it."""
         return json.loads(json.dumps(torchrec_sharding(plan, compute_device="cpu", local_world_size=local_world_size)))
+
+    @staticmethod
+    def planner_request(ddr_cap: int, constraints: dict | None = None, path: str = "sparse.ebc",
+                        **options) -> dict:
+        """A document for ``run`` that has every rank plan with ``NeuroShardPlanner.collective_plan``
+        (CPU topology of ``ddr_cap`` per rank, the batch of ``run``, analytic cost models) for a
+        model holding its EBC at ``path``; ``constraints``: table -> ParameterConstraints' keyword
+        arguments; ``options``: the planner's other keyword arguments."""
+        return {"planner": {"ddr_cap": ddr_cap, "constraints": constraints or {}, **options}, "path": path}
 
     @staticmethod
     def spec(tables) -> list[tuple[str, int, int]]:
