@@ -316,7 +316,8 @@ def _torchrec_compare(rank: int, world: int, tables: list[Table], doc: dict) -> 
         options = dict(doc["planner"])
         constraints = {name: ParameterConstraints(**rule) for name, rule in options.pop("constraints", {}).items()}
         planner = NeuroShardPlanner(Topology(world_size=world, compute_device="cpu", ddr_cap=options.pop("ddr_cap")),
-                                    batch_size, constraints, cost_models=analytic_cost_models(), log_stats=False,
+                                    batch_size, constraints=constraints, cost_models=analytic_cost_models(),
+                                    log_stats=False,
                                     **options)
         plan = planner.collective_plan(model, sharders, dist.group.WORLD)
         planned = {"plan": sharding_plan_json(plan), "shards": [s.to_dict() for s in planner.last_plan.shards]}

@@ -274,3 +274,28 @@ def test_hosts_per_device_memory_and_optimizer_come_from_torchrec():
     assert max(plan.memory_used_bytes()) <= 170_000 and plan.memory_used_bytes()[3] <= 85_000
     placements = {str(m.placement) for s in sharding_plan.plan["sparse.ebc"].values() for m in s.sharding_spec.shards}
     assert placements <= {"rank:0/cuda:0", "rank:1/cuda:1", "rank:2/cuda:0", "rank:3/cuda:1"}
+
+
+def test_takes_embedding_sharding_planner_arguments_as_written(caplog):
+    """The signature of TorchRec's EmbeddingShardingPlanner, positional order included: a
+    script's constructor call works unchanged; TorchRec's search parts are ignored with one
+    warning naming them, and storage_reservation=None is TorchRec's default (0.15)."""
+    import inspect
+
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+
+    theirs = list(inspect.signature(EmbeddingShardingPlanner.__init__).parameters)
+    ours = list(inspect.signature(NeuroShardPlanner.__init__).parameters)
+    assert ours[:len(theirs)] == theirs
+    topology = Topology(world_size=2, compute_device="cpu", ddr_cap=10**6)
+    constraints = {"a": ParameterConstraints(sharding_types=["table_wise"])}
+    with caplog.at_level(logging.WARNING, logger="neuroshard.torchrec"):
+        planner = NeuroShardPlanner(topology, 256, None, HeuristicalStorageReservation(percentage=0.15), None, None,
+                                    None, None, constraints, True, None, 60, cost_models=analytic_cost_models(),
+                                    log_stats=False)
+    assert [r.getMessage() for r in caplog.records if "ignores timeout_seconds" in r.getMessage()]
+    plan = planner.plan(Model(_configs()), [EmbeddingBagCollectionSharder()])
+    assert _kinds(plan)["a"] == "table_wise"
+    default = _planner(2, 10**6, device="cpu", storage_reservation=None)
+    assert default._memory() == int(10**6 * 0.85)

@@ -254,7 +254,12 @@ class NeuroShardPlanner(ShardingPlanner):
     """TorchRec's ``ShardingPlanner`` interface (``plan``, ``collective_plan``), planned by
     NeuroShard: a drop-in for ``EmbeddingShardingPlanner`` over ``EmbeddingBagCollection``s.
 
-    TorchRec's arguments, as ``EmbeddingShardingPlanner`` takes them:
+    TorchRec's arguments, as ``EmbeddingShardingPlanner`` takes them (the same names, in the
+    same positional order, so a script swaps the class and nothing else). Its search parts
+    (``enumerator``, ``proposer``, ``partitioner``, ``performance_model``, ``stats``,
+    ``callbacks``, ``timeout_seconds``, ``plan_loader``) are accepted and ignored with one
+    warning: NeuroShard's search replaces them; ``debug`` is accepted (``log_stats`` switches
+    our stats). The rest:
 
     * ``topology``: world size, local world size (ranks per host), compute device and per-device
       memory: HBM on ``cuda`` (``hbm_cap``: each GPU's memory), DDR on ``cpu`` (``ddr_cap``,
@@ -270,7 +275,7 @@ class NeuroShardPlanner(ShardingPlanner):
       ``tables_from_module`` (what is honoured and what is refused is listed there).
     * ``storage_reservation``: the share of every device's memory kept back for all but the
       embedding tables (dense parameters, activations, buffers), as TorchRec's
-      ``HeuristicalStorageReservation`` percentage (default 0.15): the search gets
+      ``HeuristicalStorageReservation`` percentage (None: TorchRec's default, 0.15): the search gets
       ``capacity x (1 - storage_reservation)`` per device for the tables' weights and their
       optimizer's state. A float, or TorchRec's ``FixedPercentageStorageReservation`` /
       ``HeuristicalStorageReservation`` (their percentage is used). TorchRec's heuristic
@@ -303,12 +308,14 @@ class NeuroShardPlanner(ShardingPlanner):
     callbacks (ours search instead), ``table_column_wise``, and caching, UVM or SSD kernels.
     """
 
-    def __init__(self, topology: Topology | None = None, batch_size: int | None = None,
-                 constraints: Mapping[str, ParameterConstraints] | None = None, *,
+    def __init__(self, topology: Topology | None = None, batch_size: int | None = None, enumerator: Any = None,
+                 storage_reservation: Any = None, proposer: Any = None, partitioner: Any = None,
+                 performance_model: Any = None, stats: Any = None,
+                 constraints: Mapping[str, ParameterConstraints] | None = None, debug: bool = True,
+                 callbacks: Any = None, timeout_seconds: int | None = None, plan_loader: Any = None, *,
                  cost_models: CostModels | str | Path | None = None, algorithm: str = "neuroshard",
                  calibrate: int | None = None, seed: int = 0, access: str | Path | TableSet | None = None,
-                 storage_reservation: Any = STORAGE_RESERVATION, log_stats: bool = True,
-                 compare_torchrec: bool = True, **options: Any) -> None:
+                 log_stats: bool = True, compare_torchrec: bool = True, **options: Any) -> None:
         if topology is None:
             topology = _default_topology()
         if not isinstance(topology, Topology):
@@ -331,7 +338,15 @@ class NeuroShardPlanner(ShardingPlanner):
         self._access = TableSet.read(access) if isinstance(access, (str, Path)) else access
         if self._access is not None and not isinstance(self._access, TableSet):
             raise NeuroShardError(f"access must be a tables file or a TableSet, got {type(access).__name__}")
-        self._reservation = _reservation(storage_reservation)
+        self._reservation = _reservation(STORAGE_RESERVATION if storage_reservation is None else storage_reservation)
+        theirs = {"enumerator": enumerator, "proposer": proposer, "partitioner": partitioner,
+                  "performance_model": performance_model, "stats": stats, "callbacks": callbacks,
+                  "timeout_seconds": timeout_seconds, "plan_loader": plan_loader}
+        ignored = [name for name, value in theirs.items() if value is not None]
+        if ignored:  # the parts of TorchRec's search NeuroShard's search replaces
+            log.warning("NeuroShardPlanner ignores %s: TorchRec's search parts, replaced by NeuroShard's search",
+                        ", ".join(ignored))
+        self._debug = bool(debug)  # TorchRec's stats table switch: ours is log_stats
         self._log_stats = bool(log_stats)
         self._compare_torchrec = bool(compare_torchrec)
         self._options = dict(options)
