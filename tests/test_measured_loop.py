@@ -117,3 +117,19 @@ def test_polish_keeps_no_change_that_a_second_run_does_not_confirm():
     assert true_cost(kept) <= true_cost(plan) + 1e-9
     if record["accepted"] == 0:
         assert kept is plan
+
+
+def test_calibration_without_fine_tuning_keeps_the_pretrained_members():
+    """``fine_tune=False``: the measured sets only fit the set-size correction (level and
+    crowding); the pre-trained members, and so every plan's shape of costs, stay."""
+    calibration = start_calibration(TABLES, load_cost_models(), devices=3, sets=16, seed=0, timer=FakeTimer(),
+                                    fine_tune=False)
+    models, report = calibration.fit()
+    pretrained = calibration.models.compute
+    assert models.compute is not pretrained and models.compute.set_size_coef_ is not None
+    sets = [calibration.features[i] for i in range(len(TABLES))]
+    for ours, theirs in zip(models.compute.members_, pretrained.members_):
+        assert np.allclose(ours.predict(sets), theirs.predict(sets))
+    same_size = [calibration.features[0], calibration.features[1]]  # one shard each: one correction factor
+    ratio = models.compute.predict(same_size) / pretrained.predict(same_size)
+    assert np.allclose(ratio, ratio[0]) and report.sets_measured == len(TABLES) + 16

@@ -1,9 +1,8 @@
-"""On-site calibration: fine-tune the pre-trained compute model on this machine and these tables.
+"""On-site calibration: correct the pre-trained compute model for this machine and these tables.
 
 The shipped checkpoint is pre-trained on one machine over augmented tables; a user's
 hardware and tables differ. ``calibrate`` measures this machine on the task's own
-tables, in a few minutes, and fine-tunes the pre-trained model on the measurements
-(universal first, specific second):
+tables, in a few minutes:
 
 1. every table alone (one shard set per table, whole tables; rows capped as in
    ``neuroshard measure``);
@@ -14,9 +13,21 @@ tables, in a few minutes, and fine-tunes the pre-trained model on the measuremen
 All are timed with ``neuroshard measure``'s protocol (``costmodels.measure.timing.time_devices``)
 at the cost models' batch size, and described with the features the simulator gives
 the same pieces, so the calibrated model predicts exactly what the search will ask.
+
+**What is fitted.** By default only the ensemble's set-size correction
+(``costmodels.ensemble``): this machine's level and how a set's cost grows with its number
+of shards, three numbers, on top of the pre-trained members. With ``fine_tune=True`` the
+members' weights are fine-tuned on the measurements first (universal first, specific
+second), as refine rounds do. Measured on held-out tasks (criteo-terabyte, criteo-kaggle,
+dlrm-2021, 4 and 8 devices, one interleaved run each): both calibrations cut the error on
+held-out random sets from 25-93% to 5-10%, but the fine-tuned model's plans were 1.00-1.05x
+measured-greedy's where the corrected pre-trained model's were 0.78-0.98x: fine-tuned on a
+few hundred sets, the model is wrong where the search goes, and the search goes there.
+
 A quarter of the random sets is held out: the model's error on them before and after
-fine-tuning is reported. The calibrated models keep the pre-trained communication
-models and record the calibration in ``hardware`` and ``metrics``.
+is reported, and the pre-trained model is kept when calibration made it worse. The
+calibrated models keep the pre-trained communication models and record the calibration
+in ``hardware`` and ``metrics``.
 
 ``calibrated_models`` caches the result under ``$XDG_CACHE_HOME/neuroshard`` (default
 ``~/.cache/neuroshard``), keyed by the hardware fingerprint, the checkpoint, the tables
@@ -52,9 +63,9 @@ from ..types import DeviceTimer, Piece
 log = logging.getLogger(__name__)
 
 DEFAULT_SETS = CALIBRATION_SETS
-#: what a calibration does, in the cache key: 2 adds the set-size correction, so models cached
-#: by an earlier recipe are calibrated again rather than reused
-CALIBRATION_RECIPE = 2
+#: what a calibration does, in the cache key: 2 adds the set-size correction, 3 fits only it by
+#: default (no fine-tuning), so models cached by an earlier recipe are calibrated again rather than reused
+CALIBRATION_RECIPE = 3
 #: most weight bytes (rows capped) one measured set may take
 MAX_SET_BYTES = 3 << 30
 
@@ -124,7 +135,7 @@ class Calibration:
 
     def __init__(self, tables: TableSet, models: CostModels, seed: int = 0, row_cap: int = DEFAULT_MAX_ROWS,
                  kernel: str = "auto", epochs: int = 200, weights_precision: str = "fp32",
-                 timer: DeviceTimer = time_devices) -> None:
+                 timer: DeviceTimer = time_devices, fine_tune: bool = False) -> None:
         if not hasattr(models.compute, "fine_tune"):
             raise NeuroShardError(f"calibration fine-tunes a neural compute model (or an ensemble of them); cost "
                                   f"models '{models.name}' have a {type(models.compute).__name__}")
@@ -132,6 +143,7 @@ class Calibration:
         self.tables, self.models, self.row_cap, self.kernel = tables, models, row_cap, kernel
         self.epochs, self.weights_precision = epochs, weights_precision
         self.timer = timer  # real kernels on this machine; tests pass a fake (``types.DeviceTimer``)
+        self.fine_tune = fine_tune  # False: the pre-trained members stay, only the set-size correction is fitted
         self.rng = np.random.default_rng(seed)
         self.sim = Simulator(TableSet(tables.name, list(tables), models.batch_size, tables.extra), 1, models)
         self.sets: list[list] = []  # the measured sets of pieces, in the order of features and costs
@@ -168,9 +180,12 @@ class Calibration:
         """The compute model's (default: the pre-trained one's) ms for sets of pieces."""
         return (models or self.models).compute.predict([self.sim.features_of(self.sim.piece_ids(s)) for s in sets])
 
-    def fit(self) -> tuple[CostModels, CalibrationReport]:
-        """Fine-tune a copy of the pre-trained compute model on every set added so far;
-        keep the pre-trained one when fine-tuning is worse on the held-out sets."""
+    def fit(self, fine_tune: bool | None = None) -> tuple[CostModels, CalibrationReport]:
+        """Calibrate a copy of the pre-trained compute model on every set added so far: fit
+        its set-size correction (level and crowding) and, with ``fine_tune`` (default: the
+        calibration's), first fine-tune its weights; keep the pre-trained one when the result
+        is worse on the held-out sets."""
+        fine_tune = self.fine_tune if fine_tune is None else fine_tune
         start = time.perf_counter()
         kinds = np.array(self.kinds)
         randoms = np.flatnonzero(kinds == "random")
@@ -186,8 +201,9 @@ class Calibration:
         costs, features = np.array(self.costs), self.features
         before = gmae(self.models.compute.predict([features[i] for i in test]), costs[test])
         compute = copy.deepcopy(self.models.compute)
-        compute.fine_tune([features[i] for i in train], costs[train], [features[i] for i in val], costs[val],
-                          epochs=self.epochs)
+        if fine_tune:
+            compute.fine_tune([features[i] for i in train], costs[train], [features[i] for i in val], costs[val],
+                              epochs=self.epochs)
         if hasattr(compute, "fit_set_size_correction"):  # the crowding the pooled members miss (``ensemble``)
             compute.fit_set_size_correction([features[i] for i in train], costs[train])
         after = gmae(compute.predict([features[i] for i in test]), costs[test])

@@ -108,8 +108,8 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
                  "%.2f ms (estimated %.2f), measured cost %.2f ms at batch %d", r, 100 * history[-1]["device_gmae"],
                  len(used), measured.max(), estimated.max(), cost, batch)
         plans.append(plan)
-        if r < rounds:
-            models, report = calibration.fit()
+        if r < rounds:  # the rounds fine-tune the weights too: plans unlike the pre-trained model's to compare
+            models, report = calibration.fit(fine_tune=True)
     compared = []  # the baselines' plans: {"algorithm", then "final_measured_cost_ms" or "failed"}
     # the same search against the pre-trained models: fine-tuned on a few hundred sets, a model
     # can be worse where the search goes (measured: calibrated plans 1.01-1.28x the best baseline
