@@ -84,10 +84,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_pretrain)
 
     from ..constants import CALIBRATION_SETS, MAX_CALIBRATION_SETS, MIN_CALIBRATION_SETS
-    p = sub.add_parser("calibrate", help="fine-tune the cost models on this machine and these tables",
+    p = sub.add_parser("calibrate", help="correct the cost models for this machine and these tables",
                        description="Time the task's tables on this machine (each table alone, then random "
-                                   "device-sized sets of them) and fine-tune the pre-trained compute model on the "
-                                   "measurements; prints the held-out error before and after.")
+                                   "device-sized sets of them) and fit the pre-trained compute model's set-size "
+                                   "correction (level and crowding) on the measurements; prints the held-out error "
+                                   "before and after.")
     add_input(p, "tables", "tables file (neuroshard.tables/v1) of the task")
     p.add_argument("--cost-model", default=None, metavar="MODEL.pt", help="pre-trained checkpoint (default: shipped)")
     p.add_argument("-d", "--devices", type=int_in(1, 1024, "a device count"), default=8,
