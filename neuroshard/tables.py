@@ -1,7 +1,10 @@
 """Tables to be sharded: ``Table``, ``TableSet`` and the ``neuroshard.tables/v1`` file."""
 from __future__ import annotations
 
+import difflib
 import json
+import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -25,6 +28,11 @@ from .validate import (
 
 TABLES_FORMAT = "neuroshard.tables/v1"
 _TABLE_KEYS = ("name", "num_embeddings", "embedding_dim", "pooling_factor", "access", "constraints")
+#: the keys of a table's ``access`` (docs/formats.md): any other is warned about as read
+ACCESS_KEYS = ("zipf_alpha", "reuse_histogram", "mean_reuse", "indices", "table_index", "row_order")
+_FILE_KEYS = ("format", "name", "batch_size", "tables")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -113,6 +121,29 @@ def _check_access(access: Any, where: str) -> None:
         raise FormatError(f"{where}: field 'access.row_order' must be one of {ROW_ORDERS}, got {access['row_order']!r}")
 
 
+def _like(key: str, known: tuple[str, ...]) -> str | None:
+    """The known key ``key`` is probably a misspelling of, or None."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _warn_unknown_keys(source: str, has_batch: bool, tables: list["Table"], extra: dict) -> None:
+    """One warning per finding, for the whole file (docs/formats.md): no ``batch_size``; a key
+    of the file or of a table that looks like a misspelt known key (other extra keys are
+    kept silently, as the format allows); any unknown key of ``access`` (a closed list)."""
+    if not has_batch:
+        log.warning("%s: no 'batch_size': reading it as the global batch of %d samples (TABLES_BATCH_SIZE); "
+                    "state the batch you train at (all ranks together)", source, TABLES_BATCH_SIZE)
+    findings = [(key, _like(key, _FILE_KEYS), "the file") for key in extra if _like(key, _FILE_KEYS)]
+    counts = Counter((key, _like(key, _TABLE_KEYS)) for t in tables for key in t.extra if _like(key, _TABLE_KEYS))
+    counts += Counter((f"access.{key}", _like(key, ACCESS_KEYS)) for t in tables for key in t.access
+                      if key not in ACCESS_KEYS)
+    findings += [(key, like, f"{n} table{'s' if n > 1 else ''}") for (key, like), n in counts.items()]
+    for key, like, where in findings:
+        hint = f"did you mean '{like}'?" if like else f"known: {', '.join(ACCESS_KEYS)}"
+        log.warning("%s: key '%s' in %s is not read (%s); it is kept as an extra key", source, key, where, hint)
+
+
 @dataclass
 class TableSet:
     """The tables of one model, with the batch size they are trained at."""
@@ -173,7 +204,8 @@ class TableSet:
             seen.add(table.name)
             table.base_dir = base_dir
             tables.append(table)
-        extra = {k: v for k, v in data.items() if k not in ("format", "name", "batch_size", "tables")}
+        extra = {k: v for k, v in data.items() if k not in _FILE_KEYS}
+        _warn_unknown_keys(source, "batch_size" in data, tables, extra)
         return cls(name, tables, int(batch_size), extra)
 
     @classmethod

@@ -25,6 +25,24 @@ def test_round_trip_preserves_everything(tmp_path, tables_file):
     assert TableSet.read(out) == again
 
 
+def test_misspelt_keys_and_a_missing_batch_are_warned_about_once(tmp_path, caplog):
+    """docs/formats.md: extra keys are kept; a key like a misspelt known one, any unknown key of
+    ``access``, and a file without ``batch_size`` get one warning each per file, naming them."""
+    entries = [{"name": f"t{i}", "num_embeddings": 10, "embedding_dim": 4, "pooling_factor": 1,
+                "acess": {"zipf_alpha": 1.1}, "access": {"zipf_alpa": 1.1}, "owner": "ads"} for i in range(3)]
+    path = tmp_path / "typos.json"
+    path.write_text(json.dumps({"format": "neuroshard.tables/v1", "tables": entries}))
+    with caplog.at_level("WARNING", logger="neuroshard.tables"):
+        tables = TableSet.read(path)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3, messages
+    assert "no 'batch_size'" in messages[0] and "65536" in messages[0]
+    assert any("key 'acess' in 3 tables is not read (did you mean 'access'?)" in m for m in messages)
+    assert any("key 'access.zipf_alpa' in 3 tables is not read (did you mean 'zipf_alpha'?)" in m for m in messages)
+    assert not any("owner" in m for m in messages)  # an extra key unlike any known one: kept silently
+    assert tables["t0"].extra == {"acess": {"zipf_alpha": 1.1}, "owner": "ads"}
+
+
 def test_minimal_file_is_accepted(tmp_path):
     path = tmp_path / "minimal.json"
     path.write_text(json.dumps({"format": "neuroshard.tables/v1", "tables": [
