@@ -326,6 +326,23 @@ class Plan:
             rows.append(row)
         return pd.DataFrame(rows)
 
+    def _estimate_basis(self) -> str:
+        """What the estimate is for: its batch and the cost models' hardware and batch."""
+        prov = self.provenance or {}
+        batch = (self.estimate or {}).get("batch_size")
+        text = f" at batch {batch:,} (all devices together)" if isinstance(batch, int) else ""
+        if prov.get("cost_model"):
+            measured = prov.get("cost_model_batch_size")
+            text += f"\n  by cost model '{prov['cost_model']}'"
+            if prov.get("cost_model_hardware"):
+                text += f", measured on {prov['cost_model_hardware']}"
+            if isinstance(measured, int):
+                text += f" at batch {measured:,}"
+                if isinstance(batch, int) and batch != measured:
+                    text += f", scaled linearly to {batch:,}"
+            text += ": an estimate for that hardware, not yours until calibrated or measured there"
+        return text
+
     def format_summary(self) -> str:
         """The per-device table as text, with a header line a person reads at a glance."""
         df = self.summary()
@@ -352,6 +369,7 @@ class Plan:
             head += f"\ntopology: {self.topology.describe()}"
         if self.estimate and "max_device_cost_ms" in self.estimate:
             head += f"\nestimated max device cost: {self.estimate['max_device_cost_ms']:.3f} ms/iteration"
+            head += self._estimate_basis()
         return head + "\n" + df.to_string(index=False)
 
 

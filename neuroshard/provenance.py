@@ -24,6 +24,7 @@ class Provenance(MutableMapping):
     parameters: dict | None = None            # the algorithm's parameters
     cost_model: str | None = None             # the cost models' name
     cost_model_batch_size: int | None = None  # the batch their data was measured at
+    cost_model_hardware: str | None = None    # where their data was measured, in words (revision 7)
     created: str | None = None                # ISO time, UTC
     search_time_s: float | None = None
     cost_model_path: str | None = None

@@ -260,6 +260,21 @@ class CostModels:
             raise NeuroShardError(f"num_devices must be >= 1, got {num_devices}")
         return CommAtDevices(self.comm, num_devices)
 
+    def describe_hardware(self) -> str:
+        """Where the models' data was measured, in a few words: the machine (GPU or CPU model
+        and cores), the backend and kernel, and where it was calibrated."""
+        record = self.hardware or {}
+        machine, config = record.get("hardware") or {}, record.get("config") or {}
+        where = machine.get("gpu") or machine.get("cpu_model")
+        if where and not machine.get("gpu") and machine.get("cpu_count"):
+            where = f"{where}, {machine['cpu_count']} cores"
+        text = where or str(record.get("note") or "unrecorded hardware")
+        if config.get("backend"):
+            text += f", {config['backend']} {config.get('kernel', '')}".rstrip()
+        if record.get("calibrated_on"):
+            text += f"; calibrated on {record['calibrated_on']}"
+        return text
+
     def scale(self, batch_size: int) -> float:
         """Factor turning this bundle's ms into ms at ``batch_size`` (linear in the batch)."""
         return float(batch_size) / float(self.batch_size)

@@ -101,6 +101,7 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
     provenance = {"algorithm": algorithm, "parameters": placement.details.get("parameters", {}),
                   "cost_model": models.name,
                   "cost_model_batch_size": models.batch_size,
+                  "cost_model_hardware": models.describe_hardware(),
                   "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   "search_time_s": round(search_time_s, 4)}
     if getattr(models, "path", None):

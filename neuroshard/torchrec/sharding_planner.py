@@ -491,7 +491,7 @@ class NeuroShardPlanner(ShardingPlanner):
                  f"({', '.join(p or '<root>' for p in info['modules'])}) on {world} ranks ({device}, "
                  f"{self._topology.local_world_size} per host), algorithm {self._algorithm}, seed {self._seed}",
                  f"estimate for a batch of {tables.batch_size} ({info['batch_size_per_rank']} per rank x {world}) by "
-                 f"cost model '{models.name}' (measured at batch {models.batch_size} on {_hardware(models)}"
+                 f"cost model '{models.name}' (measured at batch {models.batch_size} on {models.describe_hardware()}"
                  f"{', calibrated here' if self._calibrate else ''}): max rank cost "
                  f"{estimate.get('max_device_cost_ms', float('nan')):.4f} ms per iteration",
                  f"memory per rank for the tables: {_sizes(plan.memory_limits())} ({device} "
@@ -596,18 +596,6 @@ def _optimizer_of(name: str, ebc: nn.Module, sharder: ModuleSharder[nn.Module]) 
     if kind is None:
         return "sgd"
     return check_optimizer(str(getattr(kind, "name", kind)).lower(), f"table '{name}': optimizer")
-
-
-def _hardware(models: CostModels) -> str:
-    """Where the cost models were measured, in a few words."""
-    record = models.hardware or {}
-    machine = record.get("hardware") or {}
-    config = record.get("config") or {}
-    where = machine.get("gpu") or machine.get("cpu_model")
-    if where:
-        kernel = f", {config['backend']} {config.get('kernel', '')}".rstrip() if config.get("backend") else ""
-        return f"{where}{kernel}"
-    return str(record.get("note") or "unrecorded hardware")
 
 
 def _sizes(values: list[int]) -> str:
