@@ -49,6 +49,9 @@ def _plan_show(args: argparse.Namespace) -> int:
         return 0
     plan = Plan.read(args.plan)
     print(plan.format_summary())
+    if plan.format_bound():
+        print(plan.format_bound())
+    print(plan.format_shards())
     problems = plan.problems()
     if problems:
         print(f"warning: plan is invalid: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
@@ -84,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_input(p, "plan", "plan file (JSON)")
     p.set_defaults(func=_plan_validate)
     p = plan_sub.add_parser("show", help="print the per-device table of a plan",
-                            description="Print memory, shards, width and lookups per device.")
+                            description="Print per device its memory, shards, width, lookups and estimated cost "
+                                        "(compute and communication apart), what the estimate is for, and which "
+                                        "tables (rows, columns) it holds.")
     add_input(p, "plan", "plan file (JSON; a TorchRec export is shown per rank)")
     p.set_defaults(func=_plan_show)
     from .plan_cli import register as register_plan_io  # plan import, plan score

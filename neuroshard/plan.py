@@ -323,8 +323,41 @@ class Plan:
                    "memory_%": round(100.0 * used / limits[d], 1)}
             if costs is not None and d < len(costs):
                 row["cost_ms"] = round(float(costs[d]), 3)
+                compute = (self.estimate or {}).get("per_device_compute_ms")
+                if compute is not None and d < len(compute):  # the cost = compute + the rest (exchange, waiting)
+                    row["compute_ms"] = round(float(compute[d]), 3)
+                    row["comm_ms"] = round(float(costs[d]) - float(compute[d]), 3)
             rows.append(row)
         return pd.DataFrame(rows)
+
+    def format_shards(self) -> str:
+        """Which table (and which rows and columns of it) is on which device, one line per device."""
+        lines = []
+        for d in range(self.num_devices):
+            parts = []
+            for s in sorted(self.shards_on(d), key=lambda s: (s.table, s.col_offset, s.row_offset)):
+                table = self.table(s.table)
+                text = s.table
+                if s.num_rows != table.num_embeddings:
+                    text += f" rows {s.row_offset:,}-{s.row_offset + s.num_rows - 1:,}"
+                if s.num_cols != table.embedding_dim:
+                    text += f" cols {s.col_offset}-{s.col_offset + s.num_cols - 1}"
+                parts.append(text)
+            lines.append(f"device {d}: " + (", ".join(parts) if parts else "(idle)"))
+        if self.data_parallel_tables:
+            lines.append("every device: " + ", ".join(self.data_parallel_tables) + " (replicated)")
+        return "\n".join(lines)
+
+    def format_bound(self) -> str | None:
+        """The estimate's balanced bound and the plan's ratio to it, in words (None without one)."""
+        est = self.estimate or {}
+        if est.get("ratio_to_balanced_bound") is None:
+            return None
+        return (f"balanced bound: {est['balanced_bound_ms']:.3f} ms, the tables' costs alone summed and spread "
+                f"evenly over {self.num_devices} devices (no communication); the slowest device here is "
+                f"{est['ratio_to_balanced_bound']:.3f}x that. Above 1: communication and waiting, and tables "
+                f"that do not divide evenly; below 1 is possible, as tables fused on one device cost less "
+                f"together than alone")
 
     def _estimate_basis(self) -> str:
         """What the estimate is for: its batch and the cost models' hardware and batch."""

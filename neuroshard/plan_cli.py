@@ -91,9 +91,8 @@ def _score(args: argparse.Namespace) -> int:
     for problem in plan_problems(replace(plan, tables=list(tables)))[:3]:  # the tables file's constraints
         print(f"warning: plan breaks a constraint of {args.tables}: {problem}", file=sys.stderr)
     est = scored.estimate
-    if est.get("ratio_to_balanced_bound") is not None:
-        print(f"balanced bound (sum of single-table costs / {scored.num_devices} devices): "
-              f"{est['balanced_bound_ms']:.3f} ms; this plan is {est['ratio_to_balanced_bound']:.3f}x that")
+    if scored.format_bound():
+        print(scored.format_bound())
     own = (plan.estimate or {}).get("max_device_cost_ms")
     if own is not None:
         at = plan_batch_size(plan)

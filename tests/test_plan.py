@@ -70,6 +70,9 @@ def test_cli_validate_and_show(tmp_path, tables_file):
     assert ok.returncode == 0 and "valid plan" in ok.stdout
     shown = run_cli("plan", "show", path)
     assert shown.returncode == 0 and "memory_used" in shown.stdout and "device" in shown.stdout
+    # which table, which rows and columns, on which device
+    assert "device 0: t0 rows 0-1,999, t0 rows 2,000-3,999 cols 16-31, t2" in shown.stdout
+    assert "device 1: t0 rows 2,000-3,999 cols 0-15, t1 cols 0-7, t1 cols 8-15" in shown.stdout
     data = json.loads(path.read_text())
     data["shards"].pop()
     path.write_text(json.dumps(data))

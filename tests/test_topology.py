@@ -232,6 +232,10 @@ def test_search_with_a_topology_file_and_flags_then_show_and_export(tmp_path):
     assert data["device_memory_bytes"] == 102400
     shown = run_cli("plan", "show", plan_path)
     assert shown.returncode == 0 and "topology: 2 hosts x 2 devices" in shown.stdout, shown.stderr
+    # what the estimate is for, compute and communication apart, the bound in words
+    assert "at batch 512 (all devices together)" in shown.stdout and "by cost model 'analytic-defaults'" in shown.stdout
+    assert "compute_ms" in shown.stdout and "comm_ms" in shown.stdout
+    assert "balanced bound:" in shown.stdout and "spread evenly over 4 devices" in shown.stdout
     done = run_cli("export", plan_path, "--compute-device", "cpu", "-o", out)
     assert done.returncode == 0 and json.loads(out.read_text())["local_world_size"] == 2, done.stderr
     # --memory as a comma list, no topology file

@@ -49,10 +49,8 @@ def _search(args: argparse.Namespace) -> int:
     say = write_output(args.output, json.dumps(plan.validate().to_dict(), indent=1) + "\n")
     say(plan.format_summary())
     est, prov = plan.estimate or {}, plan.provenance or {}
-    ratio = est.get("ratio_to_balanced_bound")
-    if ratio is not None:
-        say(f"balanced bound (sum of single-table costs / {plan.num_devices} devices): "
-              f"{est['balanced_bound_ms']:.3f} ms; this plan is {ratio:.3f}x that")
+    if plan.format_bound():
+        say(plan.format_bound())
     refine = prov.get("refine", {})
     for r in refine.get("rounds", []):
         say(f"refine round {r['round']}: models {100 * r['device_gmae']:.1f}% off on the plan's devices; measured "
