@@ -319,7 +319,12 @@ def main() -> None:
                 if (family, devices, index) in finished:
                     continue
                 t0 = time.perf_counter()
-                rows = run_task(family, devices, index, tables, memory, args, models)
+                try:
+                    rows = run_task(family, devices, index, tables, memory, args, models)
+                except NeuroShardError as exc:  # e.g. no memory for a device set now: the next tasks still run
+                    log.warning("%s, %d devices, task %d failed (a rerun retries it): %s", family, devices, index,
+                                str(exc).splitlines()[0])
+                    continue
                 frame = pd.DataFrame(rows).reindex(columns=COLUMNS)
                 frame.to_csv(csv, mode="a", header=not csv.exists(), index=False)
                 ns = frame.set_index("algorithm")

@@ -229,7 +229,12 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         # the two devices before and after the change, timed in one interleaved run (drift-free)
         before = [[pieces[i] for i in np.flatnonzero(where == d)] for d in (a, b)]
         after = [[pieces[i] for i in np.flatnonzero(moved == d)] for d in (a, b)]
-        timed = [_per_set([*before, *after], calibration.time([*before, *after], timing_passes))]
+        try:
+            timed = [_per_set([*before, *after], calibration.time([*before, *after], timing_passes))]
+        except NeuroShardError as exc:  # e.g. the machine has no memory for the sets now: keep what was gained
+            log.warning("polish stopped: %s", exc)
+            record["stopped"] = str(exc).splitlines()[0]
+            break
 
         def costs(now: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
             drift = (now[0] + now[1]) / max(measured[a] + measured[b], 1e-9)  # the other devices, at today's speed
@@ -243,7 +248,12 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
             # a gain is confirmed by a second interleaved run (one run's noise is a few percent per
             # device, and the best of many proposals would otherwise be kept for its luck): both
             # runs must show it, and their mean by more than MIN_GAIN
-            timed.append(_per_set([*before, *after], calibration.time([*before, *after], timing_passes)))
+            try:
+                timed.append(_per_set([*before, *after], calibration.time([*before, *after], timing_passes)))
+            except NeuroShardError as exc:
+                log.warning("polish stopped: %s", exc)
+                record["stopped"] = str(exc).splitlines()[0]
+                break
             _, _, old_again, new_again = costs(timed[1])
             current, trial, old_cost, new_cost = costs((timed[0] + timed[1]) / 2)
             if new_again >= old_again:

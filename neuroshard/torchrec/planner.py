@@ -1,7 +1,9 @@
 """TorchRec's own planner as a baseline (when ``torchrec`` is importable).
 
 ``EmbeddingShardingPlanner`` over a ``Topology`` of ``D`` devices with the given
-memory, table-wise, column-wise and row-wise allowed; its ``ShardingPlan`` is
+memory (HBM of ``cuda`` devices by default; ``--param compute_device=cpu`` for DDR),
+the per-rank batch (our tables' global batch / D, as TorchRec reads ``batch_size``),
+table-wise, column-wise and row-wise allowed; its ``ShardingPlan`` is
 turned into our pieces (``import_plan``, the converter ``plan import`` uses too)
 and scored by our simulator like every other algorithm.
 TorchRec counts more than the weights (optimizer state, buffers), so its plans are
@@ -31,12 +33,14 @@ TORCHREC_OPTIMIZERS = {"sgd": "SGD", "adagrad": "Adagrad", "rowwise-adagrad": "R
 
 @dataclass
 class TorchRecParams:
-    """``compute_device``: the device kind TorchRec's planner plans for (``cpu`` or ``cuda``)."""
+    """``compute_device``: the device kind TorchRec's planner plans for (``cuda``, the
+    default: the devices our plans describe, each with ``memory`` of HBM; or ``cpu``, where
+    TorchRec's sharder offers no row-wise layouts, so a table larger than a device has no plan)."""
 
-    compute_device: str = "cpu"
+    compute_device: str = "cuda"
 
 
-def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Placement:
+def search(sim: Simulator, memory_bytes: int, compute_device: str = "cuda") -> Placement:
     """TorchRec's plan for ``sim``'s tables, scored by the simulator."""
     require_torchrec()
     import torch
@@ -83,7 +87,9 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cpu") -> Pl
                 device.storage.hbm = limit
             else:
                 device.storage.ddr = limit
-        planner = EmbeddingShardingPlanner(topology=topology, batch_size=sim.tables.batch_size,
+        # TorchRec's batch_size is per rank; our tables' is the global batch (all ranks together)
+        per_rank = max(1, sim.tables.batch_size // sim.num_devices)
+        planner = EmbeddingShardingPlanner(topology=topology, batch_size=per_rank,
                                            constraints=constraints, debug=False,
                                            storage_reservation=FixedPercentageStorageReservation(0.0))
         try:

@@ -19,6 +19,7 @@ rows, as in training and collection); the cap is reported.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import time
@@ -56,8 +57,21 @@ DEFAULT_REPEATS = 3
 MEMORY_SHARE = 0.5
 
 
+def _return_freed_memory() -> None:
+    """Hand the heap memory this process freed back to the system (glibc ``malloc_trim``; a
+    no-op elsewhere): a long run that times many device sets otherwise keeps the freed
+    weights of earlier runs in its heap, and ``MemAvailable`` shrinks run after run until
+    a set that fitted at the start is refused."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def available_memory_bytes() -> int:
-    """Memory available to this process now (``MemAvailable``; 8 GiB when unknown)."""
+    """Memory available to this process now (``MemAvailable`` once freed heap memory is
+    returned; 8 GiB when unknown)."""
+    _return_freed_memory()
     try:
         with open("/proc/meminfo") as handle:
             for line in handle:
