@@ -20,6 +20,7 @@ rows, as in training and collection); the cap is reported.
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import time
@@ -58,10 +59,11 @@ MEMORY_SHARE = 0.5
 
 
 def _return_freed_memory() -> None:
-    """Hand the heap memory this process freed back to the system (glibc ``malloc_trim``; a
-    no-op elsewhere): a long run that times many device sets otherwise keeps the freed
+    """Free what the previous runs left in reference cycles and hand the heap memory this
+    process freed back to the system (glibc ``malloc_trim``; a no-op elsewhere): a long run that times many device sets otherwise keeps the freed
     weights of earlier runs in its heap, and ``MemAvailable`` shrinks run after run until
     a set that fitted at the start is refused."""
+    gc.collect()  # kernels of the previous run still held in reference cycles
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
