@@ -60,7 +60,7 @@ def run_demo(args: argparse.Namespace) -> int:
     sets = (DEMO_CALIBRATION_SETS if here != measured_on else 0) if args.calibrate is None else args.calibrate
     if sets:
         print(f"\n== 1b. calibrate: the checkpoint was measured on {measured_on}, this is {here}: timing the "
-              f"tables here and fine-tuning (cached for the next run)")
+              f"tables here and correcting the cost models (cached for the next run)")
         models = calibrated_models(tables, models, devices=args.devices, sets=sets)
     print(f"\n== 2. search with cost models '{models.name}' (measured at batch {models.batch_size} on "
           f"{measured_on})")

@@ -373,7 +373,9 @@ class Plan:
                 text += f" at batch {measured:,}"
                 if isinstance(batch, int) and batch != measured:
                     text += f", scaled linearly to {batch:,}"
-            text += ": an estimate for that hardware, not yours until calibrated or measured there"
+            calibrated = "calibrated on " in str(prov.get("cost_model_hardware", ""))
+            text += (": an estimate for the machine it was calibrated on" if calibrated else
+                     ": an estimate for that hardware, not yours until calibrated or measured there")
         return text
 
     def format_summary(self) -> str:
