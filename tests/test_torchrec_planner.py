@@ -283,7 +283,7 @@ def test_takes_embedding_sharding_planner_arguments_as_written(caplog):
     import inspect
 
     from torchrec.distributed.planner import EmbeddingShardingPlanner
-    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 
     theirs = list(inspect.signature(EmbeddingShardingPlanner.__init__).parameters)
     ours = list(inspect.signature(NeuroShardPlanner.__init__).parameters)
@@ -291,7 +291,7 @@ def test_takes_embedding_sharding_planner_arguments_as_written(caplog):
     topology = Topology(world_size=2, compute_device="cpu", ddr_cap=10**6)
     constraints = {"a": ParameterConstraints(sharding_types=["table_wise"])}
     with caplog.at_level(logging.WARNING, logger="neuroshard.torchrec"):
-        planner = NeuroShardPlanner(topology, 256, None, HeuristicalStorageReservation(percentage=0.15), None, None,
+        planner = NeuroShardPlanner(topology, 256, None, FixedPercentageStorageReservation(0.15), None, None,
                                     None, None, constraints, True, None, 60, cost_models=analytic_cost_models(),
                                     log_stats=False)
     assert [r.getMessage() for r in caplog.records if "ignores timeout_seconds" in r.getMessage()]
