@@ -110,15 +110,16 @@ class ShardedEmbeddings:
         self.tables = {t.name: t for t in tables}
         self.batch_size = batch_size
         self.shards: list[LocalShard] = []
-        weights = []
+        weights, capped = [], []
         for s in plan.shards_on(rank):
             rows = min(s.num_rows, row_cap)
             if rows < s.num_rows:
-                log.warning("table '%s' shard rows [%d, %d): allocating %d of %d rows (row cap); "
-                            "lookups fold onto them", s.table, s.row_offset, s.row_offset + s.num_rows,
-                            rows, s.num_rows)
+                capped.append(f"'{s.table}' rows [{s.row_offset:,}, {s.row_offset + s.num_rows:,})")
             weights.append(init_rows(self.tables[s.table], seed, s.row_offset, rows, s.col_offset, s.num_cols))
             self.shards.append(LocalShard(s, rows))
+        if capped:  # one line per rank, not one per shard
+            log.warning("%d shard(s) here allocate at most %s rows (row cap; lookups fold onto them): %s",
+                        len(capped), f"{row_cap:,}", ", ".join(capped[:4]) + (" ..." if len(capped) > 4 else ""))
         self.fused = (FusedEmbedding([(ls.rows, ls.shard.num_cols) for ls in self.shards], kernel, self.device,
                                      lr=lr, init=weights, optimizer=plan.optimizer,
                                      weights_precision=plan_weights_precision(plan)) if self.shards else None)
