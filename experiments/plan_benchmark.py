@@ -153,7 +153,8 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
     if "measured-greedy" in plans:
         plans[CONTROL] = plans["measured-greedy"]
     result = measure_plans(plans, tables, cost_models=models, passes=args.passes, repeats=args.repeats,
-                           batch_size=args.batch_size, progress=True)
+                           batch_size=args.batch_size, progress=True,
+                           **({"flush_bytes": 0} if args.warm else {}))
     for p in result.plans:
         rows.append({"algorithm": p.name, "max_compute_ms": p.max_compute_ms, "balance": p.balance,
                      "total_compute_ms": float(sum(p.compute_ms)),
@@ -295,6 +296,9 @@ def main() -> None:
                         help="plan for one host of D GPUs: the exchange costed as bytes over NVLink (600 GB/s, "
                              "TorchRec's constant) instead of by the communication models measured on this machine's "
                              "gloo, so the search weighs compute, which is what this benchmark times")
+    parser.add_argument("--warm", action="store_true",
+                        help="time every plan with a warm cache (no flush before a timed run, as in training, where a "
+                             "device's hot rows stay cached between iterations) instead of measure's flushed protocol")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true",
                         help="1 task per family on 4 devices with 10-15 tables per device")
@@ -342,7 +346,9 @@ def main() -> None:
     hardware = df["hardware"].dropna().iloc[0] if "hardware" in df and df["hardware"].notna().any() else "?"
     (out / "summary.md").write_text(
         f"# Plan benchmark\n\n`python experiments/plan_benchmark.py {' '.join(__import__('sys').argv[1:])}` "
-        f"on {hardware}, cost model '{models.name}'\n\n```\n{text}\n```\n")
+        f"on {hardware}, cost model '{models.name}'; protocol: "
+        f"{'warm (no cache flush before a timed run)' if args.warm else 'flushed (measure: the cache flushed before every timed run)'}"
+        f"\n\n```\n{text}\n```\n")
     print(text)
     print(f"wrote {out}/ ({time.perf_counter() - start:.0f} s)")
 
