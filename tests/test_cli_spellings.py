@@ -95,3 +95,12 @@ def test_dash_writes_the_plan_and_the_export_to_standard_output(tables_file, tmp
     (tmp_path / "p.json").write_text(out)
     assert main(["export", "--plan", str(tmp_path / "p.json"), "--format", "torchrec", "-o", "-"]) == 0
     assert json.loads(capsys.readouterr().out)["format"] == "neuroshard.torchrec-sharding/v1"
+
+
+def test_row_cap_is_one_word_in_every_command():
+    """collect, measure, train and evaluate all say --row-cap; collect's old --max-rows is an alias."""
+    new = _parse("collect", "compute", "t.json", "--samples", "1", "-o", "d", "--row-cap", "5000")
+    old = _parse("collect", "compute", "t.json", "--samples", "1", "-o", "d", "--max-rows", "5000")
+    assert new["row_cap"] == old["row_cap"] == 5000 and "max_rows" not in new
+    for argv in (["train", "p.json", "--tables", "t.json"], ["evaluate", "p.json", "--tables", "t.json"]):
+        assert "row_cap" in _parse(*argv, "--row-cap", "7")

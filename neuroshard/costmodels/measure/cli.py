@@ -36,7 +36,7 @@ def _compute(args: argparse.Namespace) -> int:
         args.tables, args.samples, args.out, max_tables=args.max_tables_per_device,
         memory_bytes=args.memory, batch_size=args.batch_size, dims=parse_dims(args.dims),
         seed=args.seed, row_split_prob=args.row_split_prob, backend=args.device, kernel=args.kernel,
-        max_rows=args.max_rows, warmup=args.warmup, repeats=args.repeats, max_repeats=args.max_repeats,
+        max_rows=args.row_cap, warmup=args.warmup, repeats=args.repeats, max_repeats=args.max_repeats,
         target_cv=args.target_cv, optimizer=args.optimizer, clock=args.clock, progress=not args.no_progress,
         flush_bytes=args.flush_bytes, max_minutes=args.max_minutes, weights_precision=args.weights_precision,
         sets=args.sets)
@@ -82,8 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "tables (4-16 devices, 5-40 tables per device): the sets the search asks about")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where kernels run: cpu or cuda (default cpu)")
     p.add_argument("--kernel", default="auto", choices=("auto", *kernel_names()), help="fused kernel (default auto)")
-    p.add_argument("--max-rows", type=positive_int, default=DEFAULT_MAX_ROWS, help="rows allocated at most per shard; "
-                                                                      "ids are folded (default 1000000)")
+    p.add_argument("--row-cap", "--max-rows", dest="row_cap", type=positive_int, default=DEFAULT_MAX_ROWS,
+                   help="rows allocated at most per shard; ids are folded (default 1000000; the same word as "
+                        "measure, train and evaluate: --max-rows is its old name)")
     p.add_argument("--optimizer", default="exact_sgd", choices=TIMED_OPTIMIZERS, help="(default exact_sgd)")
     p.add_argument("--clock", default="auto", choices=("auto", *CLOCKS),
                    help="auto (thread CPU time on cpu, CUDA events on cuda), thread or wall (default auto)")
