@@ -31,7 +31,6 @@ from neuroshard.measured.calibrate import start_calibration
 from neuroshard.runtime.measure_plan import measure_plans
 from neuroshard.search.api import shard
 from neuroshard.search.simulator import Simulator
-from neuroshard.tables import TableSet
 from neuroshard.topology import Topology
 
 PLANS = ("pretrained", "corrected", "fine-tuned", "measured-greedy", "A/A")
@@ -53,7 +52,7 @@ def main() -> None:
     for family in args.families:
         for devices in args.devices:
             tables, memory = family_tasks(family, devices, 1, tuple(args.tables_per_device), seed=args.seed)[0]
-            tables = TableSet(tables.name, list(tables), models.batch_size, tables.extra)
+            tables = tables.at_batch(models.batch_size)
             topology = Topology(devices, local_world_size=devices)
             calibration = start_calibration(tables, models, devices=devices, sets=args.sets, seed=0)
             fine_tuned, fine_report = calibration.fit(fine_tune=True)

@@ -112,7 +112,7 @@ def main() -> None:
     for devices in args.devices:
         for i, (tables, memory) in enumerate(family_tasks(args.family, devices, args.tasks,
                                                           tuple(args.tables_per_device), seed=args.seed)):
-            tables = TableSet(tables.name, list(tables), models.batch_size, tables.extra)
+            tables = tables.at_batch(models.batch_size)
             hot = hottest(tables)
             plans = plans_of(tables, devices, memory, models)
             runs = measure_alternating(plans, tables, runs=args.runs, iterations=args.iterations, devices=devices)

@@ -66,7 +66,7 @@ def spearman(a, b) -> float:
 
 
 def run_task(tables: TableSet, devices: int, memory: int, models, args) -> tuple[list[str], list[dict]]:
-    at_batch = TableSet(tables.name, list(tables), models.batch_size, tables.extra)
+    at_batch = tables.at_batch(models.batch_size)
     biggest = max(t.size_bytes(FP32_BYTES) for t in tables)
     memory = max(memory, int(math.ceil(biggest * 1.02)))  # every table fits a device unsplit
     groups = groupings(at_batch, devices, memory, models, args.random)

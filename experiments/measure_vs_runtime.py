@@ -26,7 +26,6 @@ from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.runtime.evaluate import measure_alternating
 from neuroshard.runtime.measure_plan import measure_plans
 from neuroshard.search.api import shard
-from neuroshard.tables import TableSet
 
 ALGORITHMS = ("neuroshard", "size", "lookup")
 
@@ -46,7 +45,7 @@ def main() -> None:
     rows, orders = [], []
     for i, (tables, memory) in enumerate(family_tasks(args.family, 2, args.tasks, tuple(args.tables_per_device),
                                                       seed=args.seed)):
-        tables = TableSet(tables.name, list(tables), models.batch_size, tables.extra)
+        tables = tables.at_batch(models.batch_size)
         plans = {a: shard(tables, devices=2, memory=memory, algorithm=a, cost_models=models) for a in ALGORITHMS}
         alone = measure_plans(plans, tables, cost_models=models, passes=args.runs, repeats=1)
         runtime = measure_alternating(plans, tables, runs=args.runs, iterations=args.iterations, devices=2)

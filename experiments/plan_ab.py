@@ -22,7 +22,6 @@ from neuroshard.costmodels.measure.store import cpu_model
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.runtime.measure_plan import measure_plans
 from neuroshard.search.api import shard
-from neuroshard.tables import TableSet
 from neuroshard.topology import Topology
 
 
@@ -43,7 +42,7 @@ def main() -> None:
     for family in args.families:
         for devices in args.devices:
             tables, memory = family_tasks(family, devices, 1, tuple(args.tables_per_device), seed=args.seed)[0]
-            tables = TableSet(tables.name, list(tables), models.batch_size, tables.extra)
+            tables = tables.at_batch(models.batch_size)
             plans = {}
             for variant in args.variants:
                 algorithm, *pairs = variant.split(":")

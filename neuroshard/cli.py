@@ -49,8 +49,9 @@ def _plan_show(args: argparse.Namespace) -> int:
         return 0
     plan = Plan.read(args.plan)
     print(plan.format_summary())
-    if plan.format_bound():
-        print(plan.format_bound())
+    bound = plan.format_bound()
+    if bound:
+        print(bound)
     print(plan.format_shards())
     problems = plan.problems()
     if problems:

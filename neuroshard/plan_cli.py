@@ -91,8 +91,9 @@ def _score(args: argparse.Namespace) -> int:
     for problem in plan_problems(replace(plan, tables=list(tables)))[:3]:  # the tables file's constraints
         print(f"warning: plan breaks a constraint of {args.tables}: {problem}", file=sys.stderr)
     est = scored.estimate
-    if scored.format_bound():
-        print(scored.format_bound())
+    bound = scored.format_bound()
+    if bound:
+        print(bound)
     own = (plan.estimate or {}).get("max_device_cost_ms")
     if own is not None:
         at = plan_batch_size(plan)

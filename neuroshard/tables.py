@@ -134,8 +134,8 @@ def _warn_unknown_keys(source: str, has_batch: bool, tables: list["Table"], extr
     if not has_batch:
         log.warning("%s: no 'batch_size': reading it as the global batch of %d samples (TABLES_BATCH_SIZE); "
                     "state the batch you train at (all ranks together)", source, TABLES_BATCH_SIZE)
-    findings = [(key, _like(key, _FILE_KEYS), "the file") for key in extra if _like(key, _FILE_KEYS)]
-    counts = Counter((key, _like(key, _TABLE_KEYS)) for t in tables for key in t.extra if _like(key, _TABLE_KEYS))
+    findings = [(key, like, "the file") for key in extra if (like := _like(key, _FILE_KEYS))]
+    counts = Counter((key, like) for t in tables for key in t.extra if (like := _like(key, _TABLE_KEYS)))
     counts += Counter((f"access.{key}", _like(key, ACCESS_KEYS)) for t in tables for key in t.access
                       if key not in ACCESS_KEYS)
     findings += [(key, like, f"{n} table{'s' if n > 1 else ''}") for (key, like), n in counts.items()]
@@ -226,6 +226,10 @@ class TableSet:
     def write(self, path: str | Path) -> Path:
         """Write atomically (a temporary file renamed into place)."""
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+
+    def at_batch(self, batch_size: int) -> "TableSet":
+        """The same tables (name, extra keys) at another global batch size (the tables are shared)."""
+        return TableSet(self.name, list(self.tables), batch_size, self.extra)
 
     # --------------------------------------------------------------- summary
     def total_bytes(self, bytes_per_element: int = FP32_BYTES) -> int:

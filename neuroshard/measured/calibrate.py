@@ -145,7 +145,7 @@ class Calibration:
         self.timer = timer  # real kernels on this machine; tests pass a fake (``types.DeviceTimer``)
         self.fine_tune = fine_tune  # False: the pre-trained members stay, only the set-size correction is fitted
         self.rng = np.random.default_rng(seed)
-        self.sim = Simulator(TableSet(tables.name, list(tables), models.batch_size, tables.extra), 1, models)
+        self.sim = Simulator(tables.at_batch(models.batch_size), 1, models)
         self.sets: list[list] = []  # the measured sets of pieces, in the order of features and costs
         self.features: list[np.ndarray] = []
         self.costs: list[float] = []

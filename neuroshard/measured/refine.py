@@ -14,7 +14,8 @@ sets, measured on this machine) for ``rounds`` rounds:
 The plan of the last round's models is searched too. All rounds' plans, the same search's
 plan against the pre-trained models (``<algorithm>-pretrained``: a model fine-tuned on a
 few hundred sets can be worse where the search goes), and the plans of the baselines a
-user would otherwise run (``compare``: measured-greedy, size-lookup, ...), are timed again together in one interleaved run (this machine's speed drifts between runs),
+user would otherwise run (``compare``: measured-greedy, size-lookup, ...), are timed
+again together in one interleaved run (this machine's speed drifts between runs),
 and the plan kept is the one whose measured cost is lowest there: each device's measured
 compute plus the modelled communication (the simulator's total, with the measured compute
 in place of the estimate). So the plan written is never measurably slower here than
@@ -161,6 +162,18 @@ def _per_set(sets: list[list], values: np.ndarray) -> np.ndarray:
     return out
 
 
+def _time_change(sets: list[list], calibration: Any, passes: int, record: dict) -> np.ndarray | None:
+    """``sets`` (a change's devices before and after) timed in one interleaved run; None, with
+    ``record["stopped"]`` saying why, when they cannot be timed now (e.g. no memory for them):
+    polish then keeps what it gained so far."""
+    try:
+        return _per_set(sets, calibration.time(sets, passes))
+    except NeuroShardError as exc:
+        log.warning("polish stopped: %s", exc)
+        record["stopped"] = str(exc).splitlines()[0]
+        return None
+
+
 def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured_ms: np.ndarray,
            steps: int = POLISH_STEPS, timing_passes: int = TIMING_PASSES) -> tuple[Plan, dict]:
     """A measured local search from ``plan`` whose devices measured ``measured_ms`` (at the
@@ -170,7 +183,8 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     after the change in one interleaved run (the machine's speed drifts between runs; the
     other devices' times are scaled by that drift), and keeps the change only when the
     plan's measured cost (measured compute plus modelled communication) drops by more than
-    ``MIN_GAIN`` in that run, again in a second run, and on their mean. Row
+    ``MIN_GAIN`` in that run, drops again in a second run, and by more than ``MIN_GAIN`` on
+    the mean of both. Row
     blocks stay where they are (TorchRec runs them in rank order). Stops after ``steps``
     steps or when no change is predicted to help."""
     record = {"steps": 0, "accepted": 0}
@@ -229,12 +243,10 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         # the two devices before and after the change, timed in one interleaved run (drift-free)
         before = [[pieces[i] for i in np.flatnonzero(where == d)] for d in (a, b)]
         after = [[pieces[i] for i in np.flatnonzero(moved == d)] for d in (a, b)]
-        try:
-            timed = [_per_set([*before, *after], calibration.time([*before, *after], timing_passes))]
-        except NeuroShardError as exc:  # e.g. the machine has no memory for the sets now: keep what was gained
-            log.warning("polish stopped: %s", exc)
-            record["stopped"] = str(exc).splitlines()[0]
+        first = _time_change([*before, *after], calibration, timing_passes, record)
+        if first is None:
             break
+        timed = [first]
 
         def costs(now: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
             drift = (now[0] + now[1]) / max(measured[a] + measured[b], 1e-9)  # the other devices, at today's speed
@@ -248,12 +260,10 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
             # a gain is confirmed by a second interleaved run (one run's noise is a few percent per
             # device, and the best of many proposals would otherwise be kept for its luck): both
             # runs must show it, and their mean by more than MIN_GAIN
-            try:
-                timed.append(_per_set([*before, *after], calibration.time([*before, *after], timing_passes)))
-            except NeuroShardError as exc:
-                log.warning("polish stopped: %s", exc)
-                record["stopped"] = str(exc).splitlines()[0]
+            again = _time_change([*before, *after], calibration, timing_passes, record)
+            if again is None:
                 break
+            timed.append(again)
             _, _, old_again, new_again = costs(timed[1])
             current, trial, old_cost, new_cost = costs((timed[0] + timed[1]) / 2)
             if new_again >= old_again:

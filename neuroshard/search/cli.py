@@ -48,9 +48,10 @@ def _search(args: argparse.Namespace) -> int:
                  **dict(args.param or []))
     say = write_output(args.output, json.dumps(plan.validate().to_dict(), indent=1) + "\n")
     say(plan.format_summary())
-    est, prov = plan.estimate or {}, plan.provenance or {}
-    if plan.format_bound():
-        say(plan.format_bound())
+    prov = plan.provenance or {}
+    bound = plan.format_bound()
+    if bound:
+        say(bound)
     refine = prov.get("refine", {})
     for r in refine.get("rounds", []):
         say(f"refine round {r['round']}: models {100 * r['device_gmae']:.1f}% off on the plan's devices; measured "

@@ -35,7 +35,7 @@ def score_plan(plan: Plan, tables: TableSet | None = None, cost_models: Any = No
     else:
         plan.check_matches(tables)
         if batch_size:
-            tables = TableSet(tables.name, list(tables), batch_size, tables.extra)
+            tables = tables.at_batch(batch_size)
     plan.validate()
     models = resolve_cost_models(cost_models)
     sim = Simulator.from_plan(plan, models, tables)

@@ -468,7 +468,7 @@ class Simulator:
         (default: the tables' batch; a measurement passes the batch it ran at)."""
         tables = tables if tables is not None else TableSet(plan.tables_name, list(plan.tables))
         if batch_size:
-            tables = TableSet(tables.name, list(tables), batch_size, tables.extra)
+            tables = tables.at_batch(batch_size)
         return cls(tables, plan.num_devices, cost_models, plan.bytes_per_element, optimizer=plan.optimizer,
                    comm_precision=plan.comm_precision, topology=plan.topology)
 
