@@ -11,7 +11,9 @@ task: NeuroShard, the five greedy, measured-greedy, TorchRec's planner (when imp
 and bayes. Then ALL plans of the task are measured in ONE interleaved run of
 ``neuroshard measure`` (``runtime.measure_plan.measure_plans``: each device's shards as
 one fused kernel, devices of all plans taking turns, median over passes), together with
-an A/A control: the measured-greedy plan (the baseline to beat) a second time.
+an A/A control: the measured-greedy plan (the baseline to beat) a second time. Identical
+plans of two algorithms (refine keeping a baseline's plan, say) are timed once and share
+the measurement.
 With ``--calibrate`` each task first calibrates the cost models on its own tables
 (``neuroshard.measured.calibrate``) and adds NeuroShard's plan against them, and the
 plan of measured refinement from the same calibration (``neuroshard.measured.refine``,
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -89,6 +92,11 @@ def a2a_bytes_per_device(plan, batch_size: int) -> float:
     widths = [sum(s.num_cols for s in plan.shards_on(d)) for d in range(plan.num_devices)]
     share = (plan.num_devices - 1) / plan.num_devices
     return max(widths) * batch_size * 4 * share
+
+
+def plan_key(plan) -> tuple:
+    """What makes two plans the same plan: their shards and replicated tables."""
+    return tuple(plan.shards), tuple(plan.data_parallel_tables or ())
 
 
 def refine_columns(refine: dict) -> dict:
@@ -152,9 +160,21 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
         plans[algo].provenance["search_time_s"] = time.perf_counter() - start  # measured-greedy's timing included
     if "measured-greedy" in plans:
         plans[CONTROL] = plans["measured-greedy"]
-    result = measure_plans(plans, tables, cost_models=models, passes=args.passes, repeats=args.repeats,
+    # identical plans (e.g. refine keeping a baseline's plan) are timed once and share that measurement:
+    # timed separately, the same plan would differ by the run's noise and the "best baseline" (a minimum
+    # over noisy measurements) would favour whichever copy drew the lucky draw; the control is timed
+    # separately on purpose (it measures that noise)
+    first = {}
+    for name, plan in plans.items():
+        if name != CONTROL:
+            first.setdefault(plan_key(plan), name)
+    timed = {n: p for n, p in plans.items() if n == CONTROL or first[plan_key(p)] == n}
+    result = measure_plans(timed, tables, cost_models=models, passes=args.passes, repeats=args.repeats,
                            batch_size=args.batch_size, progress=True,
                            **({"flush_bytes": 0} if args.warm else {}))
+    by_timed = {p.name: p for p in result.plans}
+    result.plans = [by_timed[n] if n in timed else dataclasses.replace(by_timed[first[plan_key(p)]], name=n, plan=p)
+                    for n, p in plans.items()]
     for p in result.plans:
         rows.append({"algorithm": p.name, "max_compute_ms": p.max_compute_ms, "balance": p.balance,
                      "total_compute_ms": float(sum(p.compute_ms)),

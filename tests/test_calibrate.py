@@ -85,14 +85,18 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
     finals.update((c["algorithm"], c["final_measured_cost_ms"]) for c in refine["compared"]
                   if "final_measured_cost_ms" in c)  # (absent: the same plan as one before it)
     assert "round 0" in finals and "measured-greedy" in finals
-    assert refine["chosen"] == min(finals, key=finals.get) and f"written: {refine['chosen']}'s plan" in printed
+    means = {name: e["final_mean_cost_ms"] for name, e in
+             [*((f"round {r['round']}", r) for r in rounds), *((c["algorithm"], c) for c in refine["compared"])]
+             if "final_mean_cost_ms" in e}  # the finalists, timed twice
+    assert refine["chosen"] == min(means or finals, key=(means or finals).get)
+    assert f"written: {refine['chosen']}'s plan" in printed
     assert refine["chosen_round"] == (int(refine["chosen"][6:]) if refine["chosen"].startswith("round") else None)
     # polish starts from the chosen plan as that run timed it, takes at most POLISH_STEPS steps, keeps at
     # most the steps it took, and changes nothing it did not take
     polish_record = refine["polish"]
     assert "skipped" not in polish_record and "rejected" not in polish_record
     assert 0 <= polish_record["accepted"] <= polish_record["steps"] <= POLISH_STEPS
-    assert polish_record["measured_cost_before_ms"] == finals[refine["chosen"]]
+    assert polish_record["measured_cost_before_ms"] == (means or finals)[refine["chosen"]]
     assert polish_record["measured_cost_after_ms"] > 0
     if polish_record["steps"] == 0:
         assert polish_record["measured_cost_after_ms"] == polish_record["measured_cost_before_ms"]

@@ -7,7 +7,7 @@ import numpy as np
 
 from neuroshard.costmodels import load_cost_models
 from neuroshard.measured.calibrate import start_calibration
-from neuroshard.measured.refine import refine
+from neuroshard.measured.refine import FINALIST_MARGIN, MAX_FINALISTS, refine
 from neuroshard.tables import Table, TableSet
 
 TABLES = TableSet("fake-hw", [Table(f"t{i}", 2_000 * (i + 1), 16 if i % 2 else 32, 1.0 + 2 * (i % 4),
@@ -70,11 +70,17 @@ def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
         for i in plan_sets)
     round_maxima = [r["measured_max_compute_ms"] for r in record["rounds"]]
     assert all(m > 0 for m in round_maxima)
-    finals = [r["final_measured_cost_ms"] for r in record["rounds"] if "final_measured_cost_ms" in r]
-    finals += [c["final_measured_cost_ms"] for c in record["compared"] if "final_measured_cost_ms" in c]
+    timed = [e for e in record["rounds"] + record["compared"] if "final_measured_cost_ms" in e]
     chosen = (record["rounds"][record["chosen_round"]] if record["chosen_round"] is not None
               else next(c for c in record["compared"] if c["algorithm"] == record["chosen"]))
-    assert chosen["final_measured_cost_ms"] == min(finals)
+    finalists = [e for e in timed if "final_mean_cost_ms" in e]
+    if finalists:  # timed twice: those within FINALIST_MARGIN of the cheapest first run, chosen by their mean
+        top = min(e["final_measured_cost_ms"] for e in timed)
+        assert all(e["final_measured_cost_ms"] <= top * (1 + FINALIST_MARGIN) + 1e-3 for e in finalists)
+        assert 2 <= len(finalists) <= MAX_FINALISTS
+        assert chosen["final_mean_cost_ms"] == min(e["final_mean_cost_ms"] for e in finalists)
+    else:
+        assert chosen["final_measured_cost_ms"] == min(e["final_measured_cost_ms"] for e in timed)
     # polish keeps only changes that lower the measured cost, and the written plan is what it kept
     polish = record["polish"]
     assert 0 <= polish["accepted"] <= polish["steps"] <= 4

@@ -16,9 +16,11 @@ plan against the pre-trained models (``<algorithm>-pretrained``: a model fine-tu
 few hundred sets can be worse where the search goes), and the plans of the baselines a
 user would otherwise run (``compare``: measured-greedy, size-lookup, ...), are timed
 again together in one interleaved run (this machine's speed drifts between runs),
-and the plan kept is the one whose measured cost is lowest there: each device's measured
+and the plan kept is the one whose measured cost is lowest: each device's measured
 compute plus the modelled communication (the simulator's total, with the measured compute
-in place of the estimate). So the plan written is never measurably slower here than
+in place of the estimate). The plans within ``FINALIST_MARGIN`` of the cheapest are timed
+again together and chosen by the cost of each device's mean over both runs (the cheapest of
+ten plans timed once is partly the luckiest). So the plan written is never measurably slower here than
 those baselines' (up to the noise of one run), and provenance says whose plan it started
 from. A round costs one search, ``D`` timed device sets and one fine-tuning: about a
 minute for 8 devices on 2 CPU cores.
@@ -57,6 +59,11 @@ POLISH_STEPS = 12
 POLISH_STEPS_PER_DEVICE = 2
 #: a change must gain this fraction of the plan's cost (predicted, then measured) to be tried, then kept
 MIN_GAIN = 0.005
+#: plans measured within this fraction of the cheapest are timed again (one run's noise on a plan's
+#: slowest device is 1-5%, experiments/results/plan_benchmark_issue25's A/A) ...
+FINALIST_MARGIN = 0.04
+#: ... at most this many of them, the cheapest first
+MAX_FINALISTS = 4
 #: the baselines whose plans join the final measured comparison: what a user would otherwise run
 #: (measured-greedy and size-lookup were the best baseline in 25 of 27 benchmark tasks, experiments/results;
 #: the other greedy plans cost nothing to make and one device set each to time, and catch the rest)
@@ -127,20 +134,27 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
             log.warning("refine: %s found no plan to compare with: %s", name, exc)
             compared.append({"algorithm": name, "failed": str(exc).splitlines()[0]})
     entries = history + [c for c in compared if "failed" not in c]  # one per plan, in order
-    # This machine's speed drifts between runs minutes apart (15% seen on 10 ms sets), so the
-    # plans are compared in ONE interleaved run of all their devices.
+    # the plans are compared in ONE interleaved run of all their devices (see _time_plans)
     distinct = {tuple(p.shards): i for i, p in reversed(list(enumerate(plans)))}  # the first of each plan
     candidates = sorted(distinct.values())
-    every = [s for i in candidates for s in calibration.sim.device_sets(plans[i])]
-    times = _per_set(every, calibration.time(every, timing_passes))
-    finals = []
-    for n, i in enumerate(candidates):
-        compute = times[n * devices:(n + 1) * devices]
-        estimate = Simulator.from_plan(plans[i], models, tables, batch).evaluate_plan(plans[i], compute.tolist())
-        cost = float(estimate.max_ms[0])
-        finals.append((cost, i, compute))
+    finals = _time_plans(plans, candidates, tables, calibration, models, timing_passes)
+    for cost, i, _ in finals:
         entries[i]["final_measured_cost_ms"] = round(cost, 4)
-    _, best, compute = min(finals, key=lambda f: f[0])
+    # the cheapest of ~10 plans timed once is partly the luckiest: the finalists (within
+    # FINALIST_MARGIN of it) are timed again together and chosen by the mean of both runs
+    top = min(f[0] for f in finals)
+    finalists = sorted(f for f in finals if f[0] <= top * (1 + FINALIST_MARGIN))[:MAX_FINALISTS]
+    if len(finalists) > 1:
+        again = {i: (c, comp) for c, i, comp in _time_plans(plans, [f[1] for f in finalists], tables, calibration,
+                                                            models, timing_passes)}
+        finalists = [(0.0, i, (compute + again[i][1]) / 2) for _, i, compute in finalists]
+        for n, (_, i, compute) in enumerate(finalists):
+            sim = Simulator.from_plan(plans[i], models, tables, batch)
+            cost = float(sim.evaluate_plan(plans[i], compute.tolist()).max_ms[0])
+            finalists[n] = (cost, i, compute)
+            entries[i]["final_measured_cost_ms_again"] = round(again[i][0], 4)
+            entries[i]["final_mean_cost_ms"] = round(cost, 4)  # with the mean of both runs' compute
+    _, best, compute = min(finalists, key=lambda f: f[0])
     chosen = plans[best]
     record = {"rounds": history, "chosen_round": best if best < len(history) else None,
               "chosen": f"round {best}" if best < len(history) else entries[best]["algorithm"],
@@ -152,6 +166,23 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps, timing_passes)
     chosen.provenance["refine"] = record
     return chosen
+
+
+def _time_plans(plans: list[Plan], which: list[int], tables: TableSet, calibration: Any, models: Any,
+                passes: int) -> list[tuple[float, int, np.ndarray]]:
+    """``(measured cost, index, measured compute per device)`` of the plans ``which``, all
+    their devices timed in ONE interleaved run (this machine's speed drifts between runs
+    minutes apart: 15% seen on 10 ms sets); the cost is the simulator's total with the
+    measured compute in place of the estimate."""
+    every = [s for i in which for s in calibration.sim.device_sets(plans[i])]
+    times = _per_set(every, calibration.time(every, passes))
+    out, first = [], 0
+    for i in which:
+        compute = times[first:first + plans[i].num_devices]
+        first += plans[i].num_devices
+        sim = Simulator.from_plan(plans[i], models, tables, calibration.models.batch_size)
+        out.append((float(sim.evaluate_plan(plans[i], compute.tolist()).max_ms[0]), i, compute))
+    return out
 
 
 def _per_set(sets: list[list], values: np.ndarray) -> np.ndarray:

@@ -61,7 +61,9 @@ def _search(args: argparse.Namespace) -> int:
         finals = [(f"round {r['round']}", r) for r in refine.get("rounds", [])]
         finals += [(c["algorithm"], c) for c in refine.get("compared", [])]
         say("refine, all plans in one timed run: " + "; ".join(
-            f"{name} {e['final_measured_cost_ms']:.2f} ms" if "final_measured_cost_ms" in e
+            f"{name} {e['final_measured_cost_ms']:.2f} ms" + (
+                f" (again {e['final_measured_cost_ms_again']:.2f}, mean {e['final_mean_cost_ms']:.2f})"
+                if "final_mean_cost_ms" in e else "") if "final_measured_cost_ms" in e
             else f"{name} {'no plan' if 'failed' in e else 'same plan as above'}" for name, e in finals)
             + f"; written: {refine['chosen']}'s plan")
     if "polish" in refine:
