@@ -54,11 +54,11 @@ from neuroshard.costmodels import CostModels, load_cost_models
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.errors import NeuroShardError
 from neuroshard.runtime.measure_plan import estimate_gmae, estimate_spearman, measure_plans
-from neuroshard.search.simulator import Simulator
 from neuroshard.search.api import shard
 from neuroshard.search.registry import ALGORITHMS, get_trait
-from neuroshard.torchrec.guard import torchrec_available
+from neuroshard.search.simulator import Simulator
 from neuroshard.topology import Topology
+from neuroshard.torchrec.guard import torchrec_available
 
 log = logging.getLogger("plan_benchmark")
 

@@ -101,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_output(p, "folder for the demo's files (default: out/demo)", dest="out", aliases=("--out",),
                default="out/demo", metavar="DIR")
     p.add_argument("--seed", type=seed_int, default=0)
-    p.add_argument("--tables", type=positive_int, default=None,
-                   help="tables to generate (default: 6 per device, a run of about a minute)")
+    p.add_argument("--num-tables", type=positive_int, default=None,
+                   help="tables to generate, as in `tables generate` (default: 6 per device, a run of about a "
+                        "minute); elsewhere --tables names a tables file")
     p.add_argument("--devices", type=device_count, default=None,
                    help="devices (runtime processes) (default: 4, or the CPU cores when fewer, at least 2)")
     p.add_argument("--iterations", type=positive_int, default=12,

@@ -47,6 +47,28 @@ DATA_PARALLEL = "data_parallel"
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", DATA_PARALLEL)
 
 # ------------------------------------------------------------------ the measured loop
+#: ``search --data-parallel``: never replicate a table, or replicate where it pays (``search.replicate``)
+DATA_PARALLEL_CHOICES = ("never", "auto")
+DEFAULT_DATA_PARALLEL = "never"
+#: the clocks a kernel benchmark may time with (``costmodels.measure.kernel``; ``thread``: CPU only)
+CLOCKS = ("thread", "wall")
+#: a kernel benchmark's timed runs per shard set, at least (``collect compute`` and Python alike) ...
+KERNEL_REPEATS = 7
+#: ... and at most while the runs still vary more than the target coefficient of variation
+KERNEL_MAX_REPEATS = 15
+#: an interleaved timing run of devices (``measure``, calibration, refine): timed passes over all
+#: devices (a device's figure is its median over them) ...
+TIMING_PASSES = 5
+#: ... whole passes run first and not counted (each kernel also runs once, untimed, when it is built) ...
+TIMING_WARMUP_PASSES = 0
+#: ... and timed runs per device and pass (the pass's figure is their median)
+TIMING_REPEATS = 3
+
+#: TorchRec's compute kernels (``EmbeddingComputeKernel`` values) a training plan's shards may run:
+#: device memory (``fused``, ``dense``), host memory (``fused_uvm``), host memory behind a device
+#: cache (``fused_uvm_caching``), SSD behind a device cache (``key_value``)
+COMPUTE_KERNELS = ("fused", "dense", "fused_uvm", "fused_uvm_caching", "key_value")
+
 #: random device-sized sets a calibration times when none is asked for (``search --calibrate``)
 CALIBRATION_SETS = 200
 #: fewest and most random sets a calibration may time

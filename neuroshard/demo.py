@@ -36,16 +36,16 @@ def run_demo(args: argparse.Namespace) -> int:
         # A runtime device is a process running one thread: with more processes than cores they
         # time-share the cores and the measured comparison stops meaning "D parallel devices".
         args.devices = max(2, min(4, os.cpu_count() or 2))
-    if args.tables is None:
+    if args.num_tables is None:
         # A small task: the demo runs both plans on the training runtime in about a minute.
-        args.tables = 6 * args.devices
+        args.num_tables = 6 * args.devices
     out = check_output_folder(args.out, "demo folder")
     if args.devices < 2:
         raise NeuroShardError(f"the demo compares plans across devices: --devices must be >= 2, got {args.devices}")
     out.mkdir(parents=True, exist_ok=True)
     models = load_cost_models()
-    print(f"== 1. tables: {args.tables} tables from the calibrated dlrm-2021 preset (seed {args.seed})")
-    tables = generate("dlrm-2021", num_tables=args.tables, seed=args.seed)
+    print(f"== 1. tables: {args.num_tables} tables from the calibrated dlrm-2021 preset (seed {args.seed})")
+    tables = generate("dlrm-2021", num_tables=args.num_tables, seed=args.seed)
     # The runtime measures at the cost models' batch size, so plans are searched for it too:
     # predicted and measured per-device costs are then directly comparable.
     tables.batch_size = models.batch_size

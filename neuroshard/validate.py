@@ -183,6 +183,22 @@ def _arg(check: Callable[[Any], Any], parse: Callable[[str], Any], what: str) ->
     return convert
 
 
+def optional_count(convert: Callable[[str], Any], option: str) -> Callable[[str], Any]:
+    """``convert`` for an option whose count may be left out (``nargs="?"``): argparse gives
+    it the next word, so ``search --calibrate tables.json`` reads the file name as the count;
+    the error then says how to write it."""
+    def wrapped(text: str) -> Any:
+        try:
+            return convert(text)
+        except argparse.ArgumentTypeError as exc:
+            if text.strip().lstrip("+-").isdigit():
+                raise
+            raise argparse.ArgumentTypeError(f"{exc}: to use the default count, give {text!r} before {option} "
+                                             f"(or write {option} N {text})") from None
+    wrapped.__name__ = convert.__name__
+    return wrapped
+
+
 def _int(text: str) -> int:
     return int(text.strip())
 

@@ -10,12 +10,12 @@ import neuroshard
 from neuroshard.cli import main
 from neuroshard.costmodels import load_cost_models
 from neuroshard.costmodels.base import CostModels
-from neuroshard.measured.calibrate import cache_dir, calibrate, start_calibration
 from neuroshard.errors import NeuroShardError
-from neuroshard.plan import Plan
+from neuroshard.measured.calibrate import cache_dir, calibrate, start_calibration
 from neuroshard.measured.refine import POLISH_STEPS, polish
-from neuroshard.types import Piece
+from neuroshard.plan import Plan
 from neuroshard.tables import Table, TableSet
+from neuroshard.types import Piece
 
 TABLES = TableSet("calib", [Table(f"t{i}", 1_000 * (i + 1), 16 if i % 2 else 32, 1.0 + 2 * (i % 4),
                                   {"zipf_alpha": 0.9}) for i in range(12)], 4096)

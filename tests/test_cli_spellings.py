@@ -10,7 +10,8 @@ import pytest
 from neuroshard import __version__
 from neuroshard.cli import build_parser, main
 from neuroshard.cli_options import missing_input
-from neuroshard.costmodels.measure.kernel import DEFAULT_MAX_REPEATS, DEFAULT_REPEATS, KernelBenchmark
+from neuroshard.constants import KERNEL_MAX_REPEATS, KERNEL_REPEATS
+from neuroshard.costmodels.measure.kernel import KernelBenchmark
 
 
 def _parse(*argv: str):
@@ -80,8 +81,8 @@ def test_collect_lists_its_choices(flag, bad, capsys):
 def test_collect_defaults_are_the_same_from_python_and_the_command_line():
     args = _parse("collect", "compute", "t.json", "--samples", "1", "-o", "d")
     defaults = inspect.signature(KernelBenchmark).parameters
-    assert args["repeats"] == defaults["repeats"].default == DEFAULT_REPEATS
-    assert args["max_repeats"] == defaults["max_repeats"].default == DEFAULT_MAX_REPEATS
+    assert args["repeats"] == defaults["repeats"].default == KERNEL_REPEATS
+    assert args["max_repeats"] == defaults["max_repeats"].default == KERNEL_MAX_REPEATS
     for name in ("warmup", "target_cv", "optimizer", "clock", "kernel"):
         assert args[name] == defaults[name].default, name
 
@@ -104,3 +105,36 @@ def test_row_cap_is_one_word_in_every_command():
     assert new["row_cap"] == old["row_cap"] == 5000 and "max_rows" not in new
     for argv in (["train", "p.json", "--tables", "t.json"], ["evaluate", "p.json", "--tables", "t.json"]):
         assert "row_cap" in _parse(*argv, "--row-cap", "7")
+
+
+def test_an_optional_count_followed_by_a_file_says_how_to_write_it(capsys):
+    """``search --calibrate tables.json``: argparse hands the file name to the optional
+    count; the one-line error says to give the file first or write the count."""
+    assert main(["search", "--calibrate", "t.json", "-d", "2", "-m", "1GiB"]) == 2
+    err = capsys.readouterr().err
+    assert "give 't.json' before --calibrate (or write --calibrate N t.json)" in err and len(err.splitlines()) == 1
+    assert main(["search", "--refine", "t.json"]) == 2
+    assert "before --refine" in capsys.readouterr().err
+    assert _parse("search", "t.json", "--calibrate", "-d", "2", "-m", "1GiB", "-o", "p.json")["calibrate"] == 200
+
+
+def test_demo_says_num_tables_like_tables_generate():
+    assert _parse("demo", "--num-tables", "6")["num_tables"] == 6
+    assert _parse("tables", "generate", "--num-tables", "6", "-o", "t.json")["num_tables"] == 6
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--tables", "6"])  # --tables names a file everywhere else
+
+
+def test_export_refuses_an_unknown_compute_kernel(capsys):
+    assert main(["export", "p.json", "--compute-kernel", "banana", "-o", "x.json"]) == 2
+    assert "invalid choice: 'banana'" in capsys.readouterr().err
+    assert _parse("export", "p.json", "--compute-kernel", "fused_uvm_caching", "-o", "x.json")["compute_kernel"] \
+        == "fused_uvm_caching"
+
+
+def test_the_shipped_checkpoint_is_readable_by_the_name_every_search_prints(capsys):
+    assert main(["costmodel", "show", "cpu-default"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("cpu-default.pt: cpu-default, batch size 4096, "
+                                                             "feature schema v1")
+    assert main(["costmodel", "show", "no-such-model"]) == 2
+    assert "no-such-model: no such cost-model checkpoint" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import neuroshard.costmodels as costmodels
+import neuroshard.costmodels.loading as costmodels  # where load_cost_models reads DEFAULT_CHECKPOINT
 from neuroshard.costmodels import CostModels, load_cost_models
 from neuroshard.costmodels.analytic import AnalyticCommModel, AnalyticComputeModel
 from neuroshard.costmodels.neural import NeuralCommModel, NeuralComputeModel

@@ -11,7 +11,7 @@ from conftest import run_cli
 def test_demo_runs_end_to_end_small(tmp_path):
     out = tmp_path / "demo"
     # --calibrate 0: the suite takes the same time on every CPU (calibration has its own tests)
-    result = run_cli("demo", "--out", out, "--tables", "6", "--devices", "2", "--iterations", "2", "--runs", "2",
+    result = run_cli("demo", "--out", out, "--num-tables", "6", "--devices", "2", "--iterations", "2", "--runs", "2",
                      "--calibrate", "0")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "memory_used" in result.stdout and "measured improvement of NeuroShard" in result.stdout

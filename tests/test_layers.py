@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "neuroshard"
 
 #: the layers, bottom first: a module's layer is the first prefix that matches its name
 LAYERS: list[tuple[str, ...]] = [
-    ("version", "errors", "units", "constants", "validate", "io", "access_spec", "optimizers", "faults", "launch",
+    ("version", "errors", "units", "constants", "on_first_use", "validate", "io", "access_spec", "optimizers", "faults", "launch",
      "types", "constraints", "tables", "topology", "kernels", "exchange", "provenance", "plan", "exporters"),
     ("datasets",),
     ("costmodels",),
@@ -25,6 +25,8 @@ CLI_SUFFIX = "cli"
 #: a function-local import of the package's own modules is allowed only here (CLI start-up,
 #: and the root ``neuroshard.shard``, which keeps ``import neuroshard`` free of torch)
 LOCAL_IMPORTS_ALLOWED = {"__init__"}
+#: a package's table of names loaded from its submodules on first use (``neuroshard.on_first_use``)
+LAZY_TABLE = "_ON_FIRST_USE"
 
 
 def _modules() -> dict[str, Path]:
@@ -92,6 +94,14 @@ def _imports(module: str) -> list[tuple[str, bool]]:
             walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)), checking)
 
     walk(tree, False, False)
+    if is_package:  # names handed out on first use (neuroshard.on_first_use): imports of its submodules
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == LAZY_TABLE for t in node.targets):
+                value = node.value
+                values = value.values if isinstance(value, ast.Dict) else [getattr(value, "value", None)]
+                for v in values:
+                    assert isinstance(v, ast.Constant), f"{path}: {LAZY_TABLE} must map names to module names"
+                    found.append((f"{module}.{v.value}".lstrip("."), False))
     return found
 
 
@@ -154,3 +164,16 @@ def test_the_checks_find_a_climbing_import_and_a_circle():
     assert climbing(fake) == ["neuroshard.search.api (layer 3) imports neuroshard.measured.api (layer 4)"]
     assert circle(fake) in (["search.api", "measured.api", "search.api"], ["measured.api", "search.api", "measured.api"])
     assert ("search.simulator", False) in IMPORTS["search.api"]  # the reader sees relative imports
+    assert ("costmodels.loading", False) in IMPORTS["costmodels"]  # ... and the names loaded on first use
+
+
+def test_the_command_line_parser_imports_no_heavy_library():
+    """``neuroshard --help`` and every ``COMMAND --help`` build the whole parser: it must not
+    import scikit-learn, pandas, torch or the search (they made ``--help`` take 1.5 s)."""
+    import subprocess
+    import sys
+    code = ("import sys; from neuroshard.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('sklearn', 'pandas', 'scipy', 'torch', 'optuna', 'matplotlib', "
+            "'neuroshard.search.api', 'neuroshard.costmodels.base') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"building the parser imported {out.strip()}"

@@ -2,12 +2,11 @@ import json
 
 import numpy as np
 import pytest
+from conftest import run_cli, tables_dict
 
 from neuroshard import FormatError, Table, TableSet
 from neuroshard.datasets import access, sampler
 from neuroshard.datasets.sampler import reuse_histograms, shard_table
-
-from conftest import run_cli, tables_dict
 
 
 def test_round_trip_preserves_everything(tmp_path, tables_file):

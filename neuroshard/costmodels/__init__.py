@@ -2,50 +2,18 @@
 
 ``load_cost_models()`` is what search calls: the shipped CPU checkpoint, or a
 user's own (``neuroshard pretrain``), or the unfitted analytic models.
+
+Importing this package imports none of its modules (scikit-learn, torch): each name
+below is loaded from its module on first use (``neuroshard.on_first_use``).
 """
-from __future__ import annotations
+from ..on_first_use import on_first_use
 
-import logging
-from pathlib import Path
+_ON_FIRST_USE = {
+    "load_cost_models": "loading", "resolve_cost_models": "loading", "analytic_cost_models": "loading",
+    "DEFAULT_CHECKPOINT": "loading",
+    "CostModel": "base", "ComputeCostModel": "base", "CommCostModel": "base", "CommSamples": "base",
+    "CommAtDevices": "base", "CostModels": "base",
+}
+__getattr__, __dir__ = on_first_use(__name__, _ON_FIRST_USE)
 
-from ..constants import MEASURED_BATCH_SIZE
-from ..errors import NeuroShardError
-from .analytic import AnalyticCommModel, AnalyticComputeModel
-from .base import CommAtDevices, CommCostModel, CommSamples, ComputeCostModel, CostModel, CostModels
-
-log = logging.getLogger(__name__)
-
-#: the checkpoint shipped with the package, pre-trained on CPU measurements
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "cpu-default.pt"
-
-
-def analytic_cost_models(batch_size: int | None = None) -> CostModels:
-    """The analytic compute and communication models with their default (unfitted) constants."""
-    batch_size = int(batch_size or MEASURED_BATCH_SIZE)
-    return CostModels(AnalyticComputeModel(batch_size), AnalyticCommModel(batch_size), batch_size,
-                      hardware={"note": "unfitted analytic defaults"}, name="analytic-defaults")
-
-
-def load_cost_models(path: str | Path | None = None) -> CostModels:
-    """Cost models from ``path``; with no path, the shipped checkpoint if present, else the
-    unfitted analytic models (with a warning). Raises NeuroShardError for a bad file."""
-    if path is not None:
-        return CostModels.load(path)
-    if DEFAULT_CHECKPOINT.exists():
-        return CostModels.load(DEFAULT_CHECKPOINT)
-    log.warning("no shipped cost-model checkpoint (%s); using unfitted analytic cost models", DEFAULT_CHECKPOINT)
-    return analytic_cost_models()
-
-
-def resolve_cost_models(cost_models: CostModels | str | Path | None = None) -> CostModels:
-    """A ``CostModels`` bundle from a bundle, a checkpoint path, or None (the shipped default)."""
-    if isinstance(cost_models, CostModels):
-        return cost_models
-    if cost_models is None or isinstance(cost_models, (str, Path)):
-        return load_cost_models(cost_models)
-    raise NeuroShardError(f"cost_models must be a CostModels bundle or a checkpoint path, "
-                          f"got {type(cost_models).__name__}")
-
-
-__all__ = ["resolve_cost_models", "CostModel", "ComputeCostModel", "CommCostModel", "CommSamples", "CommAtDevices", "CostModels",
-           "load_cost_models", "analytic_cost_models", "DEFAULT_CHECKPOINT"]
+__all__ = sorted(_ON_FIRST_USE)

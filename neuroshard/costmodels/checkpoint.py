@@ -30,6 +30,9 @@ if TYPE_CHECKING:  # the models are read by duck typing; base builds the bundle 
 
 log = logging.getLogger(__name__)
 
+#: the checkpoints shipped with the package (``cpu-default.pt``), readable by name
+SHIPPED_CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
+
 CHECKPOINT_FORMAT = "neuroshard.costmodels/v2"
 #: the older format still read (each model's state upgraded by its class)
 CHECKPOINT_FORMAT_V1 = "neuroshard.costmodels/v1"
@@ -119,9 +122,20 @@ def save_cost_models(models: CostModels, path: str | Path) -> Path:
     return path
 
 
-def read_checkpoint(path: str | Path) -> dict:
-    """The raw checkpoint dict, after checking its format and feature schema."""
+def shipped_checkpoint(path: str | Path) -> Path:
+    """``path``, or the shipped checkpoint it names (``cpu-default``: what every search prints
+    as its cost model's name) when no such file exists and it is a bare name."""
     path = Path(path)
+    shipped = SHIPPED_CHECKPOINTS / f"{path.name}.pt"
+    if not path.exists() and str(path) == path.name and not path.suffix and shipped.exists():
+        return shipped
+    return path
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """The raw checkpoint dict, after checking its format and feature schema. A bare name
+    (``cpu-default``) reads the shipped checkpoint of that name."""
+    path = shipped_checkpoint(path)
     if not path.exists():
         raise NeuroShardError(f"{path}: no such cost-model checkpoint")
     import torch

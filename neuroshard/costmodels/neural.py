@@ -111,7 +111,8 @@ def shard_inputs(shards: np.ndarray) -> np.ndarray:
     and bytes gathered; linear terms whose sums over a set are totals)."""
     dim, pool = shards[:, _DIM].astype(np.float64), shards[:, _POOL].astype(np.float64)
     distinct = pool / np.exp2(shards[:, _LOG_REUSE].astype(np.float64))
-    extra = np.stack([np.log2(dim), np.log2(pool + 1e-3), np.log2(pool * dim + 1e-3), np.log2(distinct * dim + 1e-3),
+    # (a shard has dim >= 1; a zero row, e.g. a hand-made feature array, must not warn or give -inf)
+    extra = np.stack([np.log2(np.maximum(dim, 1.0)), np.log2(pool + 1e-3), np.log2(pool * dim + 1e-3), np.log2(distinct * dim + 1e-3),
                       pool * dim / 256.0, distinct * dim / 256.0], 1)  # linear terms: sums over a set are totals
     return np.concatenate([shards.astype(np.float64), extra], axis=1).astype(np.float32)
 

@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ROUNDS = 2
 #: runs per device set when a plan's devices are timed (median)
-TIMING_PASSES = 3
+REFINE_PASSES = 3
 #: measured local-search steps after the rounds (``polish``): at least this many, and 2 per device
 #: (the slowest device changes with each accepted step; 16 devices need more steps than 4)
 POLISH_STEPS = 12
@@ -83,7 +83,7 @@ def check_refine(algorithm: str, rounds: Any) -> int:
 
 
 def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds: int = DEFAULT_ROUNDS,
-           timing_passes: int = TIMING_PASSES, algorithm: str = "neuroshard", models: Any = None,
+           timing_passes: int = REFINE_PASSES, algorithm: str = "neuroshard", models: Any = None,
            polish_steps: int | None = None, compare: tuple[str, ...] = COMPARE, **search_options: Any) -> Plan:
     """Search ``rounds + 1`` plans, each against models fine-tuned on the devices of the
     plans before it (see the module docstring), time them with the plans of the ``compare``
@@ -206,7 +206,7 @@ def _time_change(sets: list[list], calibration: Any, passes: int, record: dict) 
 
 
 def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured_ms: np.ndarray,
-           steps: int = POLISH_STEPS, timing_passes: int = TIMING_PASSES) -> tuple[Plan, dict]:
+           steps: int = POLISH_STEPS, timing_passes: int = REFINE_PASSES) -> tuple[Plan, dict]:
     """A measured local search from ``plan`` whose devices measured ``measured_ms`` (at the
     models' batch size): each step proposes the move of one shard off the slowest device, or
     its swap with a shard of another device, that the models predict best (each device's

@@ -9,6 +9,7 @@ import argparse
 import logging
 
 from ..cli_options import add_input, add_output
+from ..constants import TIMING_PASSES, TIMING_REPEATS, TIMING_WARMUP_PASSES
 from ..kernels import DEFAULT_MAX_ROWS, kernel_names
 from ..validate import batch_size_int, device_count, float_in, nonneg_int, positive_float, positive_int, seed_int
 
@@ -127,7 +128,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                metavar="OUT.json")
     p.set_defaults(func=_evaluate, torchrun_rank=True)
 
-    from ..costmodels.measure.timing import DEFAULT_PASSES, DEFAULT_REPEATS, DEFAULT_WARMUP_PASSES
     p = sub.add_parser("measure", help="time every device of one or more plans on this machine, one at a time",
                        description="Time each device's shards as one fused kernel (forward, backward, update), "
                                    "one device at a time on one pinned thread, the devices of all plans taking "
@@ -137,12 +137,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("plans", nargs="+", metavar="PLAN.json", help="plan files (neuroshard.plan/v1) of the same tables")
     p.add_argument("--with", dest="with_plans", nargs="+", metavar="PLAN.json", help="more plans to compare")
     p.add_argument("--tables", required=True, help="tables file (neuroshard.tables/v1)")
-    p.add_argument("--passes", type=positive_int, default=DEFAULT_PASSES,
-                   help=f"timed passes over all devices, round-robin; a device's figure is its median (default: {DEFAULT_PASSES})")
-    p.add_argument("--warmup-passes", type=nonneg_int, default=DEFAULT_WARMUP_PASSES,
-                   help=f"passes run first and not counted (default: {DEFAULT_WARMUP_PASSES})")
-    p.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
-                   help=f"timed runs per device and round (default: {DEFAULT_REPEATS})")
+    p.add_argument("--passes", type=positive_int, default=TIMING_PASSES,
+                   help=f"timed passes over all devices, round-robin; a device's figure is its median (default: {TIMING_PASSES})")
+    p.add_argument("--warmup-passes", type=nonneg_int, default=TIMING_WARMUP_PASSES,
+                   help=f"passes run first and not counted (default: {TIMING_WARMUP_PASSES})")
+    p.add_argument("--repeats", type=positive_int, default=TIMING_REPEATS,
+                   help=f"timed runs per device and round (default: {TIMING_REPEATS})")
     p.add_argument("--batch-size", type=batch_size_int, default=None,
                    help="batch each device looks up (default: the cost model's, 4096 for the shipped one)")
     p.add_argument("--row-cap", type=positive_int, default=DEFAULT_MAX_ROWS,

@@ -6,11 +6,15 @@ search), the classic greedy baselines and Bayesian optimisation, behind one regi
 
 ``shard(tables, devices=, memory=)`` searches against the models alone;
 ``neuroshard.shard`` adds the measured loop (calibration, refine rounds).
-"""
-from ..types import Estimate, Piece, Placement
-from .api import search_placement, shard
-from .registry import ALGORITHMS
-from .score import score_plan
-from .simulator import Simulator
 
-__all__ = ["shard", "score_plan", "search_placement", "ALGORITHMS", "Simulator", "Estimate", "Piece", "Placement"]
+Importing this package imports none of its modules: each name below is loaded from its
+module on first use (``neuroshard.on_first_use``), so the command line's parser and
+``neuroshard.search.registry`` stay light.
+"""
+from ..on_first_use import on_first_use
+
+_ON_FIRST_USE = {"shard": "api", "search_placement": "api", "ALGORITHMS": "registry", "score_plan": "score",
+                 "Simulator": "simulator"}
+__getattr__, __dir__ = on_first_use(__name__, _ON_FIRST_USE)
+
+__all__ = sorted(_ON_FIRST_USE)

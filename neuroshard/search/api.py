@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..constants import FP32_BYTES
+from ..constants import DEFAULT_DATA_PARALLEL, FP32_BYTES
 from ..constraints import check_capacity
 from ..constraints import check_feasible as check_constraints_feasible
 from ..costmodels import CostModels, resolve_cost_models
@@ -30,7 +30,7 @@ from ..validate import (
 )
 from ..version import __version__
 from .registry import REPLICATING_ALGORITHMS, get_algorithm, get_trait, make_params
-from .replicate import DEFAULT_DATA_PARALLEL, check_data_parallel, forced_tables, search_with_replication
+from .replicate import check_data_parallel, forced_tables, search_with_replication
 from .rowwise import runnable_row_splits
 from .simulator import Simulator, replicated_bytes
 

@@ -5,13 +5,19 @@ import argparse
 import json
 
 from ..cli_options import STDOUT, add_comm_precision, add_input, add_output, add_topology_options, write_output
-from ..constants import CALIBRATION_SETS, MAX_CALIBRATION_SETS, MIN_CALIBRATION_SETS
+from ..constants import (
+    CALIBRATION_SETS,
+    COMPUTE_KERNELS,
+    DATA_PARALLEL_CHOICES,
+    DEFAULT_DATA_PARALLEL,
+    MAX_CALIBRATION_SETS,
+    MIN_CALIBRATION_SETS,
+)
 from ..exporters import exporter_names
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
 from ..topology import memory_list
-from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, int_in, seed_int
+from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, int_in, optional_count, seed_int
 from .registry import ALGORITHMS
-from .replicate import DATA_PARALLEL_CHOICES, DEFAULT_DATA_PARALLEL
 
 ALGORITHM_CHOICES = ALGORITHMS  # the registry's names (listing them imports no algorithm)
 
@@ -110,11 +116,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "machine, so run it on the hardware the plan is for")
     p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
                    help="cost-model checkpoint (default: the shipped one)")
-    p.add_argument("--calibrate", nargs="?", const=CALIBRATION_SETS, default=0, type=int_in(MIN_CALIBRATION_SETS, MAX_CALIBRATION_SETS, "a set count"),
+    p.add_argument("--calibrate", nargs="?", const=CALIBRATION_SETS, default=0, type=optional_count(int_in(MIN_CALIBRATION_SETS, MAX_CALIBRATION_SETS, "a set count"), "--calibrate"),
                    metavar="SETS", help="first calibrate the cost models on this machine and these tables (as "
                    f"`neuroshard calibrate`, with SETS random sets, {CALIBRATION_SETS} when SETS is left out; a few "
                    "minutes, cached per machine, checkpoint and tables)")
-    p.add_argument("--refine", nargs="?", const=True, default=0, type=int_in(1, 20, "a round count"),
+    p.add_argument("--refine", nargs="?", const=True, default=0, type=optional_count(int_in(1, 20, "a round count"), "--refine"),
                    metavar="ROUNDS", help="then refine on this machine (calibrating first, implied): each round "
                    "times the plan's devices, fine-tunes the models on them and searches again; the plan measured "
                    "cheapest is written (default 2 rounds, about a minute each for 8 devices)")
@@ -148,6 +154,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local-world-size", type=device_count, default=None, metavar="N",
                    help="ranks per host, for cuda device numbers and table-row-wise/grid shards (default: the "
                         "plan's topology's, else TorchRec's: 8, or the world size when it is not a multiple of 8)")
-    p.add_argument("--compute-kernel", default="fused", help="TorchRec compute kernel (default: fused)")
+    p.add_argument("--compute-kernel", default="fused", choices=COMPUTE_KERNELS,
+                   help="TorchRec compute kernel of every shard (default: fused)")
     add_output(p, "file to write (- for standard output)", required=True, metavar="OUT.json")
     p.set_defaults(func=_export)

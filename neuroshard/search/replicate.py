@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..constants import DATA_PARALLEL
+from ..constants import DATA_PARALLEL, DATA_PARALLEL_CHOICES, DEFAULT_DATA_PARALLEL
 from ..constraints import TableConstraints
 from ..errors import InfeasibleError, NeuroShardError
 from .baselines import best_packing_greedy
@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DATA_PARALLEL_CHOICES = ("never", "auto")
-DEFAULT_DATA_PARALLEL = "never"
 #: most tables the forward selection tries adding
 MAX_CANDIDATES = 8
 

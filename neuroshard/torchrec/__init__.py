@@ -9,18 +9,11 @@ with ``tables_from_module``). TorchRec itself is optional (``guard``).
 stack with torch, which ``neuroshard export`` and ``plan show`` (readers of ``export``)
 do not pay for.
 """
-import importlib
-
+from ..on_first_use import on_first_use
 from .guard import require_torchrec, torchrec_available
 
 #: names this package hands out from a submodule loaded on first use
 _ON_FIRST_USE = {"NeuroShardPlanner": "sharding_planner", "tables_from_module": "sharding_planner"}
-
-
-def __getattr__(name: str):
-    if name in _ON_FIRST_USE:
-        return getattr(importlib.import_module(f"{__name__}.{_ON_FIRST_USE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__, __dir__ = on_first_use(__name__, _ON_FIRST_USE)
 
 __all__ = ["NeuroShardPlanner", "require_torchrec", "tables_from_module", "torchrec_available"]

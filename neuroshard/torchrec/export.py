@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..constants import DATA_PARALLEL
+from ..constants import COMPUTE_KERNELS, DATA_PARALLEL
 from ..errors import NeuroShardError
 from ..exporters import Exporter
 from ..optimizers import DEFAULT_OPTIMIZER, FBGEMM_OPTIMIZERS
@@ -142,6 +142,8 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
     compute_device = compute_device or default_compute_device()
     if compute_device not in COMPUTE_DEVICES:
         raise NeuroShardError(f"compute device must be one of {COMPUTE_DEVICES}, got {compute_device!r}")
+    if compute_kernel not in COMPUTE_KERNELS:
+        raise NeuroShardError(f"compute kernel must be one of {', '.join(COMPUTE_KERNELS)}, got {compute_kernel!r}")
     plan.validate()
     world = plan.num_devices
     local = plan.local_world_size if local_world_size is None else local_world_size

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ...cli_options import add_input, add_output, add_weights_precision
-from ...constants import COLLECT_SET_SOURCES, MEASURED_BATCH_SIZE
+from ...constants import CLOCKS, COLLECT_SET_SOURCES, KERNEL_MAX_REPEATS, KERNEL_REPEATS, MEASURED_BATCH_SIZE
 from ...errors import NeuroShardError
 from ...kernels import DEFAULT_MAX_ROWS, TIMED_OPTIMIZERS, kernel_names
 from ...validate import (
@@ -19,7 +19,6 @@ from ...validate import (
     probability,
     seed_int,
 )
-from .kernel import CLOCKS, DEFAULT_MAX_REPEATS, DEFAULT_REPEATS
 
 
 def _flush_bytes(text: str) -> int | None:
@@ -90,10 +89,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="auto (thread CPU time on cpu, CUDA events on cuda), thread or wall (default auto)")
     add_weights_precision(p)
     p.add_argument("--warmup", type=int_in(0, 10000), default=2)
-    p.add_argument("--repeats", type=int_in(1, 10000), default=DEFAULT_REPEATS,
-                   help=f"timed repeats at least (default {DEFAULT_REPEATS})")
-    p.add_argument("--max-repeats", type=int_in(1, 10000), default=DEFAULT_MAX_REPEATS,
-                   help=f"timed repeats at most while cv > --target-cv (default {DEFAULT_MAX_REPEATS})")
+    p.add_argument("--repeats", type=int_in(1, 10000), default=KERNEL_REPEATS,
+                   help=f"timed repeats at least (default {KERNEL_REPEATS})")
+    p.add_argument("--max-repeats", type=int_in(1, 10000), default=KERNEL_MAX_REPEATS,
+                   help=f"timed repeats at most while cv > --target-cv (default {KERNEL_MAX_REPEATS})")
     p.add_argument("--target-cv", type=nonneg_float, default=0.05)
     p.add_argument("--flush-bytes", type=_flush_bytes, default="auto", help="cache-flush buffer read before each repeat "
                                                           "(default auto: 1.25 x last-level cache, at most 512MiB)")

@@ -33,7 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ...constants import MEASURED_BATCH_SIZE
+from ...constants import CLOCKS, KERNEL_MAX_REPEATS, KERNEL_REPEATS, MEASURED_BATCH_SIZE
 from ...datasets.sampler import sample_lookups
 from ...errors import NeuroShardError
 from ...kernels import (  # noqa: F401
@@ -51,9 +51,6 @@ from ..base import few_threads
 
 log = logging.getLogger(__name__)
 
-CLOCKS = ("thread", "wall")
-DEFAULT_REPEATS = 7       # timed runs at least per shard set (``collect compute`` and Python alike)
-DEFAULT_MAX_REPEATS = 15  # timed runs at most while the runs still vary more than ``target_cv``
 
 DEFAULT_MEMORY_BYTES = 1 << 30
 
@@ -106,7 +103,7 @@ class KernelBenchmark:
 
     def __init__(self, backend: str = "cpu", kernel: str = "auto", batch_size: int = MEASURED_BATCH_SIZE,
                  max_rows: int = DEFAULT_MAX_ROWS, memory_bytes: int = DEFAULT_MEMORY_BYTES,
-                 warmup: int = 2, repeats: int = DEFAULT_REPEATS, max_repeats: int = DEFAULT_MAX_REPEATS,
+                 warmup: int = 2, repeats: int = KERNEL_REPEATS, max_repeats: int = KERNEL_MAX_REPEATS,
                  target_cv: float = 0.05,
                  optimizer: str = "exact_sgd", clock: str = "auto", flush_bytes: int | None = None,
                  threads: int = 1, seed: int = 0, weights_precision: str = "fp32") -> None:

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...constants import MEASURED_BATCH_SIZE
+from ...constants import MEASURED_BATCH_SIZE, TIMING_PASSES, TIMING_REPEATS, TIMING_WARMUP_PASSES
 from ...datasets.sampler import sample_lookups
 from ...errors import NeuroShardError
 from ...kernels import (
@@ -49,11 +49,6 @@ from .store import cpu_model
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PASSES = 5
-#: whole passes run first and not counted (each kernel also runs once, untimed, when it is built)
-DEFAULT_WARMUP_PASSES = 0
-#: timed runs per device and pass; the pass's figure is their median
-DEFAULT_REPEATS = 3
 #: most memory the shared weights buffer may take (default: this share of the machine's memory)
 MEMORY_SHARE = 0.5
 
@@ -126,8 +121,8 @@ def _pin_thread() -> set[int] | None:
     return previous
 
 
-def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes: int = DEFAULT_PASSES,
-                 warmup_passes: int = DEFAULT_WARMUP_PASSES, repeats: int = DEFAULT_REPEATS,
+def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes: int = TIMING_PASSES,
+                 warmup_passes: int = TIMING_WARMUP_PASSES, repeats: int = TIMING_REPEATS,
                  batch_size: int = MEASURED_BATCH_SIZE, row_cap: int = DEFAULT_MAX_ROWS, kernel: str = "auto",
                  backend: str = "cpu", optimizer: str = "exact_sgd", max_memory_bytes: int | None = None,
                  progress: bool = False, weights_precision: str = "fp32",
