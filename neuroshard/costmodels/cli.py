@@ -27,8 +27,7 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from .base import CostModels
-    from .checkpoint import read_checkpoint
-    from .checkpoint import shipped_checkpoint
+    from .checkpoint import read_checkpoint, shipped_checkpoint
     CostModels.load(args.model)  # a checkpoint whose models do not load is refused, not shown
     payload = read_checkpoint(args.model)
     print(f"{shipped_checkpoint(args.model)}: {payload['name']}, batch size {payload['batch_size']}, feature schema "

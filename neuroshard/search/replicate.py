@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..constants import DATA_PARALLEL, DATA_PARALLEL_CHOICES, DEFAULT_DATA_PARALLEL
+from ..constants import DATA_PARALLEL, DATA_PARALLEL_CHOICES
 from ..constraints import TableConstraints
 from ..errors import InfeasibleError, NeuroShardError
 from .baselines import best_packing_greedy
