@@ -69,6 +69,9 @@ TIMING_REPEATS = 3
 #: cache (``fused_uvm_caching``), SSD behind a device cache (``key_value``)
 COMPUTE_KERNELS = ("fused", "dense", "fused_uvm", "fused_uvm_caching", "key_value")
 
+#: a device with this much memory or more is taken for a GPU (a warning when the cost models are a CPU's)
+GPU_LIKE_MEMORY_BYTES = 8 * 2**30
+
 #: random device-sized sets a calibration times when none is asked for (``search --calibrate``)
 CALIBRATION_SETS = 200
 #: fewest and most random sets a calibration may time

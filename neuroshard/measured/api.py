@@ -7,9 +7,12 @@ before minutes of timing), then calibrates the models on this machine and these 
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from ..constants import FP32_BYTES, MAX_CALIBRATION_SETS, MIN_CALIBRATION_SETS
+import numpy as np
+
+from ..constants import FP32_BYTES, GPU_LIKE_MEMORY_BYTES, MAX_CALIBRATION_SETS, MIN_CALIBRATION_SETS
 from ..costmodels import resolve_cost_models
 from ..errors import NeuroShardError
 from ..kernels import WEIGHTS_PRECISIONS, precision_of
@@ -19,6 +22,35 @@ from ..tables import Table, TableSet
 from .calibrate import DEFAULT_SETS, calibrated_models, start_calibration
 from .refine import check_refine
 from .refine import refine as refine_rounds
+
+
+log = logging.getLogger(__name__)
+_warned: set = set()  # the cost models already warned about in this process
+
+
+def device_kind_mismatch(models: Any, task: Task) -> str | None:
+    """Why the task's devices look like GPUs while the models' data was measured on a CPU
+    (None when they do not): GPU-sized memory per device, or hosts and links stated."""
+    machine = (models.hardware or {}).get("hardware") or {}
+    if not machine.get("cpu_model") or machine.get("gpu"):
+        return None
+    smallest = float(np.min(task.memory_bytes))
+    if smallest >= GPU_LIKE_MEMORY_BYTES:
+        return f"devices of {smallest / 2**30:.0f} GiB"
+    if task.topology is not None and task.topology.hosts_stated():
+        return "hosts and links of a GPU cluster"
+    return None
+
+
+def warn_device_kind(models: Any, task: Task) -> None:
+    """Warn once per process and cost model when ``device_kind_mismatch``."""
+    why = device_kind_mismatch(models, task)
+    if why and models.name not in _warned:
+        _warned.add(models.name)
+        log.warning("planning %s with cost model '%s', measured on %s: its estimates describe that CPU, not "
+                    "GPUs. Calibrate on the machine you will train on (--calibrate), or pre-train for your "
+                    "GPUs (docs/guide.md, 'Pre-training for your own hardware')", why, models.name,
+                    models.describe_hardware())
 
 
 def check_calibrate(calibrate: Any) -> int:
@@ -58,6 +90,7 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
                                         **calibration_options(task, sets or DEFAULT_SETS))
         return refine_rounds(task.tables, task.devices, memory, calibration, rounds, algorithm=algorithm,
                              bytes_per_element=task.bytes_per_element, seed=task.seed, **task.options)
+    warn_device_kind(models, task)
     if sets:
         models = calibrated_models(task.tables, models, devices=task.devices, **calibration_options(task, sets))
     return search_task(task, models)

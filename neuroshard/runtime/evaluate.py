@@ -67,10 +67,16 @@ class Measurement:
         head = (f"measured plan for '{self.plan.tables_name}' on {len(self.per_device)} devices ({self.backend}, "
                 f"kernel {self.kernel}, compute on the {self.clock} clock): batch {self.batch_size}, median of {self.iterations} iterations "
                 f"after {self.warmup} warm-up; {self.iterations_per_s:.2f} iterations/s")
-        est = (self.plan.estimate or {}).get("max_device_cost_ms")
-        tail = f"\nmax device cost: {self.max_device_cost_ms:.3f} ms measured"
+        estimate = self.plan.estimate or {}
+        est = estimate.get("max_device_cost_ms")
+        tail = f"\nmax device cost: {self.max_device_cost_ms:.3f} ms measured at batch {self.batch_size:,}"
         if est is not None:
-            tail += f", {float(est):.3f} ms estimated by the plan"
+            at = estimate.get("batch_size")
+            where = (self.plan.provenance or {}).get("cost_model_hardware")
+            tail += (f", {float(est):.3f} ms estimated by the plan" + (f" at batch {int(at):,}" if at else "")
+                     + (f" for {where}" if where else ""))
+            if at and int(at) != self.batch_size:  # like with like: the estimate scaled linearly to this batch
+                tail += f" ({float(est) * self.batch_size / int(at):.3f} ms at batch {self.batch_size:,}, linearly)"
         return head + "\n" + self.table().round(3).to_string(index=False) + tail
 
     def to_dict(self) -> dict:

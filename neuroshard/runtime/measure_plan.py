@@ -137,6 +137,11 @@ class MeasureResult:
                  f"({c['repeats']} runs per device and round, each after a cache flush); rows capped at {c['row_cap']:,} "
                  f"({c['capped_shards']} shards capped); weights buffer {c['buffer_bytes'] / 2**20:.0f} MiB; "
                  f"{c['seconds']:.1f} s"]
+        if "cost_model_hardware" in c:  # (runs recorded before these keys have none)
+            lines.append(f"estimates: cost model '{c['cost_model']}' ({c['cost_model_hardware']}; measured at batch "
+                         f"{c['cost_model_batch_size']:,}), at this run's batch {c['batch_size']:,}; the tables "
+                         f"file's batch is {c['tables_batch_size']:,} (all devices together): search and plan show "
+                         f"give the plan's estimate at that batch")
         for p in self.plans:
             lines.append("")
             lines.append(f"-- {p.name}: {p.plan.num_devices} devices, {len(p.plan.shards)} shards "
@@ -193,7 +198,8 @@ def measure_plans(plans: Mapping[str, Plan] | Sequence[Plan], tables: TableSet, 
     if len(precisions) == 1:  # the plans' weights precision (int8 and 8-byte plans are timed at fp32)
         options.setdefault("weights_precision", precisions.pop())
     passes_ms, config = time_devices(devices, tables, batch_size=batch_size, **options)
-    config.update(cost_model=models.name, tables_name=tables.name)
+    config.update(cost_model=models.name, tables_name=tables.name, cost_model_hardware=models.describe_hardware(),
+                  cost_model_batch_size=models.batch_size, tables_batch_size=tables.batch_size)
 
     results, first = [], 0
     for name in names:
