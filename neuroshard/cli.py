@@ -15,7 +15,7 @@ import sys
 from . import __version__
 from .cli_options import add_input, add_output, add_verbose, missing_input
 from .constants import MAX_CALIBRATION_SETS
-from .errors import NeuroShardError
+from .errors import NeuroShardError, os_reason
 from .launch import torchrun_env
 from .validate import device_count, int_in, positive_int, seed_int
 
@@ -35,7 +35,7 @@ def _plan_validate(args: argparse.Namespace) -> int:
     if problems:
         for p in problems:
             print(f"{args.plan}: {p}", file=sys.stderr)
-        return 1
+        return EXIT_INVALID
     used = max(plan.memory_used_bytes())
     print(f"{args.plan}: valid plan, {len(plan.tables)} tables, {len(plan.shards)} shards on "
           f"{plan.num_devices} devices (fullest device {100.0 * used / plan.device_memory_bytes:.1f}% of memory)")
@@ -54,14 +54,35 @@ def _plan_show(args: argparse.Namespace) -> int:
         print(bound)
     print(plan.format_shards())
     problems = plan.problems()
-    if problems:
-        print(f"warning: plan is invalid: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+    if problems:  # shown (a reader may want to see what is wrong), then said on stderr: checked, invalid
+        for p in problems:
+            print(f"{args.plan}: plan is invalid: {p}", file=sys.stderr)
+        return EXIT_INVALID
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     return run_demo(args)
+
+
+#: exit status of ``plan validate`` and ``plan show`` for a plan they read and found invalid (its
+#: problems on standard error); bad input, failed work and usage errors exit 2
+EXIT_INVALID = 1
+#: exit status after standard output was closed by its reader (128 + SIGPIPE, as a shell reports
+#: a Unix tool ended by the signal); nothing is printed
+EXIT_BROKEN_PIPE = 141
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null, so that the interpreter's last flush at exit does
+    not hit the closed pipe again (and print "Exception ignored ... BrokenPipeError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout replaced by an object without a descriptor (tests)
+        pass
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -128,13 +149,27 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(missing)
     except SystemExit as exc:  # --help (0) or a one-line usage error (2): a code, for in-process callers too
         return exc.code if isinstance(exc.code, int) else 2
+    except BrokenPipeError:  # `neuroshard --help | head`
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     # Only neuroshard's own loggers get verbose: libraries (fbgemm) log heavily at INFO.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("neuroshard").setLevel(logging.INFO if args.verbose else logging.WARNING)
     try:
         code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+    except BrokenPipeError:  # `neuroshard ... | head`: the reader left; end quietly, as Unix tools do
+        _silence_stdout()
+        code = EXIT_BROKEN_PIPE
     except NeuroShardError as exc:
         print(f"neuroshard: error: {exc}", file=sys.stderr)
+        code = 2
+    except OSError as exc:  # a file or device failed under us (a full disk, a lost mount): one line, exit 2
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        print(f"neuroshard: error: {where}{os_reason(exc)}", file=sys.stderr)
+        code = 2
+    except MemoryError:
+        print("neuroshard: error: out of memory (a smaller input, or a machine with more memory)", file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
         print("neuroshard: interrupted", file=sys.stderr)

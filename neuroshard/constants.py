@@ -72,6 +72,24 @@ COMPUTE_KERNELS = ("fused", "dense", "fused_uvm", "fused_uvm_caching", "key_valu
 #: a device with this much memory or more is taken for a GPU (a warning when the cost models are a CPU's)
 GPU_LIKE_MEMORY_BYTES = 8 * 2**30
 
+#: what ``evaluate``'s per-device columns mean (its --help, docs/cli.md); all are medians over the
+#: measured iterations, in ms
+EVALUATE_COLUMNS = {
+    "compute_ms": "embedding forward + backward + update of the device's shards as one fused kernel, on the "
+                  "clock the cost data uses (this thread's CPU time on CPU): what the compute model predicts",
+    "fwd_comm_ms": "forward all-to-all of the pooled embeddings, wall time including waiting for the slowest rank",
+    "bwd_comm_ms": "backward all-to-all of their gradients, wall time",
+    "allreduce_ms": "all-reduce of replicated (data-parallel) tables' gradients (only when the plan has some)",
+    "total_ms": "compute + communication per iteration (the median of the per-iteration sums): the device's "
+                "cost, what the plan's estimate predicts",
+    "compute_wall_ms": "compute_ms on the wall clock (it counts time the thread waited for a core)",
+    "dense_ms": "the dense model's forward and backward (not part of the plan's cost)",
+    "step_ms": "the whole training iteration on the wall clock, dense part included",
+}
+
+#: cache eviction policies a table's device cache may use (TorchRec's CacheAlgorithm: LRU, LFU)
+CACHE_ALGORITHMS = ("lru", "lfu")
+
 #: random device-sized sets a calibration times when none is asked for (``search --calibrate``)
 CALIBRATION_SETS = 200
 #: fewest and most random sets a calibration may time

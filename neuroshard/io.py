@@ -1,16 +1,53 @@
 """Safe file writes: atomic replace and durable appends."""
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from .errors import FormatError, WriteError, os_reason
+
+
+def is_special_file(path: str | Path) -> bool:
+    """Whether ``path`` (symlinks followed) exists and is not a regular file or a folder: a
+    device node (``/dev/null``, ``/dev/stdout``), a FIFO or a socket."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, never half."""
-    path = Path(path)
+    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, never half.
+
+    As every Unix tool does, a symlink is written through (its target is replaced, the link
+    stays), and a device node or FIFO (``-o /dev/null``, ``-o /dev/stdout``, a named pipe) is
+    opened and written, never replaced by a regular file. Only regular files (and new paths)
+    are replaced atomically, by a rename from a temporary file beside them. Any ``OSError``
+    (no space, a file-size limit, no permission) becomes a ``WriteError`` naming the path."""
+    given = path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    existed = path.exists()
+    try:
+        if is_special_file(path):
+            with open(path, "wb") as handle:
+                handle.write(data)
+        else:
+            _replace(path, data)
+    except OSError as exc:
+        kept = "the old file is intact" if existed else "nothing was written"
+        raise WriteError(f"{given}: cannot write it ({os_reason(exc)}); {kept}") from None
+    return given
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write a temporary file beside ``path``, make it durable, rename it over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -26,7 +63,6 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return path
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
@@ -34,25 +70,41 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 
 def append_jsonl(path: str | Path, record: Any) -> None:
-    """Append one JSON record as a line and make it durable before returning."""
+    """Append one JSON record as a line and make it durable before returning; ``WriteError``
+    (the file as it was) when it cannot."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(record) + "\n"
-    with open(path, "a+b") as handle:
-        if handle.tell() > 0:  # a crash mid-line left a torn record: start on a fresh line
-            handle.seek(-1, os.SEEK_END)
-            if handle.read(1) != b"\n":
-                line = "\n" + line
-        handle.write(line.encode())
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+b", buffering=0) as handle:  # unbuffered: a failed write can be cut off
+            size = handle.seek(0, os.SEEK_END)
+            if size > 0:  # a crash mid-line left a torn record: start on a fresh line
+                handle.seek(-1, os.SEEK_END)
+                if handle.read(1) != b"\n":
+                    line = "\n" + line
+            try:
+                data = line.encode()
+                written = handle.write(data)
+                if written != len(data):
+                    raise OSError(errno.ENOSPC, "the record was written in part")
+                os.fsync(handle.fileno())
+            except OSError:
+                os.ftruncate(handle.fileno(), size)  # no half record left behind (readers would skip it anyway)
+                raise
+    except OSError as exc:
+        raise WriteError(f"{path}: cannot append a record ({os_reason(exc)}); the records before it are "
+                         f"intact") from None
 
 
 def read_jsonl(path: str | Path) -> list:
-    """Records of a JSON-lines file; a torn or unreadable line (crash mid-write) is ignored."""
+    """Records of a JSON-lines file; a torn or unreadable line (crash mid-write) is ignored.
+    Records are files this package wrote (a dataset folder's): a device node or FIFO in their
+    place is refused, not read without end."""
     path = Path(path)
     if not path.exists():
         return []
+    if is_special_file(path):
+        raise FormatError(f"{path}: records file is not a regular file")
     records = []
     for raw in path.read_bytes().splitlines():
         raw = raw.strip()

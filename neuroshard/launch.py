@@ -134,9 +134,12 @@ def _entry(fn: Callable, args: tuple, rank: int, world_size: int, port: int, res
         os._exit(1)
 
 
-def launch(fn: Callable, args: tuple, world_size: int, timeout_s: float) -> dict[int, Any]:
+def launch(fn: Callable, args: tuple, world_size: int, timeout_s: float, steps: int | None = None) -> dict[int, Any]:
     """Run ``fn(WorkerContext, *args)`` in ``world_size`` fresh processes; return each
-    rank's return value. Raise RunFailedError when one fails or stalls for ``timeout_s``."""
+    rank's return value. Raise RunFailedError when one fails or stalls for ``timeout_s``.
+    With ``steps``, a progress bar on a terminal (tqdm; off when standard error is not
+    one) follows the slowest rank from start-up (starting, joining, building: the silent
+    half-minute) through its steps."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     slots = ctx.Array("q", [NOT_STARTED] * world_size, lock=False)
@@ -152,6 +155,7 @@ def launch(fn: Callable, args: tuple, world_size: int, timeout_s: float) -> dict
     last_progress = list(slots)
     last_change = [time.monotonic()] * world_size
     first_failure: float | None = None
+    bar = _progress_bar(world_size, steps)
     try:
         for p in procs:
             p.start()
@@ -170,6 +174,11 @@ def launch(fn: Callable, args: tuple, world_size: int, timeout_s: float) -> dict
             for r in range(world_size):
                 if slots[r] != last_progress[r]:
                     last_progress[r], last_change[r] = slots[r], now
+            if bar is not None:
+                slowest = min(last_progress)
+                bar.set_description_str(f"{world_size} ranks {_where(slowest)}", refresh=False)
+                bar.n = max(0, slowest // len(STEP_PHASES))
+                bar.refresh()
             dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in failures]
             if dead and first_failure is None:
                 first_failure = now
@@ -189,6 +198,8 @@ def launch(fn: Callable, args: tuple, world_size: int, timeout_s: float) -> dict
                 raise RunFailedError(f"rank {culprits[0]} made no progress for {timeout_s:g} s "
                                      f"({_where(slowest)}); the run was stopped")
     finally:
+        if bar is not None:
+            bar.close()
         for p in procs:
             if p.pid is not None and p.is_alive():
                 p.kill()
@@ -198,6 +209,15 @@ def launch(fn: Callable, args: tuple, world_size: int, timeout_s: float) -> dict
         results.close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _progress_bar(world_size: int, steps: int | None) -> Any:
+    """A tqdm bar over ``steps`` steps, or None (no steps, or standard error not a terminal)."""
+    if not steps:
+        return None
+    from tqdm import tqdm
+    bar = tqdm(total=steps, unit="step", leave=False, disable=None, desc=f"{world_size} ranks starting")
+    return None if bar.disable else bar
 
 
 def _raise_exit(signum: int, frame: Any) -> None:

@@ -25,6 +25,7 @@ from .validate import (
     MAX_DEVICES,
     MAX_MEMORY_BYTES,
     MAX_TABLES,
+    check_name,
     is_int,
     is_number,
     read_json,
@@ -267,7 +268,7 @@ class Plan:
                                   f"got {data['device_memory_bytes']}")
         extra = {k: v for k, v in data.items() if k not in _PLAN_KEYS}
         return cls(tables, shards, data["num_devices"], data["device_memory_bytes"], bpe,
-                   str(data.get("tables_name", "tables")), data.get("estimate"),
+                   check_name(data.get("tables_name", "tables"), source, "tables_name", empty=True), data.get("estimate"),
                    None if data.get("provenance") is None else Provenance.from_dict(data["provenance"], source), extra,
                    optimizer=optimizer, data_parallel_tables=list(replicated), comm_precision=comm_precision,
                    topology=topology)

@@ -21,6 +21,7 @@ from .validate import (
     MAX_NUM_EMBEDDINGS,
     MAX_POOLING_FACTOR,
     MAX_TABLES,
+    check_name,
     is_int,
     is_number,
     read_json,
@@ -57,9 +58,7 @@ class Table:
         """Read one entry of the ``tables`` list; ``where`` names it in errors."""
         if not isinstance(data, Mapping):
             raise FormatError(f"{where}: must be an object, got {type(data).__name__}")
-        name = data.get("name")
-        if not isinstance(name, str) or not name:
-            raise FormatError(f"{where}: field 'name' must be a non-empty string, got {name!r}")
+        name = check_name(data.get("name"), where)
         where = f"{where} '{name}'"
         for key, check, what, high, limit in (
             ("num_embeddings", lambda v: is_int(v) and v >= 1, "an integer >= 1", MAX_NUM_EMBEDDINGS,
@@ -183,9 +182,7 @@ class TableSet:
         if not (is_int(batch_size) and 1 <= batch_size <= MAX_BATCH_SIZE):
             raise FormatError(f"{source}: field 'batch_size' must be an integer in [1, {MAX_BATCH_SIZE}] "
                               f"(MAX_BATCH_SIZE), got {batch_size!r}")
-        name = data.get("name", Path(source).stem if source != "<tables>" else "tables")
-        if not isinstance(name, str):
-            raise FormatError(f"{source}: field 'name' must be a string, got {name!r}")
+        name = check_name(data.get("name", Path(source).stem if source != "<tables>" else "tables"), source, empty=True)
         entries = data.get("tables")
         if not isinstance(entries, list) or not entries:
             raise FormatError(f"{source}: field 'tables' must be a non-empty list")

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 
 from .constants import COMM_PRECISIONS
 from .errors import FormatError, NeuroShardError
+from .io import is_special_file
 from .units import parse_bytes
 
 # ------------------------------------------------------------------- limits
@@ -49,6 +50,11 @@ MAX_SEED = 2**32 - 1
 MAX_STEPS = 10**7
 #: largest JSON file read (bytes)
 MAX_JSON_BYTES = 2**31
+#: a bounded read's step (``read_bounded``)
+READ_CHUNK_BYTES = 2**24
+#: a run of NUL bytes no text has (UTF-16 and UTF-32 text has single and triple NULs: their
+#: encodings are refused by name later): ``/dev/zero`` and binary files stop at the first chunk
+NULS = b"\0" * 8
 
 LIMITS = {name: value for name, value in globals().items() if name.startswith("MAX_")}
 
@@ -78,16 +84,31 @@ def parse_json(text: str, source: str | Path, what: str = "file") -> Any:
         raise FormatError(f"{source}: {what} is not valid JSON for neuroshard ({str(exc).splitlines()[0]})") from None
 
 
+def read_bounded(path: str | Path, limit: int, what: str = "file", text: bool = True) -> bytes:
+    """At most ``limit`` bytes of ``path``, whatever it is (a device such as ``/dev/zero`` or
+    a pipe reports size 0 and may never end): FormatError naming it when there is more, or,
+    for a ``text`` file, at the first run of NUL bytes (``NULS``: ``/dev/zero`` stops at once)."""
+    out = bytearray()
+    with open(path, "rb") as handle:
+        while len(out) <= limit:
+            chunk = handle.read(min(READ_CHUNK_BYTES, limit + 1 - len(out)))
+            if not chunk:
+                break
+            if text and NULS in chunk:
+                raise FormatError(f"{path}: {what} is not a text file (it has runs of NUL bytes)")
+            out += chunk
+    if len(out) > limit:
+        raise FormatError(f"{path}: {what} is over {limit:,} bytes, the most neuroshard reads for it")
+    return bytes(out)
+
+
 def read_text(path: str | Path, what: str = "file") -> str:
     """The UTF-8 text of ``path``; FormatError (naming it) when missing, a folder, too large or not UTF-8."""
     path = Path(path)
     try:
         if path.is_dir():
             raise FormatError(f"{path}: is a folder, not a {what}")
-        size = path.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise FormatError(f"{path}: {what} is {size} bytes, over MAX_JSON_BYTES ({MAX_JSON_BYTES})")
-        raw = path.read_bytes()
+        raw = read_bounded(path, MAX_JSON_BYTES, what)
     except OSError as exc:
         raise FormatError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
     return decode_text(raw, path, what)
@@ -96,6 +117,23 @@ def read_text(path: str | Path, what: str = "file") -> str:
 def read_json(path: str | Path, what: str = "file") -> Any:
     """The JSON value in ``path``; one-line FormatError naming the file for anything unreadable."""
     return parse_json(read_text(path, what), path, what)
+
+
+def has_control_character(text: str) -> bool:
+    """Whether ``text`` holds a control character (a newline, a tab, NUL, ESC, DEL, C1 codes)."""
+    return any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text)
+
+
+def check_name(value: Any, where: str, field: str = "name", empty: bool = False) -> str:
+    """A name that goes into every output (tables, plans, TorchRec exports, terminal tables):
+    a string, non-empty unless ``empty``, without control characters; FormatError naming
+    ``where`` and ``field`` otherwise."""
+    if not isinstance(value, str) or (not value and not empty):
+        raise FormatError(f"{where}: field '{field}' must be a non-empty string, got {value!r}")
+    if has_control_character(value):
+        raise FormatError(f"{where}: field '{field}' {value!r} has a control character (a newline, tab, NUL, ...); "
+                          f"names must be printable")
+    return value
 
 
 # ---------------------------------------------------------------- arguments
@@ -252,7 +290,12 @@ def check_output(path: str | Path, inputs: Iterable[str | Path | None] = (), wha
         if path.resolve() == other.resolve() or (path.exists() and other.exists() and
                                                  os.path.samefile(path, other)):
             raise NeuroShardError(f"{path}: {what} is also an input; write to another file")
-    parent = path.parent if str(path.parent) else Path(".")
+    if is_special_file(path):  # a device node or FIFO is written into (atomic_write_bytes), not replaced
+        if not os.access(path, os.W_OK):
+            raise NeuroShardError(f"{path}: cannot write {what}: no permission to write it")
+        return path
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path  # a symlink is written through
+    parent = target.parent if str(target.parent) else Path(".")
     existing = parent
     while not existing.exists():  # the parent is created on write: check the deepest one that exists
         if existing == existing.parent:
@@ -260,8 +303,10 @@ def check_output(path: str | Path, inputs: Iterable[str | Path | None] = (), wha
         existing = existing.parent
     if not existing.is_dir():
         raise NeuroShardError(f"{path}: cannot write {what}: {existing} is not a folder")
-    if not _writable(existing) or (path.exists() and not os.access(path, os.W_OK)):
-        raise NeuroShardError(f"{path}: cannot write {what} in {existing} (not writable)")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise NeuroShardError(f"{path}: cannot write {what}: the file is read-only")
+    if not _writable(existing):
+        raise NeuroShardError(f"{path}: cannot write {what} in {existing} (the folder is not writable)")
     return path
 
 

@@ -26,13 +26,13 @@ import pytest
 
 from neuroshard.costmodels import analytic_cost_models, load_cost_models
 from neuroshard.costmodels.base import CommSamples, CostModels
+from neuroshard.launch import free_port
 from neuroshard.measured.collect import collect_comm, collect_compute
 from neuroshard.plan import Plan, Shard
-from neuroshard.launch import free_port
-from neuroshard.torchrec.export import qcomms_config, to_parameter_shardings, torchrec_sharding
 from neuroshard.search.registry import ALGORITHMS
-from neuroshard.types import ceil_blocks
 from neuroshard.tables import Table
+from neuroshard.torchrec.export import qcomms_config, to_parameter_shardings, torchrec_sharding
+from neuroshard.types import ceil_blocks
 
 DATA = Path(__file__).resolve().parent / "data"
 HISTOGRAM = [0.473, 0.152, 0.139, 0.112, 0.072, 0.032, 0.011, 0.005, 0.002, 0.001, 0.001, 0, 0, 0, 0, 0, 0]

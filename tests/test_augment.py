@@ -2,9 +2,16 @@
 import numpy as np
 import pytest
 
-from neuroshard.datasets.augment import (Task, augment_table, augment_widths, fits_by_columns,
-                                         sample_table_combination, sample_tasks, split_by_table,
-                                         widest_column_shard)
+from neuroshard.datasets.augment import (
+    Task,
+    augment_table,
+    augment_widths,
+    fits_by_columns,
+    sample_table_combination,
+    sample_tasks,
+    split_by_table,
+    widest_column_shard,
+)
 from neuroshard.errors import InfeasibleError, NeuroShardError
 from neuroshard.tables import Table, TableSet
 

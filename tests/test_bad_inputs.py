@@ -19,20 +19,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tables_dict
 
 import neuroshard
 import neuroshard.search.neuroshard as ns
 from neuroshard.cli import main
 from neuroshard.costmodels import DEFAULT_CHECKPOINT, load_cost_models
-from neuroshard.measured import collect
 from neuroshard.costmodels.measure import store
 from neuroshard.costmodels.pretrain import pretrain
 from neuroshard.errors import FormatError, InfeasibleError, NeuroShardError
+from neuroshard.measured import collect
 from neuroshard.plan import Plan
 from neuroshard.tables import Table, TableSet
 from neuroshard.validate import MAX_TABLES
-
-from conftest import tables_dict
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "experiments"))

@@ -41,3 +41,17 @@ def test_every_param_key_and_default_is_documented(name):
         return
     for field in dataclasses.fields(params_type):
         assert f"`{field.name}={field.default!r}`" in documented[name], (name, field.name)
+
+
+def test_evaluate_columns_are_explained_in_help_and_docs():
+    """Every column ``evaluate`` prints is explained, the same words in ``--help`` and docs/cli.md."""
+    import inspect
+
+    from neuroshard.constants import EVALUATE_COLUMNS
+    from neuroshard.runtime import evaluate
+    from neuroshard.runtime.trainer import PHASES
+    printed = set(PHASES) | set(re.findall(r'row\["(\w+_ms)"\]', inspect.getsource(evaluate.summarize)))
+    assert printed <= set(EVALUATE_COLUMNS), printed - set(EVALUATE_COLUMNS)
+    text = DOC.read_text()
+    for name, meaning in EVALUATE_COLUMNS.items():
+        assert f"| `{name}` | {meaning} |" in text, name

@@ -13,6 +13,7 @@ import pkgutil
 
 import numpy as np
 import pytest
+from conftest import algorithm_params
 from sklearn.base import clone
 
 import neuroshard.costmodels
@@ -24,8 +25,6 @@ from neuroshard.search.api import shard
 from neuroshard.search.registry import ALGORITHMS, SIMULATED_ALGORITHMS, get_algorithm, make_params
 from neuroshard.search.simulator import Simulator
 from neuroshard.tables import Table, TableSet
-
-from conftest import algorithm_params
 
 # ---------------------------------------------------------------- algorithms
 #: what an algorithm needs beyond the package's dependencies (the module to import)

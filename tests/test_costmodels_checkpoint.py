@@ -7,6 +7,7 @@ import logging
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli
 
 import neuroshard.costmodels.loading as costmodels  # where load_cost_models reads DEFAULT_CHECKPOINT
 from neuroshard.costmodels import CostModels, load_cost_models
@@ -15,8 +16,6 @@ from neuroshard.costmodels.neural import NeuralCommModel, NeuralComputeModel
 from neuroshard.costmodels.pretrain import load_comm, load_compute
 from neuroshard.costmodels.tree import TreeCommModel, TreeComputeModel
 from neuroshard.errors import NeuroShardError
-
-from conftest import run_cli
 
 
 @pytest.fixture(scope="module")

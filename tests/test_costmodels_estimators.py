@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import run_cli
 from sklearn.base import clone
 from sklearn.ensemble import HistGradientBoostingRegressor
 
@@ -23,8 +24,6 @@ from neuroshard.costmodels.base import CommSamples
 from neuroshard.costmodels.neural import NeuralCommModel, NeuralComputeModel
 from neuroshard.costmodels.tree import TreeArrays, TreeCommModel, TreeComputeModel, set_aggregates
 from neuroshard.errors import NeuroShardError
-
-from conftest import run_cli
 
 V1_CHECKPOINT = Path(__file__).parent / "data" / "cpu-default-v1.pt"
 

@@ -6,8 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from neuroshard.costmodels.metrics import (cost_metrics, gmae, kendall_tau, mape, pair_accuracy,
-                                           pair_accuracy_of_plans)
+from neuroshard.costmodels.metrics import cost_metrics, gmae, kendall_tau, mape, pair_accuracy, pair_accuracy_of_plans
 from neuroshard.costmodels.pretrain import split_by_table
 
 

@@ -15,12 +15,11 @@ from neuroshard.runtime.measure_plan import measure_plans
 from neuroshard.runtime.model import init_rows, train_reference
 from neuroshard.runtime.trainer import RunConfig, check_run, run
 from neuroshard.search import shard
-from neuroshard.torchrec.export import torchrec_sharding
-from neuroshard.search.simulator import allreduce_ms
 from neuroshard.search.score import score_plan
-from neuroshard.search.simulator import Simulator
-from neuroshard.torchrec.import_plan import plan_from_torchrec
+from neuroshard.search.simulator import Simulator, allreduce_ms
 from neuroshard.tables import Table, TableSet
+from neuroshard.torchrec.export import torchrec_sharding
+from neuroshard.torchrec.import_plan import plan_from_torchrec
 
 STEPS, BATCH, LR = 3, 48, 5.0
 KERNEL = "fbgemm_tbe" if fbgemm_available() else "embedding_bag"

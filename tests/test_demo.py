@@ -2,7 +2,6 @@
 import json
 
 import pytest
-
 from conftest import run_cli
 
 

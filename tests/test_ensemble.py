@@ -11,12 +11,12 @@ from sklearn.base import clone
 from neuroshard import shard
 from neuroshard.costmodels import load_cost_models
 from neuroshard.costmodels.base import CostModels
-from neuroshard.measured.calibrate import calibrate
 from neuroshard.costmodels.ensemble import EnsembleComputeModel
 from neuroshard.errors import NeuroShardError
+from neuroshard.measured.calibrate import calibrate
 from neuroshard.search.simulator import Simulator
-from neuroshard.types import whole_pieces
 from neuroshard.tables import Table, TableSet
+from neuroshard.types import whole_pieces
 
 TABLES = TableSet("ens", [Table(f"t{i}", 2_000 * (i + 1), (16, 32, 64)[i % 3], 0.5 + 3 * (i % 5),
                                 {"zipf_alpha": 0.8 + 0.05 * i}) for i in range(14)], 4096)

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from neuroshard.cli import main
+from neuroshard.constraints import check_capacity
 from neuroshard.datasets import families
 from neuroshard.errors import NeuroShardError
-from neuroshard.constraints import check_capacity
 from neuroshard.tables import TableSet
 
 NEW = ["criteo-kaggle", "criteo-terabyte", "broad", "hot-few"]

@@ -10,11 +10,17 @@ import numpy as np
 import pytest
 
 from neuroshard.cli import main
-from neuroshard.costmodels.measure import (comm_arrays, compute_arrays, load_comm_data, load_compute_data, read_meta,
-                                           record_shards)
-from neuroshard.measured.collect import collect_comm, parse_dims, sample_shard_set
+from neuroshard.costmodels.measure import (
+    comm_arrays,
+    compute_arrays,
+    load_comm_data,
+    load_compute_data,
+    read_meta,
+    record_shards,
+)
 from neuroshard.costmodels.measure.store import locked
 from neuroshard.errors import NeuroShardError
+from neuroshard.measured.collect import collect_comm, parse_dims, sample_shard_set
 from neuroshard.tables import Table, TableSet
 
 FAST = ["--batch-size", "256", "--flush-bytes", "4MiB", "--warmup", "0", "--repeats", "3", "--max-repeats", "3",

@@ -6,8 +6,8 @@ import time
 import pytest
 
 from neuroshard.costmodels.measure.comm import CommBenchmark
-from neuroshard.exchange import batch_shares
 from neuroshard.errors import NeuroShardError
+from neuroshard.exchange import batch_shares
 
 
 def test_batch_shares():

@@ -1,12 +1,11 @@
 import json
 
 import pytest
+from conftest import run_cli
 
 from neuroshard import FormatError, InvalidPlanError, Plan, Shard, TableSet
-from neuroshard.units import parse_bytes
 from neuroshard.errors import NeuroShardError
-
-from conftest import run_cli
+from neuroshard.units import parse_bytes
 
 
 def make_plan(tables_file, shards, memory=10**6, devices=2) -> Plan:

@@ -5,12 +5,11 @@ import json
 
 import numpy as np
 import pytest
-
-from neuroshard.measured.plan_sets import DEVICES_PER_TASK, TASK_DEVICES, PlanSetSampler
-from neuroshard.costmodels.pretrain import load_compute
-from neuroshard.tables import Table, TableSet
-
 from conftest import run_cli
+
+from neuroshard.costmodels.pretrain import load_compute
+from neuroshard.measured.plan_sets import DEVICES_PER_TASK, TASK_DEVICES, PlanSetSampler
+from neuroshard.tables import Table, TableSet
 
 TABLES = TableSet("plan-sets", [Table(f"t{i}", 500 * (i + 1), (8, 16, 32)[i % 3], 0.5 + i % 6,
                                       {"zipf_alpha": 0.9}) for i in range(90)], 256)

@@ -27,24 +27,24 @@ import pytest
 import torch
 
 import neuroshard
+from neuroshard.costmodels import resolve_cost_models
 from neuroshard.costmodels.analytic import comm_terms
 from neuroshard.costmodels.base import CostModels
-from neuroshard.measured.calibrate import calibrate
-from neuroshard.measured.collect import collect_compute
 from neuroshard.costmodels.precision import compute_scaling, measured_ratios, model_precision
 from neuroshard.errors import NeuroShardError
 from neuroshard.exchange import PooledExchange
 from neuroshard.kernels import FusedEmbedding, fbgemm_available
-from neuroshard.plan import Plan
 from neuroshard.launch import launch
+from neuroshard.measured.calibrate import calibrate
+from neuroshard.measured.collect import collect_compute
+from neuroshard.plan import Plan
 from neuroshard.runtime.model import init_rows, train_reference
 from neuroshard.runtime.trainer import RunConfig, run
-from neuroshard.costmodels import resolve_cost_models
-from neuroshard.torchrec.export import qcomms_config
 from neuroshard.search.score import score_plan
 from neuroshard.search.simulator import Simulator
-from neuroshard.torchrec.import_plan import plan_from_torchrec
 from neuroshard.tables import TableSet
+from neuroshard.torchrec.export import qcomms_config
+from neuroshard.torchrec.import_plan import plan_from_torchrec
 
 TBE = pytest.mark.skipif(not fbgemm_available(), reason="fbgemm-gpu-cpu is not installed")
 UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}

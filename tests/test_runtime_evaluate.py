@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from neuroshard.costmodels.measure.kernel import KernelBenchmark
+from neuroshard.launch import free_port
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.evaluate import evaluate, evaluate_together, measure_alternating, paired_improvement
-from neuroshard.launch import free_port
 from neuroshard.runtime.trainer import RunConfig, run
 from neuroshard.tables import Table, TableSet
 

@@ -4,15 +4,14 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import run_cli
 
 from neuroshard.errors import InvalidPlanError
+from neuroshard.launch import RunFailedError
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.evaluate import evaluate
-from neuroshard.launch import RunFailedError
 from neuroshard.runtime.trainer import RunConfig, run
 from neuroshard.tables import Table, TableSet
-
-from conftest import run_cli
 
 TABLES = [Table(f"t{i}", 100 + 20 * i, 8, 1.0) for i in range(4)]
 

@@ -10,6 +10,7 @@ from neuroshard.datasets.synthetic import generate
 from neuroshard.errors import InfeasibleError, NeuroShardError
 from neuroshard.search import ALGORITHMS, Simulator, registry, search_placement, shard
 from neuroshard.search.cli import ALGORITHM_CHOICES
+from neuroshard.search.params import PARAMS
 from neuroshard.search.placer import greedy_place
 from neuroshard.search.registry import GREEDY_ALGORITHMS
 from neuroshard.tables import Table, TableSet
@@ -165,6 +166,7 @@ def test_one_registry_serves_shard_the_cli_and_the_experiments(analytic_models):
         algorithm = registry.get_algorithm(name)
         assert algorithm.name == name
         assert algorithm.params_type is None or dataclasses.is_dataclass(algorithm.params_type)
+        assert algorithm.params_type is PARAMS.get(name), name  # what `search --help` lists
     for name in ("neuroshard", "size", "bayes"):
         algorithm = registry.get_algorithm(name)
         params = registry.make_params(algorithm, {"n_trials": 4, "batch": 2} if name == "bayes" else {})

@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_cli
+
 from neuroshard.costmodels import analytic_cost_models
 from neuroshard.errors import NeuroShardError
 from neuroshard.plan import Plan, Shard
 from neuroshard.search import ALGORITHMS, shard
 from neuroshard.search.cli import ALGORITHM_CHOICES
+from neuroshard.tables import Table, TableSet
 from neuroshard.torchrec.export import TORCHREC_FORMAT, to_parameter_shardings, torchrec_sharding
 from neuroshard.torchrec.guard import torchrec_available
-from neuroshard.tables import Table, TableSet
 
 needs_torchrec = pytest.mark.skipif(not torchrec_available(), reason="torchrec is not importable")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from neuroshard.types import Piece, whole_pieces
 from neuroshard.search.simulator import Simulator
 from neuroshard.tables import Table, TableSet
+from neuroshard.types import Piece, whole_pieces
 
 
 def _tables(batch_size: int = 4096) -> TableSet:

@@ -15,9 +15,9 @@ from neuroshard.costmodels import analytic_cost_models  # noqa: E402
 from neuroshard.errors import NeuroShardError  # noqa: E402
 from neuroshard.plan import Plan, Shard  # noqa: E402
 from neuroshard.search import shard  # noqa: E402
+from neuroshard.tables import Table, TableSet  # noqa: E402
 from neuroshard.torchrec.export import torchrec_sharding  # noqa: E402
 from neuroshard.torchrec.import_plan import plan_from_torchrec  # noqa: E402
-from neuroshard.tables import Table, TableSet  # noqa: E402
 
 pytestmark = pytest.mark.torchrec
 WORLD = 2  # torchrec_interop's ranks
@@ -52,8 +52,15 @@ def _searched_plans() -> list[Plan]:
 
 def _torchrec_made(interop) -> tuple[list, dict]:
     """A plan TorchRec's sharding helpers make for 2 ranks, through `plan import` and export."""
-    from torchrec.distributed.sharding_plan import (column_wise, construct_module_sharding_plan, data_parallel,
-                                                    grid_shard, row_wise, table_row_wise, table_wise)
+    from torchrec.distributed.sharding_plan import (
+        column_wise,
+        construct_module_sharding_plan,
+        data_parallel,
+        grid_shard,
+        row_wise,
+        table_row_wise,
+        table_wise,
+    )
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 

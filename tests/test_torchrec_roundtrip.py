@@ -6,16 +6,16 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_cli
+
 from neuroshard.costmodels import analytic_cost_models
 from neuroshard.errors import FormatError, InvalidPlanError
 from neuroshard.plan import Plan
 from neuroshard.search import shard
-from neuroshard.torchrec.export import torchrec_sharding
 from neuroshard.search.score import score_plan
-from neuroshard.torchrec.import_plan import plan_from_torchrec, record_of, sharding_plan_json
 from neuroshard.tables import Table, TableSet
+from neuroshard.torchrec.export import torchrec_sharding
+from neuroshard.torchrec.import_plan import plan_from_torchrec, record_of, sharding_plan_json
 
 TABLES = TableSet("roundtrip", [Table("a", 100, 16, 2.0), Table("b", 57, 32, 1.0), Table("c", 1001, 16, 3.0),
                                 Table("d", 403, 8, 1.5), Table("e", 999, 256, 4.0, {"zipf_alpha": 1.1})], 1024)
@@ -25,8 +25,14 @@ def _torchrec_plan():
     """What TorchRec's sharding helpers make for 4 ranks on 2 hosts: one table of each type."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("torchrec.distributed.planner")
-    from torchrec.distributed.sharding_plan import (column_wise, construct_module_sharding_plan, grid_shard,
-                                                    row_wise, table_row_wise, table_wise)
+    from torchrec.distributed.sharding_plan import (
+        column_wise,
+        construct_module_sharding_plan,
+        grid_shard,
+        row_wise,
+        table_row_wise,
+        table_wise,
+    )
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
     ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim,

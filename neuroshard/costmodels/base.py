@@ -32,7 +32,9 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from ..errors import NeuroShardError
+from ..tables import Table
 from . import checkpoint
+from .features import shard_set_features
 from .metrics import comm_metrics, cost_metrics
 
 
@@ -285,5 +287,28 @@ class CostModels:
 
     @classmethod
     def load(cls, path: str | Path) -> "CostModels":
-        """Read a checkpoint written by ``save``; refuses another feature schema version."""
-        return cls(**checkpoint.load_parts(path))
+        """Read a checkpoint written by ``save``; refuses another feature schema version, and
+        models whose predictions are not finite and non-negative (``check_predictions``)."""
+        return cls(**checkpoint.load_parts(path)).check_predictions()
+
+    def check_predictions(self) -> "CostModels":
+        """``self``, after predicting a few ordinary shard sets (1-6 tables) and exchanges
+        (2 and 8 devices): NeuroShardError naming the checkpoint when any prediction is NaN,
+        infinite or negative (a damaged or diverged model: a search against it would put
+        every table on one device and write NaN into the plan)."""
+        probe = [Table(f"probe{i}", rows, dim, pooling_factor=pool) for i, (rows, dim, pool) in
+                 enumerate([(1000, 16, 1.0), (100_000, 64, 4.0), (5_000_000, 128, 20.0), (20_000, 32, 2.0),
+                            (300_000, 8, 1.0), (50, 256, 60.0)])]
+        found = {"compute": self.compute.predict([shard_set_features(probe[:k], self.batch_size) for k in (1, 3, 6)])}
+        for devices in (2, 8):
+            comm, widths = self.comm_for(devices), np.full((1, devices), 256.0)
+            found[f"forward exchange ({devices} devices)"] = comm.predict_forward(widths, np.zeros((1, devices)))
+            found[f"backward exchange ({devices} devices)"] = comm.predict_backward(widths)
+            found[f"reduction ({devices} devices)"] = comm.predict_reduce(np.array([256.0]))
+        for what, values in found.items():
+            values = np.asarray(values, dtype=np.float64)
+            if not np.isfinite(values).all() or (values < 0).any():
+                bad = "NaN or infinite" if not np.isfinite(values).all() else "negative"
+                raise NeuroShardError(f"{self.path or self.name}: cost model '{self.name}' predicts {bad} "
+                                      f"{what} costs on ordinary inputs; refused (a damaged or diverged model)")
+        return self

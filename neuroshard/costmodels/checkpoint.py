@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import NeuroShardError
+from ..errors import NeuroShardError, os_reason
 from ..io import atomic_write_bytes
+from ..validate import read_bounded
 from .features import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
 
 if TYPE_CHECKING:  # the models are read by duck typing; base builds the bundle from load_parts
@@ -30,6 +31,8 @@ if TYPE_CHECKING:  # the models are read by duck typing; base builds the bundle 
 
 log = logging.getLogger(__name__)
 
+#: the largest checkpoint read (the shipped one is under 1 MB; ensembles of big MLPs stay far below)
+MAX_CHECKPOINT_BYTES = 2**30
 #: the checkpoints shipped with the package (``cpu-default.pt``), readable by name
 SHIPPED_CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 
@@ -140,7 +143,11 @@ def read_checkpoint(path: str | Path) -> dict:
         raise NeuroShardError(f"{path}: no such cost-model checkpoint")
     import torch
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        raw = read_bounded(path, MAX_CHECKPOINT_BYTES, "cost-model checkpoint", text=False)
+    except OSError as exc:
+        raise NeuroShardError(f"{path}: cannot read the cost-model checkpoint ({os_reason(exc)})") from None
+    try:
+        payload = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many kinds for a file that is not a checkpoint
         raise NeuroShardError(f"{path}: not a cost-model checkpoint ({type(exc).__name__})") from None
     if not isinstance(payload, dict) or payload.get("format") not in (CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_V1):

@@ -67,6 +67,54 @@ def _split(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fractions(text: str) -> list[tuple[str, float]]:
+    """``0.01,0.05,0.2`` as (the text as given, its value) pairs, each in (0, 1]."""
+    out = []
+    for part in text.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected fractions like 0.01,0.05,0.2, got {text!r}") from None
+        if not 0 < value <= 1:
+            raise argparse.ArgumentTypeError(f"a cache fraction must be in (0, 1], got {part!r}")
+        out.append((part.strip(), value))
+    if len({v for _, v in out}) != len(out):
+        raise argparse.ArgumentTypeError(f"a cache fraction is given twice in {text!r}")
+    return out
+
+
+def _cache(args: argparse.Namespace) -> int:
+    import json
+
+    from ..cli_options import write_output
+    from ..tables import TableSet
+    from ..validate import check_output
+    from .cache_model import predict_miss_rates
+    if args.output != "-":
+        check_output(args.output, [args.tables], "cache report")
+    tables = TableSet.read(args.tables)
+    values = [v for _, v in args.fractions]
+    report = {"batch_size": tables.batch_size, "algorithm": args.algorithm, "tables": {},
+              **({"history_batches": args.history} if args.history and args.algorithm == "lfu" else {})}
+    for table in tables:
+        curve = predict_miss_rates(table, tables.batch_size, values, args.algorithm, history=args.history)
+        report["tables"][table.name] = {"unique_per_batch": round(curve.unique_per_batch, 3), "method": curve.method,
+                                        "miss_rate": {text: round(curve.miss_rate[v], 6)
+                                                      for text, v in args.fractions}}
+    say = write_output(args.output, json.dumps(report, indent=1) + "\n")
+    width = max(len(t.name) for t in tables)
+    say(f"{args.algorithm.upper()} miss rate (share of a batch's unique rows not cached) at batch "
+        f"{tables.batch_size:,}, per cache fraction of each table's rows:")
+    say(f"{'table':{width}s} {'unique/batch':>13s} " + " ".join(f"{text:>8s}" for text, _ in args.fractions))
+    for name, entry in report["tables"].items():
+        say(f"{name:{width}s} {entry['unique_per_batch']:13,.0f} "
+            + " ".join(f"{entry['miss_rate'][text]:8.3f}" for text, _ in args.fractions)
+            + ("  (replayed)" if entry["method"] == "replayed" else ""))
+    if args.output != "-":
+        say(f"wrote {args.output}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     tables = sub.add_parser("tables", help="describe, generate and import tables files",
                             description="Work with neuroshard.tables/v1 files.")
@@ -116,3 +164,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train", required=True, help="tables file for the training tables")
     p.add_argument("--test", required=True, help="tables file for the held-out tables")
     p.set_defaults(func=_split)
+
+    from ..constants import CACHE_ALGORITHMS
+    p = tsub.add_parser("cache", help="miss rates of device caches holding a fraction of each table",
+                        description="Per table, the miss rate of a device cache holding each fraction of its rows "
+                                    "(the share of a batch's unique rows not in the cache before the batch, at "
+                                    "steady state, at the file's batch size), predicted from the table's access "
+                                    "description; recorded lookups are replayed (neuroshard/datasets/cache_model.py).")
+    add_input(p, "tables", "tables file (JSON)")
+    p.add_argument("--fractions", type=_fractions, default=_fractions("0.01,0.05,0.2"), metavar="F,F,...",
+                   help="cache sizes as fractions of each table's rows, each in (0, 1] (default: 0.01,0.05,0.2)")
+    p.add_argument("--algorithm", choices=CACHE_ALGORITHMS, default="lru",
+                   help="eviction: lru (least recently used) or lfu (least frequently used) (default: lru)")
+    p.add_argument("--history", type=int_in(1, 10**9, "a batch count"), default=None, metavar="BATCHES",
+                   help="lfu: the batches its counts cover (default: a long run, the steady state)")
+    p.add_argument("-o", "--output", required=True, help="report to write (JSON; - for standard output)")
+    p.set_defaults(func=_cache)

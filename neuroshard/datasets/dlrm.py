@@ -149,12 +149,16 @@ def load_dlrm(path: str | Path) -> tuple[list[np.ndarray], np.ndarray]:
     return [recorded.table_indices(t) for t in range(recorded.num_tables)], recorded.lengths
 
 
+def recorded_path(table: Table) -> Path:
+    """The dlrm_datasets file ``table.access["indices"]`` names (relative to ``table.base_dir``)."""
+    path = Path(table.access["indices"])
+    return path if path.is_absolute() else (table.base_dir or Path.cwd()) / path
+
+
 def recorded_batch(table: Table, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(row ids, lengths) of one batch of a table whose ``access.indices`` names a
     dlrm_datasets file (relative paths taken from ``table.base_dir``)."""
-    path = Path(table.access["indices"])
-    if not path.is_absolute():
-        path = (table.base_dir or Path.cwd()) / path
+    path = recorded_path(table)
     try:
         recorded = read_recorded(path)
     except FormatError as exc:  # name the tables file and table that point at it

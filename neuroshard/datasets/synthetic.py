@@ -46,6 +46,7 @@ import numpy as np
 
 from ..errors import NeuroShardError
 from ..tables import Table, TableSet
+from ..validate import read_text
 from . import access as acc
 from .sampler import lookups_from
 
@@ -112,10 +113,7 @@ def _bins(block: str, header: str, source: str, entry: str) -> np.ndarray:
 def parse_locality_stats(path: str | Path) -> dict[str, LocalityStats]:
     """All entries of a dlrm_datasets locality statistics file, by entry name."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise NeuroShardError(f"{path}: cannot read locality statistics ({exc.strerror or exc})") from None
+    text = read_text(path, "locality statistics file")  # bounded, UTF-8, one-line errors
     names = list(re.finditer(r"^(\S+\.pt)\s*$", text, re.MULTILINE))
     if not names:
         raise NeuroShardError(f"{path}: no entries found (expected lines naming a '.pt' file)")

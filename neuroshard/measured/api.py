@@ -23,7 +23,6 @@ from .calibrate import DEFAULT_SETS, calibrated_models, start_calibration
 from .refine import check_refine
 from .refine import refine as refine_rounds
 
-
 log = logging.getLogger(__name__)
 _warned: set = set()  # the cost models already warned about in this process
 

@@ -70,6 +70,11 @@ CALIBRATION_RECIPE = 3
 MAX_SET_BYTES = 3 << 30
 
 
+#: what the progress bar says while each kind of set is timed
+TIMING_LABELS = {"table": "calibrate: each table alone", "random": "calibrate: random sets",
+                 "plan": "refine: the plan's devices"}
+
+
 @dataclass
 class CalibrationReport:
     """What calibration measured and how much it helped (errors on held-out sets)."""
@@ -155,21 +160,22 @@ class Calibration:
         self.held_out: tuple[np.ndarray, np.ndarray] | None = None  # (test, validation) set numbers, first fit
         self.report: CalibrationReport | None = None  # of the last fit
 
-    def time(self, sets: list, passes: int = 1) -> np.ndarray:
+    def time(self, sets: list, passes: int = 1, what: str = "timing device sets") -> np.ndarray:
         """Time ``sets`` (lists of pieces; empty ones are skipped) on this machine in one
-        interleaved run, the median of ``passes`` passes each (ms)."""
+        interleaved run, the median of ``passes`` passes each (ms); ``what`` labels the
+        progress bar on a terminal."""
         start = time.perf_counter()
         shard_lists = [self.sim.to_shards(s, np.zeros(len(s), dtype=np.int64)) for s in sets if len(s)]
         times, self.config = self.timer(shard_lists, self.tables, passes=passes, repeats=1,
                                           batch_size=self.models.batch_size, row_cap=self.row_cap, kernel=self.kernel,
-                                          progress=True, weights_precision=self.weights_precision)
+                                          progress=what, weights_precision=self.weights_precision)
         self.seconds += time.perf_counter() - start
         return np.array([float(np.median(t)) for t in times])
 
     def add(self, sets: list, kind: str, passes: int = 1) -> np.ndarray:
         """``time`` the sets and keep them for ``fit``. Returns their times (ms)."""
         sets = [list(s) for s in sets if len(s)]
-        costs = self.time(sets, passes)
+        costs = self.time(sets, passes, TIMING_LABELS.get(kind, f"timing {kind} sets"))
         self.sets += sets
         self.features += [self.sim.features_of(self.sim.piece_ids(s)) for s in sets]
         self.costs += costs.tolist()

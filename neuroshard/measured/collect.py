@@ -33,6 +33,7 @@ from ..tables import Table, TableSet
 from ..units import format_bytes
 from ..validate import (
     MAX_DEVICES,
+    MAX_JSON_BYTES,
     MAX_STEPS,
     check_batch_size,
     check_int,
@@ -40,6 +41,7 @@ from ..validate import (
     check_number,
     check_output_folder,
     check_seed,
+    read_bounded,
 )
 from .calibrate import MAX_SET_BYTES
 from .plan_sets import PlanSetSampler
@@ -115,7 +117,7 @@ def check_memory_fits(tables: Sequence[Table], memory_bytes: int, dims: Sequence
 
 
 def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return hashlib.sha256(read_bounded(path, MAX_JSON_BYTES, "tables file")).hexdigest()[:16]
 
 
 def _progress(total: int, initial: int, desc: str):

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..costmodels.measure.store import cpu_model
 from ..costmodels.measure.timing import time_devices
-from ..kernels import DEFAULT_MAX_ROWS, trained_precision
+from ..kernels import trained_precision
 from ..optimizers import row_bytes
+from ..search.params import MeasuredGreedyParams
 from ..search.placer import greedy_place
 from ..search.registry import SearchFunction
 from ..search.rowwise import place_with_splits, split_for_memory
@@ -31,19 +31,6 @@ from ..search.simulator import Simulator
 from ..types import Piece, Placement, split_rows, whole_pieces
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class MeasuredGreedyParams:
-    """``passes``: timed passes per unit (median, after one untimed warm-up run),
-    ``repeats``: runs per unit and pass; ``batch_size``: batch each unit is timed at
-    (None: the cost models'); ``row_cap``, ``kernel``: as ``neuroshard measure``."""
-
-    passes: int = 1
-    repeats: int = 1
-    batch_size: int | None = None
-    row_cap: int = DEFAULT_MAX_ROWS
-    kernel: str = "auto"
 
 
 def _units(sim: Simulator, memory_bytes: int) -> list[Piece]:

@@ -175,7 +175,7 @@ def _time_plans(plans: list[Plan], which: list[int], tables: TableSet, calibrati
     minutes apart: 15% seen on 10 ms sets); the cost is the simulator's total with the
     measured compute in place of the estimate."""
     every = [s for i in which for s in calibration.sim.device_sets(plans[i])]
-    times = _per_set(every, calibration.time(every, passes))
+    times = _per_set(every, calibration.time(every, passes, f"timing {len(which)} plans together"))
     out, first = [], 0
     for i in which:
         compute = times[first:first + plans[i].num_devices]
@@ -198,7 +198,7 @@ def _time_change(sets: list[list], calibration: Any, passes: int, record: dict) 
     ``record["stopped"]`` saying why, when they cannot be timed now (e.g. no memory for them):
     polish then keeps what it gained so far."""
     try:
-        return _per_set(sets, calibration.time(sets, passes))
+        return _per_set(sets, calibration.time(sets, passes, "polish: timing a change"))
     except NeuroShardError as exc:
         log.warning("polish stopped: %s", exc)
         record["stopped"] = str(exc).splitlines()[0]

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import textwrap
 
 from ..cli_options import add_input, add_output
-from ..constants import TIMING_PASSES, TIMING_REPEATS, TIMING_WARMUP_PASSES
+from ..constants import EVALUATE_COLUMNS, TIMING_PASSES, TIMING_REPEATS, TIMING_WARMUP_PASSES
 from ..kernels import DEFAULT_MAX_ROWS, kernel_names
 from ..validate import batch_size_int, device_count, float_in, nonneg_int, positive_float, positive_int, seed_int
 
@@ -118,9 +119,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_train, torchrun_rank=True)
 
     p = sub.add_parser("evaluate", help="measure what each device spends per iteration under a plan",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Run training iterations of a plan and report per device the measured "
                                    "embedding compute, forward and backward communication and their total "
-                                   "(medians after warm-up), and the max over devices.")
+                                   "(medians after warm-up), and the max over devices.",
+                       epilog="columns (medians over the measured iterations, ms):\n" + "\n".join(
+                           textwrap.fill(meaning, 96, initial_indent=f"  {name:17s}", subsequent_indent=" " * 19)
+                           for name, meaning in EVALUATE_COLUMNS.items()))
     _common(p)
     p.add_argument("--iterations", type=positive_int, default=20, help="measured iterations (default: 20)")
     p.add_argument("--warmup", type=nonneg_int, default=3, help="warm-up iterations, not measured (default: 3)")

@@ -155,9 +155,9 @@ def measure_alternating(plans: dict[str, Plan], tables: TableSet, runs: int = 3,
         raise NeuroShardError(f"runs must be at least 1, got {runs}")
     names = list(plans)
     out: dict[str, list[Measurement]] = {name: [] for name in names}
-    for run in range(runs):
-        order = names[run % len(names):] + names[:run % len(names)]
-        log.info("run %d of %d: %s interleaved", run + 1, runs, ", ".join(order))
+    for index in range(runs):
+        order = names[index % len(names):] + names[:index % len(names)]
+        log.info("run %d of %d: %s interleaved", index + 1, runs, ", ".join(order))
         measured = evaluate_together([plans[n] for n in order], tables, devices, iterations, **options)
         for name, measurement in zip(order, measured):
             out[name].append(measurement)

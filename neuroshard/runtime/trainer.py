@@ -110,14 +110,19 @@ class RunResult:
 
 
 def check_run(plan: Plan, tables: TableSet, devices: int) -> None:
-    """Refuse, before anything starts, a plan that is invalid, made for other tables,
-    or needs more devices than given."""
+    """Refuse, before anything starts, a plan that is invalid, made for other tables, or
+    for another number of devices (fewer cannot hold it; more would leave ranks idle while
+    the figures read as the plan's)."""
     plan.validate()
     plan.check_matches(tables)
-    if devices < plan.num_devices:
-        raise InvalidPlanError(f"plan needs {plan.num_devices} devices, only {devices} given")
     if devices < 1:
         raise NeuroShardError(f"--devices must be at least 1, got {devices}")
+    if devices < plan.num_devices:
+        raise InvalidPlanError(f"plan needs {plan.num_devices} devices, only {devices} given")
+    if devices > plan.num_devices:
+        raise InvalidPlanError(f"plan is for {plan.num_devices} devices, {devices} given: ranks "
+                               f"{plan.num_devices}-{devices - 1} would sit idle; give --devices {plan.num_devices} "
+                               f"or search a plan for {devices} devices")
     if plan.data_parallel_tables and plan.optimizer != "sgd":
         raise InvalidPlanError(f"data-parallel table '{plan.data_parallel_tables[0]}': the runtime trains replicated "
                                f"tables with sgd only, the plan's optimizer is {plan.optimizer}")
@@ -153,7 +158,7 @@ def run(config: RunConfig) -> RunResult | None:
         if world_size != config.world_size:
             raise NeuroShardError(f"torchrun started {world_size} processes but {config.world_size} devices were asked for")
         return run_worker(WorkerContext(rank, world_size), config)
-    return launch(run_worker, (config,), config.world_size, config.timeout_s)[0]
+    return launch(run_worker, (config,), config.world_size, config.timeout_s, steps=config.steps)[0]
 
 
 def _device_kind(backend: str) -> str:

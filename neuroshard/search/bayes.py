@@ -10,34 +10,18 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 
 from ..types import Piece, Placement, split_rows, whole_pieces
-from ..validate import check_int, check_number
+from .params import BayesParams
 from .placer import greedy_place
 from .registry import SearchFunction
 from .rowwise import place_with_splits, strip_groups
 from .simulator import Simulator
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class BayesParams:
-    n_trials: int = 48           # trials in all
-    batch: int = 8               # trials scored per simulator call
-    max_tables: int = 8          # tables whose splits are searched (highest predicted cost first)
-    max_col_halvings: int = 3    # column halvings per table at most
-    max_row_parts: int = 4       # row ranges per table at most (1 = no row split)
-    max_cap_factor: float = 2.0  # width cap per device, x the mean width
-
-    def __post_init__(self) -> None:
-        for name, low, high in (("n_trials", 1, 100000), ("batch", 1, 1024), ("max_tables", 1, 10000),
-                                ("max_row_parts", 1, 1024), ("max_col_halvings", 0, 12)):
-            check_int(getattr(self, name), f"parameter {name}", low, high)
-        check_number(self.max_cap_factor, "parameter max_cap_factor", 1.0, 100.0)
 
 
 def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None, seed: int = 0) -> Placement:

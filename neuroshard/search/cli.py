@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 
 from ..cli_options import STDOUT, add_comm_precision, add_input, add_output, add_topology_options, write_output
 from ..constants import (
@@ -17,6 +18,7 @@ from ..exporters import exporter_names
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
 from ..topology import memory_list
 from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, int_in, optional_count, seed_int
+from .params import describe_params
 from .registry import ALGORITHMS
 
 ALGORITHM_CHOICES = ALGORITHMS  # the registry's names (listing them imports no algorithm)
@@ -59,6 +61,10 @@ def _search(args: argparse.Namespace) -> int:
     if bound:
         say(bound)
     refine = prov.get("refine", {})
+    if refine:
+        say(f"refine: every time below was measured on this machine ({refine.get('hardware') or 'unrecorded'}) at "
+            f"batch {refine.get('batch_size', 0):,} (the cost models' measured batch; the estimate above is at the "
+            f"tables' batch): compute timed, communication modelled")
     for r in refine.get("rounds", []):
         say(f"refine round {r['round']}: models {100 * r['device_gmae']:.1f}% off on the plan's devices; measured "
             f"max compute {r['measured_max_compute_ms']:.2f} ms (estimated {r['estimated_max_compute_ms']:.2f}), "
@@ -74,9 +80,11 @@ def _search(args: argparse.Namespace) -> int:
             + f"; written: {refine['chosen']}'s plan")
     if "polish" in refine:
         polish = refine["polish"]
-        say(f"polish: {polish['accepted']} of {polish['steps']} timed changes kept; measured cost "
-            f"{polish.get('measured_cost_before_ms', float('nan')):.2f} -> "
-            f"{polish.get('measured_cost_after_ms', float('nan')):.2f} ms")
+        say(f"polish: {polish['accepted']} of {polish['steps']} timed changes kept (a change is kept when two "
+            f"timing runs both show it cheaper); the plan's measured cost "
+            f"{polish.get('measured_cost_before_ms', float('nan')):.2f} ms when chosen, "
+            f"{polish.get('measured_cost_after_ms', float('nan')):.2f} ms in the last run"
+            + ("" if polish["accepted"] else " (the same plan: the difference is this machine's drift)"))
     measured_on = prov.get("parameters", {}).get("measured_on")
     if measured_on:
         say(f"{args.algorithm} timed the tables on this machine ({measured_on}): the plan is for this hardware")
@@ -137,6 +145,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_comm_precision(p)
     add_topology_options(p)
     p.add_argument("--seed", type=seed_int, default=0)
+    p.epilog = "--param keys per algorithm (default values):\n" + "\n".join(
+        textwrap.fill(describe_params(name), 96, initial_indent=f"  {name:17s}", subsequent_indent=" " * 19)
+        for name in ALGORITHMS)
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--param", type=_param, action="append", metavar="KEY=VALUE",
                    help="algorithm parameter, e.g. beam_width=4 (repeatable)")
     add_output(p, "plan file to write (- for standard output)", required=True, metavar="PLAN.json")

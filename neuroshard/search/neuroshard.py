@@ -36,47 +36,19 @@ Tables too large for one device are split first (``rowwise.split_for_memory``).
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 
-from ..errors import InfeasibleError, NeuroShardError
+from ..errors import InfeasibleError
 from ..types import Piece, Placement
-from ..validate import check_int, check_number
 from .baselines import GREEDY_KEYS, best_packing_greedy, greedy_by_key
+from .params import NeuroShardParams
 from .placer import greedy_place
 from .rowwise import halve_strip_cols, place_with_splits, split_table_rows, strip_groups
 from .simulator import Simulator
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class NeuroShardParams:
-    """Search parameters (the paper's k, L, n and the width-cap grid)."""
-
-    beam_width: int = 3          # k: states kept per step
-    depth: int = 8               # L: most splits added to the initial state
-    top_n: int = 3               # candidate pieces per state: top-n by size, top-n by cost
-    grid_size: int = 8           # width caps tried by the greedy placement
-    max_cap_factor: float = 1.5  # caps from 1x to this x the mean width per device (plus no cap)
-    row_splits: bool = True      # also try splitting hot tables along rows
-    patience: int = 3            # stop after this many steps without a better plan
-    local_search_steps: int = 48       # most single-piece moves or swaps off the slowest device at the end
-    local_search_swaps: int = 64       # swaps simulated per local-search step (0: moves only)
-    baseline_seeds: bool = True  # also start the local search from the best classic greedy plan when cheaper
-    split_margin: float = 0.05   # keep the beam's extra splits only when simulated cheaper by more than this
-
-    def __post_init__(self) -> None:
-        for name, low, high in (("beam_width", 1, 64), ("top_n", 1, 64), ("grid_size", 1, 64), ("patience", 1, 1000),
-                                ("depth", 0, 1000), ("local_search_steps", 0, 10000),
-                                ("local_search_swaps", 0, 100000)):
-            check_int(getattr(self, name), f"parameter {name}", low, high)
-        check_number(self.max_cap_factor, "parameter max_cap_factor", 1.0, 100.0)
-        check_number(self.split_margin, "parameter split_margin", 0.0, 1.0)
-        for name in ("row_splits", "baseline_seeds"):
-            if not isinstance(getattr(self, name), bool):
-                raise NeuroShardError(f"parameter {name} must be true or false, got {getattr(self, name)!r}")
 
 
 def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = None, seed: int = 0) -> Placement:

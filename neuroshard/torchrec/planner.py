@@ -11,14 +11,13 @@ conservative under our memory accounting.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..constants import DATA_PARALLEL
 from ..constraints import TableConstraints, plan_problems
 from ..errors import InfeasibleError
 from ..plan import Plan
+from ..search.params import TorchRecParams
 from ..search.registry import SearchFunction
 from ..search.simulator import Simulator
 from ..types import Piece, Placement
@@ -29,15 +28,6 @@ from .import_plan import shards_from_torchrec
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise")
 #: TorchRec's optimizer class (``torchrec.optim``) of each of our optimizers
 TORCHREC_OPTIMIZERS = {"sgd": "SGD", "adagrad": "Adagrad", "rowwise-adagrad": "RowWiseAdagrad", "adam": "Adam"}
-
-
-@dataclass
-class TorchRecParams:
-    """``compute_device``: the device kind TorchRec's planner plans for (``cuda``, the
-    default: the devices our plans describe, each with ``memory`` of HBM; or ``cpu``, where
-    TorchRec's sharder offers no row-wise layouts, so a table larger than a device has no plan)."""
-
-    compute_device: str = "cuda"
 
 
 def search(sim: Simulator, memory_bytes: int, compute_device: str = "cuda") -> Placement:
@@ -115,7 +105,6 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cuda") -> P
     return Placement(pieces, devices_arr, cost,
                      {"parameters": {"compute_device": compute_device, "sharding_types": types},
                       "simulated_cost_ms": cost})
-
 
 
 def _search(sim: Simulator, memory_bytes: int, params: TorchRecParams | None, seed: int) -> Placement:

@@ -125,7 +125,7 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
                  warmup_passes: int = TIMING_WARMUP_PASSES, repeats: int = TIMING_REPEATS,
                  batch_size: int = MEASURED_BATCH_SIZE, row_cap: int = DEFAULT_MAX_ROWS, kernel: str = "auto",
                  backend: str = "cpu", optimizer: str = "exact_sgd", max_memory_bytes: int | None = None,
-                 progress: bool = False, weights_precision: str = "fp32",
+                 progress: bool | str = False, weights_precision: str = "fp32",
                  flush_bytes: int | None = None) -> tuple[list[list[float]], dict]:
     """Time each device's shards (a list of shard lists, one per device, of any plans)
     as one fused kernel with weights of ``weights_precision``, the devices taking turns
@@ -167,7 +167,8 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
     pinned = _pin_thread() if backend == "cpu" else None
     bar = None
     if progress:
-        bar = tqdm(total=total_passes * len(busy), desc="measure", unit="device", leave=False, disable=None)
+        bar = tqdm(total=total_passes * len(busy), desc=progress if isinstance(progress, str) else "measure",
+                   unit="device", leave=False, disable=None)
     try:
         for pass_ in range(total_passes):
             shift = (pass_ * max(1, len(busy) // total_passes)) % max(1, len(busy))
