@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -250,6 +251,13 @@ def _qcomms(doc: dict):
     return None if config is None else get_qcomm_codecs_registry(config, device=torch.device("cpu"))
 
 
+def readme_torchrec_lines() -> str:
+    """The README's "TorchRec users: three lines" block, as written."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    return next(b for b in blocks if "NeuroShardPlanner(" in b)
+
+
 def _torchrec_compare(rank: int, world: int, tables: list[Table], doc: dict) -> dict:
     """Max abs difference between the exported plan in DistributedModelParallel and the
     unsharded EmbeddingBagCollection built from the same weights: of the pooled outputs
@@ -307,7 +315,7 @@ def _torchrec_compare(rank: int, world: int, tables: list[Table], doc: dict) -> 
     apply_optimizer_in_backward(torch.optim.SGD, model.get_submodule(path).parameters(), {"lr": lr})
     sizes = {t.name: (t.num_embeddings, t.embedding_dim) for t in tables}
     sharders = [EmbeddingBagCollectionSharder(qcomm_codecs_registry=_qcomms(doc))]
-    planned = {}
+    planned, built = {}, None  # built: the DMP the README's lines made
     if "planner" in doc:  # NeuroShardPlanner plans on rank 0 and broadcasts
         from torchrec.distributed.planner import ParameterConstraints, Topology
 
@@ -315,15 +323,27 @@ def _torchrec_compare(rank: int, world: int, tables: list[Table], doc: dict) -> 
         from neuroshard.torchrec.import_plan import sharding_plan_json
         options = dict(doc["planner"])
         constraints = {name: ParameterConstraints(**rule) for name, rule in options.pop("constraints", {}).items()}
-        planner = NeuroShardPlanner(Topology(world_size=world, compute_device="cpu", ddr_cap=options.pop("ddr_cap")),
-                                    batch_size, constraints=constraints, cost_models=analytic_cost_models(),
-                                    log_stats=False,
-                                    **options)
-        plan = planner.collective_plan(model, sharders, dist.group.WORLD)
+        topology = Topology(world_size=world, compute_device="cpu", ddr_cap=options.pop("ddr_cap"))
+        if options.pop("readme", False):  # the README's lines, exactly as written (defaults: the shipped models)
+            made = {}
+
+            def on_cpu(module, plan, sharders):  # the README's DMP call, on this CPU process group
+                made["plan"] = plan
+                return DistributedModelParallel(module, env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                                device=torch.device("cpu"), plan=plan, sharders=sharders)
+
+            scope = {"topology": topology, "batch_size": batch_size, "constraints": constraints, "model": model,
+                     "sharders": sharders, "pg": dist.group.WORLD, "DistributedModelParallel": on_cpu}
+            exec(readme_torchrec_lines(), scope)
+            plan, planner, built = made["plan"], scope["planner"], scope["model"]
+        else:
+            planner = NeuroShardPlanner(topology, batch_size, constraints=constraints,
+                                        cost_models=analytic_cost_models(), log_stats=False, **options)
+            plan = planner.collective_plan(model, sharders, dist.group.WORLD)
         planned = {"plan": sharding_plan_json(plan), "shards": [s.to_dict() for s in planner.last_plan.shards]}
     else:
         plan = ShardingPlan({"ebc": EmbeddingModuleShardingPlan(to_parameter_shardings(doc, sizes))})
-    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD),
+    dmp = built or DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD),
                                    device=torch.device("cpu"), plan=plan, sharders=sharders)
 
     def local_parts(value) -> list[tuple[int, int, torch.Tensor]]:

@@ -299,3 +299,15 @@ def test_takes_embedding_sharding_planner_arguments_as_written(caplog):
     assert _kinds(plan)["a"] == "table_wise"
     default = _planner(2, 10**6, device="cpu", storage_reservation=None)
     assert default._memory() == int(10**6 * 0.85)
+
+
+@pytest.mark.gloo
+def test_the_readme_lines_run_as_written_in_dmp(torchrec_interop):
+    """The README's "TorchRec users: three lines" block, executed as written on 2 gloo ranks
+    (only DistributedModelParallel is told to use this CPU process group): the model it
+    builds computes what the unsharded model computes."""
+    request = torchrec_interop.planner_request(110_000, readme=True)
+    rank0, rank1 = (results[0] for results in torchrec_interop.run([(SPEC, request)]))
+    assert rank0["plan"] == rank1["plan"] and set(rank0["plan"]["sparse.ebc"]) == {n for n, _, _ in SPEC}
+    for result in (rank0, rank1):
+        assert result["forward"] < 1e-5 and result["weights"] < 1e-5 and result["after_step"] < 1e-5, result
