@@ -3,8 +3,12 @@
 Every ``neuroshard`` command in a code block of README.md and docs/*.md parses with the
 real command line (options, choices, values): a renamed or removed option fails here,
 naming the file and line. The guide's small end-to-end blocks then run for real, in one
-folder, in order (the README's "Plan your own tables" runs in ``test_readme.py``, the
-Python blocks of docs/extending.md in ``test_extending.py``)."""
+folder, in order, and its Python blocks after them (the README's "Plan your own tables"
+runs in ``test_readme.py``, the README's TorchRec lines in a 2-rank DMP in
+``test_torchrec_planner.py``, the Python blocks of docs/extending.md in
+``test_extending.py``). Not run here: the guide's TorchRec blocks (the README's lines
+again, and a DMP on a CUDA device), collection and pre-training at full size (hours),
+and commands that need a GPU, Meta's dlrm_datasets files or torchrun."""
 from __future__ import annotations
 
 import re
@@ -107,5 +111,11 @@ def test_the_guides_small_blocks_run_as_written(tmp_path, monkeypatch, capsys):
             code = main(shlex.split(command)[1:])
             assert code == 0, f"docs/guide.md: `{command}` exited {code}: {capsys.readouterr().err[-800:]}"
             ran.append(command)
+    # the guide's Python blocks that need no TorchRec model: run as written, after the commands made test.json
+    text = (ROOT / "docs" / "guide.md").read_text(encoding="utf-8")
+    python = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "torchrec" not in b]
+    assert len(python) >= 2
+    for block in python:
+        exec(compile(block, "docs/guide.md", "exec"), {})
     assert len(ran) >= 14 and Path("plan.torchrec.json").exists() and Path("plan-adagrad.json").exists()
     assert Path("measured.json").exists()  # the last block: search, train and evaluate a 2-device plan
