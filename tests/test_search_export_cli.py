@@ -7,6 +7,7 @@ import json
 import pytest
 from conftest import run_cli
 
+from neuroshard.cli import main
 from neuroshard.costmodels import analytic_cost_models
 from neuroshard.errors import NeuroShardError
 from neuroshard.plan import Plan, Shard
@@ -162,3 +163,35 @@ def test_searched_plans_export_for_torchrec():
             exported = torchrec_sharding(plan, compute_device="cpu")
             kinds |= {r["sharding_type"] for r in exported["tables"].values()}
     assert {"table_wise", "column_wise", "row_wise"} <= kinds
+
+
+@pytest.mark.torchrec
+@needs_torchrec
+def test_a_caching_kernel_exports_cache_params_torchrec_builds(tmp_path, capsys):
+    """``--compute-kernel fused_uvm_caching`` (tables in host memory behind a device cache):
+    every record carries ``cache_params``, and TorchRec's own ``CacheParams`` come out."""
+    from torchrec.distributed.types import CacheAlgorithm, CacheParams
+    plan = _mixed_plan()
+    doc = json.loads(json.dumps(torchrec_sharding(plan, local_world_size=2, compute_kernel="fused_uvm_caching",
+                                                  cache_load_factor=0.05, cache_algorithm="lfu")))
+    assert all(r["cache_params"] == {"load_factor": 0.05, "algorithm": "LFU"} for r in doc["tables"].values())
+    shardings = to_parameter_shardings(doc, {t.name: (t.num_embeddings, t.embedding_dim) for t in plan.tables})
+    for sharding in shardings.values():
+        assert sharding.compute_kernel == "fused_uvm_caching" and isinstance(sharding.cache_params, CacheParams)
+        assert sharding.cache_params.load_factor == 0.05 and sharding.cache_params.algorithm == CacheAlgorithm.LFU
+    default = torchrec_sharding(plan, local_world_size=2, compute_kernel="fused_uvm_caching")
+    assert default["tables"]["tw"]["cache_params"] == {"load_factor": 0.2, "algorithm": "LRU"}  # TorchRec's default
+    assert "cache_params" not in torchrec_sharding(plan, local_world_size=2)["tables"]["tw"]
+    with pytest.raises(NeuroShardError, match="cache settings need compute kernel fused_uvm_caching"):
+        torchrec_sharding(plan, local_world_size=2, cache_load_factor=0.1)
+    with pytest.raises(NeuroShardError, match="load factor must be a number in"):
+        torchrec_sharding(plan, local_world_size=2, compute_kernel="fused_uvm_caching", cache_load_factor=1.5)
+    # the command line
+    path = tmp_path / "plan.json"
+    plan.write(path)
+    out = tmp_path / "t.json"
+    assert main(["export", str(path), "--compute-device", "cpu", "--local-world-size", "2", "--compute-kernel",
+                 "fused_uvm_caching", "--cache-load-factor", "0.1", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["tables"]["cw"]["cache_params"] == {"load_factor": 0.1, "algorithm": "LRU"}
+    assert main(["export", str(path), "--cache-algorithm", "lfu", "-o", str(out)]) == 2
+    assert "cache settings need compute kernel fused_uvm_caching, got fused" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import textwrap
 
 from ..cli_options import STDOUT, add_comm_precision, add_input, add_output, add_topology_options, write_output
 from ..constants import (
+    CACHE_ALGORITHMS,
     CALIBRATION_SETS,
     COMPUTE_KERNELS,
     DATA_PARALLEL_CHOICES,
@@ -17,7 +18,7 @@ from ..constants import (
 from ..exporters import exporter_names
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
 from ..topology import memory_list
-from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, int_in, optional_count, seed_int
+from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, float_in, int_in, optional_count, seed_int
 from .params import describe_params
 from .registry import ALGORITHMS
 
@@ -102,6 +103,7 @@ def _export(args: argparse.Namespace) -> int:
         check_output(args.output, [args.plan], "export file")
     plan = Plan.read(args.plan)
     exported = exporter.export(plan, compute_device=args.compute_device, compute_kernel=args.compute_kernel,
+                               cache_load_factor=args.cache_load_factor, cache_algorithm=args.cache_algorithm,
                                local_world_size=args.local_world_size)
     say = write_output(args.output, json.dumps(exported, indent=1) + "\n")
     say(f"wrote {args.output}: {exporter.describe(plan, exported)}")
@@ -168,5 +170,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "plan's topology's, else TorchRec's: 8, or the world size when it is not a multiple of 8)")
     p.add_argument("--compute-kernel", default="fused", choices=COMPUTE_KERNELS,
                    help="TorchRec compute kernel of every shard (default: fused)")
+    p.add_argument("--cache-load-factor", type=float_in(0.0, 1.0, low_open=True, what="a fraction"), default=None,
+                   metavar="F", help="with --compute-kernel fused_uvm_caching: the share of each table's rows its "
+                                     "device cache holds (default: TorchRec's 0.2; `neuroshard tables cache` gives "
+                                     "the miss rate of each)")
+    p.add_argument("--cache-algorithm", choices=CACHE_ALGORITHMS, default=None,
+                   help="with fused_uvm_caching: the cache's eviction, lru or lfu (default: lru)")
     add_output(p, "file to write (- for standard output)", required=True, metavar="OUT.json")
     p.set_defaults(func=_export)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..constants import COMPUTE_KERNELS, DATA_PARALLEL
+from ..constants import CACHE_ALGORITHMS, COMPUTE_KERNELS, DATA_PARALLEL
 from ..errors import NeuroShardError
 from ..exporters import Exporter
 from ..optimizers import DEFAULT_OPTIMIZER, FBGEMM_OPTIMIZERS
@@ -50,6 +50,10 @@ from .guard import require_torchrec
 
 TORCHREC_FORMAT = "neuroshard.torchrec-sharding/v1"
 COMPUTE_DEVICES = ("cuda", "cpu")
+#: the kernel that keeps a table in host memory behind a device cache (UVM), and TorchRec's
+#: default share of the rows its cache holds (``CacheParams.load_factor``, its planner's 0.2)
+CACHING_KERNEL = "fused_uvm_caching"
+DEFAULT_CACHE_LOAD_FACTOR = 0.2
 #: TorchRec's own default local world size (``torchrec.distributed.comm.get_local_size``)
 #: TorchRec's compute kernel for replicated tables (``EmbeddingComputeKernel.DENSE``)
 DATA_PARALLEL_KERNEL = "dense"
@@ -134,7 +138,8 @@ def torchrec_layout(plan: Plan, table: str, local_world_size: int) -> tuple[str,
 
 
 def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_kernel: str = "fused",
-                      local_world_size: int | None = None) -> dict:
+                      local_world_size: int | None = None, cache_load_factor: float | None = None,
+                      cache_algorithm: str | None = None) -> dict:
     """The plan as per-table ParameterSharding records (plain JSON), each one TorchRec
     runs exactly; NeuroShardError naming the first table it cannot.
     ``compute_device`` defaults to ``default_compute_device()``, ``local_world_size``
@@ -144,6 +149,7 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
         raise NeuroShardError(f"compute device must be one of {COMPUTE_DEVICES}, got {compute_device!r}")
     if compute_kernel not in COMPUTE_KERNELS:
         raise NeuroShardError(f"compute kernel must be one of {', '.join(COMPUTE_KERNELS)}, got {compute_kernel!r}")
+    cache = _cache_params(compute_kernel, cache_load_factor, cache_algorithm)
     plan.validate()
     world = plan.num_devices
     local = plan.local_world_size if local_world_size is None else local_world_size
@@ -162,6 +168,7 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
             "ranks": [s.device for s in shards],
             "sharding_spec": [{"shard_offsets": [s.row_offset, s.col_offset], "shard_sizes": [s.num_rows, s.num_cols],
                                "placement": _placement(s.device, compute_device, local)} for s in shards],
+            **({"cache_params": dict(cache)} if cache else {}),
         }
     out = {"format": TORCHREC_FORMAT, "tables_name": plan.tables_name, "world_size": world,
            "local_world_size": local, "compute_device": compute_device, "tables": records}
@@ -170,6 +177,24 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
     if plan.optimizer != DEFAULT_OPTIMIZER:  # the fused TBE optimizer TorchRec's sharder applies in backward
         out["fused_params"] = {"optimizer": FBGEMM_OPTIMIZERS[plan.optimizer]}
     return out
+
+
+def _cache_params(compute_kernel: str, load_factor: float | None, algorithm: str | None) -> dict | None:
+    """A caching kernel's ``cache_params`` record (``load_factor``: the share of each table's
+    rows its device cache holds, TorchRec's default when None; ``algorithm``: lru (None) or lfu),
+    None for the other kernels; NeuroShardError for a cache setting without a caching kernel."""
+    if compute_kernel != CACHING_KERNEL:
+        if load_factor is not None or algorithm is not None:
+            raise NeuroShardError(f"cache settings need compute kernel {CACHING_KERNEL}, got {compute_kernel}")
+        return None
+    if load_factor is None:
+        load_factor = DEFAULT_CACHE_LOAD_FACTOR
+    algorithm = algorithm or "lru"
+    if isinstance(load_factor, bool) or not isinstance(load_factor, (int, float)) or not 0 < load_factor <= 1:
+        raise NeuroShardError(f"cache load factor must be a number in (0, 1], got {load_factor!r}")
+    if algorithm not in CACHE_ALGORITHMS:
+        raise NeuroShardError(f"cache algorithm must be one of {', '.join(CACHE_ALGORITHMS)}, got {algorithm!r}")
+    return {"load_factor": float(load_factor), "algorithm": algorithm.upper()}
 
 
 def fused_params(exported: dict) -> dict:
@@ -233,8 +258,13 @@ def to_parameter_shardings(exported: dict, table_sizes: dict[str, tuple[int, int
                 check_tensor(metadata, list(table_sizes[name]))  # refuses gaps and out-of-bounds shards
             except ValueError as exc:
                 raise NeuroShardError(f"table '{name}': {exc}") from None
+        cache = None
+        if record.get("cache_params") is not None:
+            from torchrec.distributed.types import CacheAlgorithm, CacheParams
+            params = record["cache_params"]
+            cache = CacheParams(algorithm=CacheAlgorithm[params["algorithm"]], load_factor=params["load_factor"])
         out[name] = ParameterSharding(sharding_type=record["sharding_type"], compute_kernel=record["compute_kernel"],
-                                      ranks=list(record["ranks"]), sharding_spec=spec)
+                                      ranks=list(record["ranks"]), sharding_spec=spec, cache_params=cache)
     return out
 
 
@@ -245,9 +275,11 @@ class TorchRecExporter(Exporter):
     format = TORCHREC_FORMAT
 
     def export(self, plan: Plan, compute_device: str | None = None, compute_kernel: str = "fused",
-               local_world_size: int | None = None, **_: Any) -> dict:
+               local_world_size: int | None = None, cache_load_factor: float | None = None,
+               cache_algorithm: str | None = None, **_: Any) -> dict:
         return torchrec_sharding(plan, compute_device=compute_device, compute_kernel=compute_kernel,
-                                 local_world_size=local_world_size)
+                                 local_world_size=local_world_size, cache_load_factor=cache_load_factor,
+                                 cache_algorithm=cache_algorithm)
 
     def describe(self, plan: Plan, document: dict) -> str:
         kinds: dict[str, int] = {}
