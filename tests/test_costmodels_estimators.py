@@ -186,3 +186,23 @@ def test_a_state_that_is_not_data_is_not_written(fitted, tmp_path):
     with pytest.raises(NeuroShardError, match="not plain data"):
         CostModels(Odd(), fitted[2].comm, 4096).save(tmp_path / "odd.pt")
     assert not (tmp_path / "odd.pt").exists()
+
+
+def test_shared_shards_are_encoded_once_and_predict_what_padded_sets_do(shipped_models):
+    """``NeuralComputeModel.predict`` encodes each distinct shard of a chunk once
+    (``SetNet.forward_shared``); it predicts what the padded forward pass (the one training
+    uses) predicts for the same sets, including repeated shards within a set and empty sets."""
+    import torch
+
+    from neuroshard.costmodels.features import shard_set_features
+    from neuroshard.datasets.synthetic import generate
+    tables = generate("dlrm-2021", 40, seed=3).tables
+    rng = np.random.default_rng(4)
+    sets = [shard_set_features([tables[i] for i in rng.choice(40, rng.integers(1, 10))], 4096) for _ in range(500)]
+    sets.append(shard_set_features([], 4096))
+    for member in shipped_models.compute.members_:
+        shared = member.predict(sets)
+        with torch.no_grad():
+            padded, mask, log_prior = member._inputs(sets)
+            padded_forward = np.exp(log_prior.numpy() + member.net_(padded, mask, log_prior).numpy())
+        assert np.allclose(shared, padded_forward, rtol=1e-5, atol=0), np.max(np.abs(shared / padded_forward - 1))

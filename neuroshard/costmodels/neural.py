@@ -137,6 +137,16 @@ def pad_sets(sets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return padded, mask
 
 
+def _distinct_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct rows of a 2-D array, the index of each row among them)."""
+    if not len(rows):
+        return rows, np.zeros(0, dtype=np.int64)
+    rows = np.ascontiguousarray(rows)
+    keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
+    _, first, member = np.unique(keys, return_index=True, return_inverse=True)
+    return rows[first], member.reshape(-1).astype(np.int64)
+
+
 class Standardise(nn.Module):
     """``(z - mean) / std`` on the last axis, clipped to ``[lo, hi]``: the range seen in training,
     in standard units. The statistics are buffers, so they are saved with the network."""
@@ -223,6 +233,23 @@ class SetNet(nn.Module):
         """log(measured / analytic ms) of each padded set (float64)."""
         x, set_inputs = self.inputs(padded, mask, log_prior)
         residual = self.score(x, mask, set_inputs).double() * self.residual_std + self.residual_mean
+        return torch.clamp(residual, self.residual_lo, self.residual_hi)
+
+    def forward_shared(self, shards: torch.Tensor, member: torch.Tensor, of_set: torch.Tensor,
+                       log_prior: torch.Tensor) -> torch.Tensor:
+        """``forward`` for sets that share shards: ``shards`` (U, NUM_INPUTS) are the distinct
+        shards' raw inputs, encoded once each; set ``of_set[k]`` holds shard ``member[k]``.
+        The encoder sees one shard at a time and the set's encoding is the sum of its shards',
+        so this equals ``forward`` on the padded sets (up to float rounding), at the cost of
+        one encoding per distinct shard instead of one per (set, shard) pair: a search asks
+        about many sets of the same few thousand shards."""
+        encoded = self.encoder(self.shards(shards))
+        pooled = encoded.new_zeros((len(log_prior), encoded.shape[1]))
+        pooled.index_add_(0, of_set, encoded[member])
+        set_inputs = (self.prior(log_prior.unsqueeze(-1)).float() if self.prior is not None
+                      else pooled.new_zeros((len(log_prior), 0)))
+        score = self.predictor(torch.cat([pooled, set_inputs], dim=1)).squeeze(-1)
+        residual = score.double() * self.residual_std + self.residual_mean
         return torch.clamp(residual, self.residual_lo, self.residual_hi)
 
 
@@ -333,12 +360,20 @@ class NeuralComputeModel(ComputeCostModel):
 
     @torch.no_grad()
     def predict(self, sets: Sequence[np.ndarray], chunk: int = 8192) -> np.ndarray:
+        """ms of each shard set; the distinct shards of a chunk of sets are encoded once
+        (``SetNet.forward_shared``)."""
         self._check()
         out = np.empty(len(sets))
         with few_threads():
             for start in range(0, len(sets), chunk):
-                padded, mask, log_prior = self._inputs(sets[start:start + chunk])
-                out[start:start + chunk] = (log_prior + self.net_(padded, mask, log_prior)).numpy()
+                part = sets[start:start + chunk]
+                shards, of_set, _ = pack_sets(part)
+                log_prior = (np.zeros(len(part)) if self.prior_ is None
+                             else np.log(np.maximum(self.prior_.predict(part), 1e-6)))
+                distinct, member = _distinct_rows(shards)
+                residual = self.net_.forward_shared(torch.from_numpy(shard_inputs(distinct)), torch.from_numpy(member),
+                                                    torch.from_numpy(of_set), torch.from_numpy(log_prior))
+                out[start:start + chunk] = log_prior + residual.numpy()
         return np.exp(out)
 
     def fitted_state(self) -> dict:
