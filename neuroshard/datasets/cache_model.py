@@ -72,14 +72,6 @@ class CacheCurve:
     miss_rate: dict[float, float] = field(default_factory=dict)
     method: str = "predicted"  # "predicted" (from the access description) or "replayed" (a recorded stream)
 
-    def to_dict(self) -> dict:
-        return {"unique_per_batch": round(self.unique_per_batch, 3), "method": self.method,
-                "miss_rate": {_key(f): round(m, 6) for f, m in self.miss_rate.items()}}
-
-
-def _key(fraction: float) -> str:
-    return f"{fraction:g}"
-
 
 def check_fractions(fractions: Iterable[float]) -> list[float]:
     """Cache fractions in (0, 1], in the order given; NeuroShardError otherwise."""
