@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 #: ``-o -``: write to standard output (and what a command says to standard error)
 STDOUT = "-"
@@ -77,6 +78,14 @@ def write_output(path: str | Path, text: str) -> Callable[..., None]:
     from .io import atomic_write_text
     atomic_write_text(path, text)
     return print
+
+
+def help_table(title: str, rows: Mapping[str, str]) -> str:
+    """A ``--help`` epilog: ``title`` then one wrapped entry per name (use it with
+    ``argparse.RawDescriptionHelpFormatter``, which keeps the lines as made here)."""
+    return title + "\n" + "\n".join(
+        textwrap.fill(text, 96, initial_indent=f"  {name:17s}", subsequent_indent=" " * 19)
+        for name, text in rows.items())
 
 
 def add_weights_precision(p: argparse.ArgumentParser) -> None:

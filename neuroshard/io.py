@@ -22,6 +22,13 @@ def is_special_file(path: str | Path) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
+def write_target(path: str | Path) -> Path:
+    """Where a write to ``path`` lands: a symlink's target (written through, as Unix tools
+    do; the link stays), else ``path`` itself."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` so that a crash leaves the old file or the new one, never half.
 
@@ -30,9 +37,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     opened and written, never replaced by a regular file. Only regular files (and new paths)
     are replaced atomically, by a rename from a temporary file beside them. Any ``OSError``
     (no space, a file-size limit, no permission) becomes a ``WriteError`` naming the path."""
-    given = path = Path(path)
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
+    given, path = Path(path), write_target(path)
     existed = path.exists()
     try:
         if is_special_file(path):

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 
 from .constants import COMM_PRECISIONS
 from .errors import FormatError, NeuroShardError
-from .io import is_special_file
+from .io import is_special_file, write_target
 from .units import parse_bytes
 
 # ------------------------------------------------------------------- limits
@@ -294,19 +294,21 @@ def check_output(path: str | Path, inputs: Iterable[str | Path | None] = (), wha
         if not os.access(path, os.W_OK):
             raise NeuroShardError(f"{path}: cannot write {what}: no permission to write it")
         return path
-    target = Path(os.path.realpath(path)) if path.is_symlink() else path  # a symlink is written through
-    parent = target.parent if str(target.parent) else Path(".")
-    existing = parent
-    while not existing.exists():  # the parent is created on write: check the deepest one that exists
-        if existing == existing.parent:
-            break
-        existing = existing.parent
+    target = write_target(path)  # a symlink is written through
+    existing = _deepest_existing(target.parent if str(target.parent) else Path("."))
     if not existing.is_dir():
         raise NeuroShardError(f"{path}: cannot write {what}: {existing} is not a folder")
     if target.exists() and not os.access(target, os.W_OK):
         raise NeuroShardError(f"{path}: cannot write {what}: the file is read-only")
     if not _writable(existing):
         raise NeuroShardError(f"{path}: cannot write {what} in {existing} (the folder is not writable)")
+    return path
+
+
+def _deepest_existing(path: Path) -> Path:
+    """``path`` or its deepest ancestor that exists (missing folders are created on write)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
     return path
 
 
@@ -326,11 +328,7 @@ def check_output_folder(path: str | Path, what: str = "output folder") -> Path:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise NeuroShardError(f"{path}: {what} is an existing file, not a folder")
-    existing = path
-    while not existing.exists():
-        if existing == existing.parent:
-            break
-        existing = existing.parent
+    existing = _deepest_existing(path)
     if not existing.is_dir():
         raise NeuroShardError(f"{path}: cannot create {what}: {existing} is not a folder")
     if not _writable(existing):

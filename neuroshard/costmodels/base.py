@@ -286,10 +286,11 @@ class CostModels:
         return checkpoint.save_cost_models(self, path)
 
     @classmethod
-    def load(cls, path: str | Path) -> "CostModels":
-        """Read a checkpoint written by ``save``; refuses another feature schema version, and
-        models whose predictions are not finite and non-negative (``check_predictions``)."""
-        return cls(**checkpoint.load_parts(path)).check_predictions()
+    def load(cls, path: str | Path, payload: dict | None = None) -> "CostModels":
+        """Read a checkpoint written by ``save`` (``payload``: its dict, already read with
+        ``checkpoint.read_checkpoint``); refuses another feature schema version, and models
+        whose predictions are not finite and non-negative (``check_predictions``)."""
+        return cls(**checkpoint.load_parts(path, payload)).check_predictions()
 
     def check_predictions(self) -> "CostModels":
         """``self``, after predicting a few ordinary shard sets (1-6 tables) and exchanges

@@ -179,10 +179,11 @@ def read_checkpoint(path: str | Path) -> dict:
     return payload
 
 
-def load_parts(path: str | Path) -> dict:
+def load_parts(path: str | Path, payload: dict | None = None) -> dict:
     """The keyword arguments of ``CostModels`` read from a checkpoint written by
-    ``save_cost_models`` (``CostModels.load`` builds the bundle from them)."""
-    payload = read_checkpoint(path)
+    ``save_cost_models`` (``CostModels.load`` builds the bundle from them); ``payload``:
+    ``read_checkpoint(path)``'s dict when the caller has read it already."""
+    payload = read_checkpoint(path) if payload is None else payload
     fmt = payload["format"]
     return dict(compute=model_from_entry(payload["compute"], str(path), fmt),
                 comm=model_from_entry(payload["comm"], str(path), fmt),

@@ -28,8 +28,8 @@ def _pretrain(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from .base import CostModels
     from .checkpoint import read_checkpoint, shipped_checkpoint
-    CostModels.load(args.model)  # a checkpoint whose models do not load is refused, not shown
     payload = read_checkpoint(args.model)
+    CostModels.load(args.model, payload)  # a checkpoint whose models do not load is refused, not shown
     print(f"{shipped_checkpoint(args.model)}: {payload['name']}, batch size {payload['batch_size']}, feature schema "
           f"v{payload['feature_schema_version']}")
     print(f"  compute: {payload['compute']['class']}   comm: {payload['comm']['class']}")

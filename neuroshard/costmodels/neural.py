@@ -285,8 +285,11 @@ class NeuralComputeModel(ComputeCostModel):
     def _inputs(self, sets: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(padded shard inputs, mask, log of the analytic prior's ms or zeros) of sets."""
         padded, mask = pad_sets(sets)
-        log_prior = np.zeros(len(sets)) if self.prior_ is None else np.log(np.maximum(self.prior_.predict(sets), 1e-6))
-        return torch.from_numpy(padded), torch.from_numpy(mask), torch.from_numpy(log_prior)
+        return torch.from_numpy(padded), torch.from_numpy(mask), torch.from_numpy(self._log_prior(sets))
+
+    def _log_prior(self, sets: Sequence[np.ndarray]) -> np.ndarray:
+        """Log of the analytic prior's ms of each set (zeros without a prior)."""
+        return np.zeros(len(sets)) if self.prior_ is None else np.log(np.maximum(self.prior_.predict(sets), 1e-6))
 
     def _training_data(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray, fit: bool
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -368,8 +371,7 @@ class NeuralComputeModel(ComputeCostModel):
             for start in range(0, len(sets), chunk):
                 part = sets[start:start + chunk]
                 shards, of_set, _ = pack_sets(part)
-                log_prior = (np.zeros(len(part)) if self.prior_ is None
-                             else np.log(np.maximum(self.prior_.predict(part), 1e-6)))
+                log_prior = self._log_prior(part)
                 distinct, member = _distinct_rows(shards)
                 residual = self.net_.forward_shared(torch.from_numpy(shard_inputs(distinct)), torch.from_numpy(member),
                                                     torch.from_numpy(of_set), torch.from_numpy(log_prior))

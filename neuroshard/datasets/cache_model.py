@@ -51,7 +51,7 @@ from ..constants import CACHE_ALGORITHMS
 from ..errors import NeuroShardError
 from ..tables import Table
 from . import access as acc
-from .dlrm import read_recorded, recorded_path
+from .dlrm import check_recorded_rows, recorded_lookups
 from .sampler import draw_lookups, lookups_from
 
 #: ranks below this are costed one by one; the rest in bins of ``RANK_BIN_RATIO`` relative width
@@ -232,12 +232,12 @@ def recorded_stream(table: Table, batch_size: int) -> list[np.ndarray] | None:
     samples, or None when it has none or they hold fewer than ``MIN_RECORDED_BATCHES``."""
     if "indices" not in (table.access or {}):
         return None
-    recorded = read_recorded(recorded_path(table))
-    t = table.access.get("table_index", 0)
+    recorded, t, path = recorded_lookups(table)
     batches = recorded.batch_size // batch_size
     if batches < MIN_RECORDED_BATCHES:
         return None
-    rows, lengths = recorded.table_indices(t).astype(np.int64), recorded.lengths[t].astype(np.int64)
+    rows = check_recorded_rows(table, recorded.table_indices(t).astype(np.int64), path)
+    lengths = recorded.lengths[t].astype(np.int64)
     ends = np.cumsum(lengths)[batch_size - 1::batch_size][:batches]
     return np.split(rows[:int(ends[-1])], ends[:-1])
 

@@ -86,11 +86,11 @@ def _fractions(text: str) -> list[tuple[str, float]]:
 def _cache(args: argparse.Namespace) -> int:
     import json
 
-    from ..cli_options import write_output
+    from ..cli_options import STDOUT, write_output
     from ..tables import TableSet
     from ..validate import check_output
     from .cache_model import predict_miss_rates
-    if args.output != "-":
+    if args.output != STDOUT:
         check_output(args.output, [args.tables], "cache report")
     tables = TableSet.read(args.tables)
     values = [v for _, v in args.fractions]
@@ -110,7 +110,7 @@ def _cache(args: argparse.Namespace) -> int:
         say(f"{name:{width}s} {entry['unique_per_batch']:13,.0f} "
             + " ".join(f"{entry['miss_rate'][text]:8.3f}" for text, _ in args.fractions)
             + ("  (replayed)" if entry["method"] == "replayed" else ""))
-    if args.output != "-":
+    if args.output != STDOUT:
         say(f"wrote {args.output}")
     return 0
 

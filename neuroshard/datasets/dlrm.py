@@ -149,16 +149,12 @@ def load_dlrm(path: str | Path) -> tuple[list[np.ndarray], np.ndarray]:
     return [recorded.table_indices(t) for t in range(recorded.num_tables)], recorded.lengths
 
 
-def recorded_path(table: Table) -> Path:
-    """The dlrm_datasets file ``table.access["indices"]`` names (relative to ``table.base_dir``)."""
+def recorded_lookups(table: Table) -> tuple[RecordedLookups, int, Path]:
+    """(the dlrm_datasets file a table's ``access.indices`` names, read; the table's index in
+    it, ``access.table_index``; the file's path), relative paths taken from ``table.base_dir``; FormatError
+    naming the table for a file that does not read or an index it does not hold."""
     path = Path(table.access["indices"])
-    return path if path.is_absolute() else (table.base_dir or Path.cwd()) / path
-
-
-def recorded_batch(table: Table, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(row ids, lengths) of one batch of a table whose ``access.indices`` names a
-    dlrm_datasets file (relative paths taken from ``table.base_dir``)."""
-    path = recorded_path(table)
+    path = path if path.is_absolute() else (table.base_dir or Path.cwd()) / path
     try:
         recorded = read_recorded(path)
     except FormatError as exc:  # name the tables file and table that point at it
@@ -167,11 +163,23 @@ def recorded_batch(table: Table, batch_size: int, rng: np.random.Generator) -> t
     if not (isinstance(t, int) and 0 <= t < recorded.num_tables):
         raise FormatError(f"table '{table.name}': field 'access.table_index' must be an integer in "
                           f"[0, {recorded.num_tables}) for {path}, got {t!r}")
-    rows, lengths = recorded.batch(t, batch_size, rng)
+    return recorded, t, path
+
+
+def check_recorded_rows(table: Table, rows: np.ndarray, path: Path) -> np.ndarray:
+    """``rows`` (row ids of ``table`` recorded in ``path``), refused when one is beyond the table's rows."""
     if rows.size and int(rows.max()) >= table.num_embeddings:
         raise NeuroShardError(f"table '{table.name}': recorded row id {int(rows.max())} in {path} is "
                               f">= num_embeddings {table.num_embeddings}")
-    return rows, lengths
+    return rows
+
+
+def recorded_batch(table: Table, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(row ids, lengths) of one batch of a table whose ``access.indices`` names a
+    dlrm_datasets file (``recorded_lookups``)."""
+    recorded, t, path = recorded_lookups(table)
+    rows, lengths = recorded.batch(t, batch_size, rng)
+    return check_recorded_rows(table, rows, path), lengths
 
 
 def _round(x: float) -> float:

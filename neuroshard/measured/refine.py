@@ -106,7 +106,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         estimated = calibration.predict(used, models)
         measured = calibration.add(used, "plan", passes=timing_passes)
         compute = _per_set(sets, measured)
-        cost = float(Simulator.from_plan(plan, models, tables, batch).evaluate_plan(plan, compute.tolist()).max_ms[0])
+        cost = _measured_cost(plan, compute, tables, models, batch)
         history.append({"round": r, "calibration_gmae_held_out": round(float(report.gmae_after), 4),
                         "device_gmae": round(float(gmae(estimated, measured)), 4),
                         "estimated_max_compute_ms": round(float(estimated.max()), 4),
@@ -147,13 +147,11 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     if len(finalists) > 1:
         again = {i: (c, comp) for c, i, comp in _time_plans(plans, [f[1] for f in finalists], tables, calibration,
                                                             models, timing_passes)}
-        finalists = [(0.0, i, (compute + again[i][1]) / 2) for _, i, compute in finalists]
-        for n, (_, i, compute) in enumerate(finalists):
-            sim = Simulator.from_plan(plans[i], models, tables, batch)
-            cost = float(sim.evaluate_plan(plans[i], compute.tolist()).max_ms[0])
-            finalists[n] = (cost, i, compute)
+        means = [(i, (compute + again[i][1]) / 2) for _, i, compute in finalists]  # each device's mean of both runs
+        finalists = [(_measured_cost(plans[i], mean, tables, models, batch), i, mean) for i, mean in means]
+        for cost, i, _ in finalists:
             entries[i]["final_measured_cost_ms_again"] = round(again[i][0], 4)
-            entries[i]["final_mean_cost_ms"] = round(cost, 4)  # with the mean of both runs' compute
+            entries[i]["final_mean_cost_ms"] = round(cost, 4)
     _, best, compute = min(finalists, key=lambda f: f[0])
     chosen = plans[best]
     record = {"rounds": history, "chosen_round": best if best < len(history) else None,
@@ -180,9 +178,14 @@ def _time_plans(plans: list[Plan], which: list[int], tables: TableSet, calibrati
     for i in which:
         compute = times[first:first + plans[i].num_devices]
         first += plans[i].num_devices
-        sim = Simulator.from_plan(plans[i], models, tables, calibration.models.batch_size)
-        out.append((float(sim.evaluate_plan(plans[i], compute.tolist()).max_ms[0]), i, compute))
+        out.append((_measured_cost(plans[i], compute, tables, models, calibration.models.batch_size), i, compute))
     return out
+
+
+def _measured_cost(plan: Plan, compute: np.ndarray, tables: TableSet, models: Any, batch: int) -> float:
+    """The plan's cost with ``compute`` (measured, per device, at ``batch``) in place of the
+    estimate: the simulator's slowest device, communication modelled."""
+    return float(Simulator.from_plan(plan, models, tables, batch).evaluate_plan(plan, compute.tolist()).max_ms[0])
 
 
 def _per_set(sets: list[list], values: np.ndarray) -> np.ndarray:

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import textwrap
 
-from ..cli_options import add_input, add_output
+from ..cli_options import add_input, add_output, help_table
 from ..constants import EVALUATE_COLUMNS, TIMING_PASSES, TIMING_REPEATS, TIMING_WARMUP_PASSES
 from ..kernels import DEFAULT_MAX_ROWS, kernel_names
 from ..validate import batch_size_int, device_count, float_in, nonneg_int, positive_float, positive_int, seed_int
@@ -123,9 +122,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Run training iterations of a plan and report per device the measured "
                                    "embedding compute, forward and backward communication and their total "
                                    "(medians after warm-up), and the max over devices.",
-                       epilog="columns (medians over the measured iterations, ms):\n" + "\n".join(
-                           textwrap.fill(meaning, 96, initial_indent=f"  {name:17s}", subsequent_indent=" " * 19)
-                           for name, meaning in EVALUATE_COLUMNS.items()))
+                       epilog=help_table("columns (medians over the measured iterations, ms):", EVALUATE_COLUMNS))
     _common(p)
     p.add_argument("--iterations", type=positive_int, default=20, help="measured iterations (default: 20)")
     p.add_argument("--warmup", type=nonneg_int, default=3, help="warm-up iterations, not measured (default: 3)")

@@ -3,9 +3,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import textwrap
 
-from ..cli_options import STDOUT, add_comm_precision, add_input, add_output, add_topology_options, write_output
+from ..cli_options import (
+    STDOUT,
+    add_comm_precision,
+    add_input,
+    add_output,
+    add_topology_options,
+    help_table,
+    write_output,
+)
 from ..constants import (
     CACHE_ALGORITHMS,
     CALIBRATION_SETS,
@@ -147,9 +154,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_comm_precision(p)
     add_topology_options(p)
     p.add_argument("--seed", type=seed_int, default=0)
-    p.epilog = "--param keys per algorithm (default values):\n" + "\n".join(
-        textwrap.fill(describe_params(name), 96, initial_indent=f"  {name:17s}", subsequent_indent=" " * 19)
-        for name in ALGORITHMS)
+    p.epilog = help_table("--param keys per algorithm (default values):",
+                          {name: describe_params(name) for name in ALGORITHMS})
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--param", type=_param, action="append", metavar="KEY=VALUE",
                    help="algorithm parameter, e.g. beam_width=4 (repeatable)")

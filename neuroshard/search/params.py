@@ -80,7 +80,6 @@ class TorchRecParams:
     compute_device: str = "cuda"
 
 
-
 #: algorithm name -> its parameters' dataclass (the algorithms without parameters are absent)
 PARAMS: dict[str, type] = {"neuroshard": NeuroShardParams, "measured-greedy": MeasuredGreedyParams,
                            "bayes": BayesParams, "torchrec": TorchRecParams}
