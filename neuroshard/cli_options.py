@@ -106,8 +106,14 @@ def add_comm_precision(p: argparse.ArgumentParser) -> None:
 def add_topology_options(p: argparse.ArgumentParser) -> None:
     """``--topology FILE`` and the flags that state or replace its hosts and links
     (``neuroshard.topology``; the GPU-cluster defaults fill in what is left out)."""
-    from .constants import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS
-    from .validate import device_count, positive_float
+    from .constants import (
+        DEFAULT_HOST_LINK_GBPS,
+        DEFAULT_INTER_HOST_GBPS,
+        DEFAULT_INTRA_HOST_GBPS,
+        DEFAULT_SSD_GBPS,
+        DEFAULT_SSD_IOPS,
+    )
+    from .validate import device_count, memory_size, positive_float
     p.add_argument("--topology", default=None, metavar="FILE",
                    help="topology file (neuroshard.topology/v1): devices per host, link bandwidths, per-device "
                         "memory and relative speed (default: identical devices on the measured network)")
@@ -119,3 +125,23 @@ def add_topology_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inter-host-gbps", type=positive_float, default=None, metavar="GB/S",
                    help=f"bandwidth per device across hosts, GB/s (default with hosts: {DEFAULT_INTER_HOST_GBPS:g}, "
                         f"one 100 Gbit/s NIC per GPU)")
+    tiers = p.add_argument_group("memory tiers (tables larger than the devices' memory; neuroshard.tiers)")
+    tiers.add_argument("--host-memory", type=memory_size, default=None, metavar="SIZE",
+                       help="host memory per host for tables (their rows in host memory, a device cache in front): "
+                            "stating it lets the search use it when the devices' memory is not enough")
+    tiers.add_argument("--ssd", type=memory_size, default=None, metavar="SIZE",
+                       help="SSD capacity per host for tables (fbgemm's key_value tables)")
+    tiers.add_argument("--host-link-gbps", type=positive_float, default=None, metavar="GB/S",
+                       help=f"host memory to one device, GB/s (default {DEFAULT_HOST_LINK_GBPS:g}: PCIe 4.0 x16, "
+                            f"TorchRec's HBM_TO_DDR_MEM_BW)")
+    tiers.add_argument("--ssd-gbps", type=positive_float, default=None, metavar="GB/S",
+                       help=f"random-read GB/s of a host's SSD, shared by its devices (default {DEFAULT_SSD_GBPS:g}: "
+                            f"one data-centre NVMe drive)")
+    tiers.add_argument("--ssd-iops", type=positive_float, default=None, metavar="N",
+                       help=f"random reads per second of a host's SSD (default {DEFAULT_SSD_IOPS:,})")
+
+
+def tier_options(args: argparse.Namespace) -> dict:
+    """The memory-tier flags as ``topology.TIER_KEYS`` (None where not given)."""
+    return {"host_memory_bytes": args.host_memory, "ssd_bytes": args.ssd, "host_link_gbps": args.host_link_gbps,
+            "ssd_gbps": args.ssd_gbps, "ssd_iops": args.ssd_iops}

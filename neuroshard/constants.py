@@ -40,6 +40,24 @@ DEFAULT_INTRA_HOST_GBPS = 600.0
 #: GB/s per device across hosts: TorchRec's CROSS_NODE_BANDWIDTH (one 100 Gbit/s NIC per GPU)
 DEFAULT_INTER_HOST_GBPS = 12.5
 
+# ------------------------------------------------------------------ memory tiers
+#: where a shard's rows live (a plan shard's ``memory``): device memory, host memory, SSD
+MEMORY_TIERS = ("device", "host", "ssd")
+#: GB/s from host memory to one device: TorchRec's HBM_TO_DDR_MEM_BW (a PCIe 4.0 x16 link)
+DEFAULT_HOST_LINK_GBPS = 32.0
+#: GB/s of random reads from a host's SSD (one data-centre NVMe drive, PCIe 4.0), shared by its devices
+DEFAULT_SSD_GBPS = 6.0
+#: random reads per second of a host's SSD (the same drive), shared by its devices
+DEFAULT_SSD_IOPS = 1_000_000
+#: the smallest SSD read (one flash page): a missed row smaller than this still reads it
+SSD_READ_BYTES = 4096
+#: device bytes a cache keeps per cached row besides the row (its row id and LRU/LFU state, 2 x int64)
+CACHE_ROW_OVERHEAD_BYTES = 16
+#: cache fractions the search chooses from (a table cached at all keeps at least 1% of its rows)
+CACHE_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75)
+#: the tiering pass fills at most this share of the devices' memory, leaving room to pack shards
+TIER_PACKING_HEADROOM = 0.85
+
 # ------------------------------------------------------------------ layouts
 #: a table replicated on every device (not a shard layout): TorchRec's name
 DATA_PARALLEL = "data_parallel"

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .constants import DATA_PARALLEL, FP32_BYTES
+from .constants import DATA_PARALLEL, FP32_BYTES, MEMORY_TIERS
 from .constraints import plan_problems as constraint_problems
 from .errors import FormatError, InvalidPlanError, NeuroShardError
 from .io import atomic_write_text
@@ -16,6 +16,7 @@ from .kernels import precision_of
 from .optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer, shard_bytes
 from .provenance import Provenance
 from .tables import Table, TableSet
+from .tiers import IN_DEVICE_MEMORY, Tier
 from .topology import Topology, ranks_per_host
 from .types import layout_kind
 from .units import format_bytes
@@ -49,13 +50,21 @@ class Shard:
     col_offset: int
     num_cols: int
     device: int
+    tier: Tier = IN_DEVICE_MEMORY  # where its rows live (``neuroshard.tiers``): device memory unless said
 
     def size_bytes(self, bytes_per_element: int = FP32_BYTES, optimizer: str = DEFAULT_OPTIMIZER) -> int:
-        """Memory of the shard: weights plus ``optimizer``'s state (``optimizers.shard_bytes``)."""
-        return shard_bytes(self.num_rows, self.num_cols, bytes_per_element, optimizer)
+        """Device memory of the shard: weights plus ``optimizer``'s state (``optimizers.shard_bytes``),
+        or for rows in host memory or on SSD its device cache (``Tier.device_bytes``)."""
+        if self.tier.on_device:
+            return shard_bytes(self.num_rows, self.num_cols, bytes_per_element, optimizer)
+        return self.tier.device_bytes(self.num_rows, self.num_cols, bytes_per_element, optimizer)
+
+    def backing_bytes(self, bytes_per_element: int = FP32_BYTES, optimizer: str = DEFAULT_OPTIMIZER) -> int:
+        """Host-memory or SSD bytes of the shard (0 in device memory)."""
+        return self.tier.backing_bytes(self.num_rows, self.num_cols, bytes_per_element, optimizer)
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in _SHARD_KEYS}
+        return {**{k: getattr(self, k) for k in _SHARD_KEYS}, **self.tier.to_dict()}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "Shard":
@@ -70,7 +79,7 @@ class Shard:
             if not (is_int(data[key]) and data[key] >= low):
                 raise FormatError(f"{where} (table '{data['table']}'): field '{key}' must be an integer >= {low}, "
                                   f"got {data[key]!r}")
-        return cls(*(data[k] for k in _SHARD_KEYS))
+        return cls(*(data[k] for k in _SHARD_KEYS), Tier.from_dict(data, f"{where} (table '{data['table']}')"))
 
 
 @dataclass
@@ -122,10 +131,34 @@ class Plan:
         return [self.device_memory_bytes] * self.num_devices
 
     def memory_used_bytes(self) -> list[int]:
+        """Device memory every device uses (weights, optimizer state, caches, replicas)."""
         used = [0] * self.num_devices
         for s in self.shards + self.replicas():
             if 0 <= s.device < self.num_devices:
                 used[s.device] += s.size_bytes(self.bytes_per_element, self.optimizer)
+        return used
+
+    def tiers(self) -> dict[str, Tier]:
+        """Each table's tier (its first shard's; data-parallel tables are in device memory)."""
+        out = {t.name: IN_DEVICE_MEMORY for t in self.tables}
+        for s in reversed(self.shards):
+            if s.table in out:
+                out[s.table] = s.tier
+        return out
+
+    @property
+    def tiered(self) -> bool:
+        """Whether any shard's rows live in host memory or on SSD."""
+        return any(not s.tier.on_device for s in self.shards)
+
+    def backing_used_bytes(self, memory: str) -> list[int]:
+        """Bytes of the ``host`` or ``ssd`` tier every host uses (hosts: ``Topology.tier_host_of``)."""
+        topology = self.topology or Topology(self.num_devices)
+        host_of = topology.tier_host_of()
+        used = [0] * (int(host_of.max()) + 1)
+        for s in self.shards:
+            if s.tier.memory == memory and 0 <= s.device < self.num_devices:
+                used[int(host_of[s.device])] += s.backing_bytes(self.bytes_per_element, self.optimizer)
         return used
 
     @property
@@ -182,6 +215,7 @@ class Plan:
         for d, (used, limit) in enumerate(zip(self.memory_used_bytes(), self.memory_limits())):
             if used > limit:
                 out.append(f"device {d}: shards need {used} bytes{state}, over its {limit} by {used - limit}")
+        out.extend(_tier_problems(self))
         if not out:  # a valid tiling: does it keep its tables' constraints?
             out.extend(constraint_problems(self))
         return out
@@ -331,6 +365,23 @@ class Plan:
             rows.append(row)
         return pd.DataFrame(rows)
 
+    def format_tiers(self) -> str:
+        """Which tables live outside device memory, and what each tier holds per host."""
+        groups: dict[str, list[str]] = {}
+        for name, tier in self.tiers().items():
+            if not tier.on_device:
+                groups.setdefault(tier.label(), []).append(name)
+        lines = [f"memory tiers: {len(names)} table{'s' if len(names) > 1 else ''} {label} "
+                 f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
+                 for label, names in sorted(groups.items())]
+        for memory, what in (("host", "host memory"), ("ssd", "SSD")):
+            used = self.backing_used_bytes(memory)
+            if any(used):
+                capacity = None if self.topology is None else self.topology.capacity(memory)
+                of = f" of {format_bytes(capacity)}" if capacity is not None else ""
+                lines.append(f"  {what} used per host: {', '.join(format_bytes(u) for u in used)}{of}")
+        return "\n".join(lines)
+
     def format_shards(self) -> str:
         """Which table (and which rows and columns of it) is on which device, one line per device."""
         lines = []
@@ -343,6 +394,8 @@ class Plan:
                     text += f" rows {s.row_offset:,}-{s.row_offset + s.num_rows - 1:,}"
                 if s.num_cols != table.embedding_dim:
                     text += f" cols {s.col_offset}-{s.col_offset + s.num_cols - 1}"
+                if not s.tier.on_device:
+                    text += f" [{s.tier.label()}]"
                 parts.append(text)
             lines.append(f"device {d}: " + (", ".join(parts) if parts else "(idle)"))
         if self.data_parallel_tables:
@@ -403,6 +456,8 @@ class Plan:
             head += f"\ncommunication precision: {self.comm_precision} (pooled embeddings and gradients, all-to-all)"
         if self.topology is not None:
             head += f"\ntopology: {self.topology.describe()}"
+        if self.tiered:
+            head += "\n" + self.format_tiers()
         if self.estimate and "max_device_cost_ms" in self.estimate:
             head += f"\nestimated max device cost: {self.estimate['max_device_cost_ms']:.3f} ms/iteration"
             head += self._estimate_basis()
@@ -420,6 +475,33 @@ def _topology_problems(plan: Plan) -> list[str]:
         return [f"device_memory_bytes ({plan.device_memory_bytes}) is not the largest per-device memory of the "
                 f"topology ({max(topo.device_memory_bytes)})"]
     return []
+
+
+def _tier_problems(plan: Plan) -> list[str]:
+    """Tables whose shards are in different tiers, and tiers over capacity or not stated."""
+    out = []
+    by_table: dict[str, set[Tier]] = {}
+    for s in plan.shards:
+        by_table.setdefault(s.table, set()).add(s.tier)
+    for name, tiers in by_table.items():
+        if len(tiers) > 1:
+            out.append(f"table '{name}': its shards are in different memory tiers "
+                       f"({', '.join(sorted(t.label() for t in tiers))}); TorchRec runs one kernel per table")
+    for memory in MEMORY_TIERS[1:]:
+        used = plan.backing_used_bytes(memory)
+        if not any(used):
+            continue
+        capacity = None if plan.topology is None else plan.topology.capacity(memory)
+        flag = "--host-memory" if memory == "host" else "--ssd"
+        what = "host memory" if memory == "host" else "SSD"
+        if capacity is None:
+            out.append(f"shards keep rows in {what}, but the plan's topology states no {what} "
+                       f"(topology field '{'host_memory_bytes' if memory == 'host' else 'ssd_bytes'}', {flag})")
+            continue
+        for h, u in enumerate(used):
+            if u > capacity:
+                out.append(f"host {h}: shards keep {u} bytes in {what}, over its {capacity} by {u - capacity}")
+    return out
 
 
 def _tiling_problems(table: Table, shards: Sequence[Shard]) -> list[str]:

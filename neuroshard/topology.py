@@ -25,7 +25,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .constants import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS, default_local_world_size
+from .constants import (
+    DEFAULT_HOST_LINK_GBPS,
+    DEFAULT_INTER_HOST_GBPS,
+    DEFAULT_INTRA_HOST_GBPS,
+    DEFAULT_SSD_GBPS,
+    DEFAULT_SSD_IOPS,
+    default_local_world_size,
+)
 from .errors import FormatError, NeuroShardError
 from .units import format_bytes
 from .validate import check_devices, check_memory, check_number, read_json
@@ -35,7 +42,12 @@ TOPOLOGY_FORMAT = "neuroshard.topology/v1"
 MAX_GBPS = 1e5
 #: slowest and fastest relative device speed accepted
 SPEED_RANGE = (0.01, 100.0)
-_KEYS = ("local_world_size", "intra_host_gbps", "inter_host_gbps", "device_memory_bytes", "relative_speed")
+_KEYS = ("local_world_size", "intra_host_gbps", "inter_host_gbps", "device_memory_bytes", "relative_speed",
+         "host_memory_bytes", "ssd_bytes", "host_link_gbps", "ssd_gbps", "ssd_iops")
+#: the memory-tier fields: capacities per host, and the links to a device (``neuroshard.tiers``)
+TIER_KEYS = _KEYS[5:]
+#: most random reads per second an SSD may be given (a typo guard)
+MAX_IOPS = 1e9
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,14 @@ class Topology:
     inter_host_gbps: float | None = None
     device_memory_bytes: tuple[int, ...] | None = None
     relative_speed: tuple[float, ...] | None = None
+    # Memory tiers (``neuroshard.tiers``): host memory and SSD bytes per host (None: that tier
+    # is not available), the host-to-device link per device, the SSD's read GB/s and IOPS per
+    # host (None: the documented defaults, ``tier_links``). Hosts are ``tier_host_of``'s.
+    host_memory_bytes: int | None = None
+    ssd_bytes: int | None = None
+    host_link_gbps: float | None = None
+    ssd_gbps: float | None = None
+    ssd_iops: float | None = None
 
     def __post_init__(self) -> None:
         # The one place the link defaults are filled in (make_topology checks, then builds
@@ -81,9 +101,28 @@ class Topology:
             return np.full(self.num_devices, float(memory_bytes))
         return np.array(self.device_memory_bytes, dtype=np.float64)
 
+    def tier_host_of(self) -> np.ndarray:
+        """(D,) host of every device for the memory tiers: hosts of ``ranks_per_host`` devices
+        (the stated ``local_world_size``, else TorchRec's default of 8 or all devices)."""
+        return np.arange(self.num_devices) // ranks_per_host(self, self.num_devices)
+
+    def tier_links(self) -> dict:
+        """The host link (GB/s per device) and SSD figures (GB/s, IOPS per host), defaults filled in."""
+        return {"host_link_gbps": self.host_link_gbps or DEFAULT_HOST_LINK_GBPS,
+                "ssd_gbps": self.ssd_gbps or DEFAULT_SSD_GBPS,
+                "ssd_iops": self.ssd_iops or DEFAULT_SSD_IOPS}
+
+    def capacity(self, memory: str) -> int | None:
+        """Bytes per host of the ``host`` or ``ssd`` tier (None: not available)."""
+        return self.host_memory_bytes if memory == "host" else self.ssd_bytes
+
     def speeds(self) -> np.ndarray:
         """(D,) relative speed of every device."""
         return np.ones(self.num_devices) if self.relative_speed is None else np.array(self.relative_speed)
+
+    def tier_fields(self) -> dict:
+        """The memory-tier fields as ``make_topology`` keywords."""
+        return {k: getattr(self, k) for k in TIER_KEYS}
 
     def to_dict(self) -> dict:
         """The plan's ``topology`` object: the fields that are set."""
@@ -107,6 +146,15 @@ class Topology:
             parts.append("memory " + _runs([format_bytes(m) for m in self.device_memory_bytes]))
         if self.relative_speed is not None:
             parts.append("relative speed " + _runs([f"{s:g}" for s in self.relative_speed]))
+        if self.host_memory_bytes is not None or self.ssd_bytes is not None:
+            links = self.tier_links()
+            per_host = []
+            if self.host_memory_bytes is not None:
+                per_host.append(f"host memory {format_bytes(self.host_memory_bytes)}")
+            if self.ssd_bytes is not None:
+                per_host.append(f"SSD {format_bytes(self.ssd_bytes)} ({links['ssd_gbps']:g} GB/s, "
+                                f"{links['ssd_iops']:,.0f} reads/s)")
+            parts.append(" and ".join(per_host) + f" per host, host link {links['host_link_gbps']:g} GB/s per device")
         return "; ".join(parts)
 
     @classmethod
@@ -129,7 +177,8 @@ class Topology:
             raise FormatError(f"{source}: field 'num_devices' is missing")
         return make_topology(devices, data.get("local_world_size"), data.get("intra_host_gbps"),
                              data.get("inter_host_gbps"), data.get("device_memory_bytes"),
-                             data.get("relative_speed"), source, error=FormatError)
+                             data.get("relative_speed"), source, error=FormatError,
+                             **{k: data.get(k) for k in TIER_KEYS})
 
     @classmethod
     def read(cls, path: str | Path, num_devices: int | None = None) -> "Topology":
@@ -157,7 +206,9 @@ def _field(check, value: Any, source: str, key: str, error: type = FormatError) 
 
 def make_topology(num_devices: int, local_world_size: Any = None, intra_host_gbps: Any = None,
                   inter_host_gbps: Any = None, device_memory_bytes: Any = None, relative_speed: Any = None,
-                  source: str = "topology", error: type = NeuroShardError) -> Topology:
+                  source: str = "topology", error: type = NeuroShardError, *, host_memory_bytes: Any = None,
+                  ssd_bytes: Any = None, host_link_gbps: Any = None, ssd_gbps: Any = None,
+                  ssd_iops: Any = None) -> Topology:
     """A checked ``Topology``. Stating any link (or ``local_world_size``) states hosts: what
     is left out takes the GPU-cluster defaults (``DEFAULT_*``; one host of all devices
     when only bandwidths are given). Memory: one size for all or one per device."""
@@ -186,7 +237,15 @@ def make_topology(num_devices: int, local_world_size: Any = None, intra_host_gbp
         speed = tuple(_field(lambda v: check_number(v, "value", *SPEED_RANGE), s, source, "relative_speed", error)
                       for s in relative_speed)
         speed = None if all(s == 1.0 for s in speed) else speed
-    return Topology(num_devices, local, intra, inter, memory, speed)  # it fills in the links left out
+    host_memory, ssd = (None if v is None else _field(check_memory, v, source, k, error)
+                        for v, k in ((host_memory_bytes, "host_memory_bytes"), (ssd_bytes, "ssd_bytes")))
+    link, ssd_rate = (None if v is None else
+                      _field(lambda v: check_number(v, "value", 0.0, MAX_GBPS, low_open=True), v, source, k, error)
+                      for v, k in ((host_link_gbps, "host_link_gbps"), (ssd_gbps, "ssd_gbps")))
+    iops = None if ssd_iops is None else _field(lambda v: check_number(v, "value", 0.0, MAX_IOPS, low_open=True),
+                                               ssd_iops, source, "ssd_iops", error)
+    return Topology(num_devices, local, intra, inter, memory, speed,  # it fills in the links left out
+                    host_memory, ssd, link, ssd_rate, iops)
 
 
 def device_memory(topology: Topology | None, memory_bytes: int) -> int | np.ndarray:
@@ -223,7 +282,7 @@ def resolve_topology(topology: Any, num_devices: int, memory: Any) -> tuple[Topo
         base = topology or Topology(num_devices)
         topology = make_topology(num_devices, base.local_world_size, base.intra_host_gbps, base.inter_host_gbps,
                                  list(memory), list(base.relative_speed) if base.relative_speed else None,
-                                 "memory (--memory)")
+                                 "memory (--memory)", **base.tier_fields())
     elif memory is not None:
         memory_bytes = check_memory(memory)
         if topology is not None and topology.device_memory_bytes is not None:
@@ -252,18 +311,25 @@ memory_list.__name__ = "a memory size or a comma list of sizes"
 
 
 def topology_from_options(path: str | None, num_devices: int, local_world_size: int | None,
-                          intra_host_gbps: float | None, inter_host_gbps: float | None) -> Topology | None:
+                          intra_host_gbps: float | None, inter_host_gbps: float | None,
+                          tiers: Mapping[str, Any] | None = None) -> Topology | None:
     """The topology of ``--topology FILE`` with ``--local-world-size`` / ``--intra-host-gbps`` /
-    ``--inter-host-gbps`` replacing the file's fields; None when none is given."""
-    if path is None and all(v is None for v in (local_world_size, intra_host_gbps, inter_host_gbps)):
+    ``--inter-host-gbps`` and the memory-tier flags (``tiers``: ``TIER_KEYS`` to values,
+    None where not given) replacing the file's fields; None when none is given."""
+    tiers = {k: v for k, v in (tiers or {}).items() if v is not None}
+    unknown = sorted(set(tiers) - set(TIER_KEYS))
+    if unknown:
+        raise NeuroShardError(f"unknown topology field {unknown[0]!r}")
+    if path is None and not tiers and all(v is None for v in (local_world_size, intra_host_gbps, inter_host_gbps)):
         return None
     base = Topology.read(path, num_devices) if path is not None else Topology(num_devices)
-    source = path or "topology options (--local-world-size, --intra-host-gbps, --inter-host-gbps)"
+    source = path or ("topology options (--local-world-size, --intra-host-gbps, --inter-host-gbps, --host-memory, "
+                      "--ssd, --host-link-gbps, --ssd-gbps, --ssd-iops)")
     return make_topology(num_devices,
                          local_world_size if local_world_size is not None else base.local_world_size,
                          intra_host_gbps if intra_host_gbps is not None else base.intra_host_gbps,
                          inter_host_gbps if inter_host_gbps is not None else base.inter_host_gbps,
                          list(base.device_memory_bytes) if base.device_memory_bytes else None,
                          list(base.relative_speed) if base.relative_speed else None, source,
-                         error=FormatError if path is not None else NeuroShardError)
-
+                         error=FormatError if path is not None else NeuroShardError,
+                         **{**base.tier_fields(), **tiers})

@@ -10,6 +10,7 @@ from ..cli_options import (
     add_input,
     add_output,
     add_topology_options,
+    tier_options,
     help_table,
     write_output,
 )
@@ -56,7 +57,7 @@ def _search(args: argparse.Namespace) -> int:
     from ..topology import topology_from_options
     tables = TableSet.read(args.tables)
     topology = topology_from_options(args.topology, args.devices, args.local_world_size, args.intra_host_gbps,
-                                     args.inter_host_gbps)
+                                     args.inter_host_gbps, tier_options(args))
     plan = shard(tables, devices=args.devices, memory=args.memory, algorithm=args.algorithm,
                  calibrate=args.calibrate, cost_models=args.cost_model, bytes_per_element=args.bytes_per_element,
                  seed=args.seed, optimizer=args.optimizer, data_parallel=args.data_parallel,
