@@ -205,7 +205,8 @@ def check_capacity(tables: "TableSet", num_devices: int, memory_bytes: int, byte
         raise InfeasibleError(
             f"tables '{tables.name}' need {format_bytes(total)}{_with_state(optimizer)} but {num_devices} devices x "
             f"{format_bytes(memory_bytes)} hold {format_bytes(capacity)}: {format_bytes(total - capacity)} too much "
-            f"(need at least {math.ceil(total / memory_bytes)} devices of this memory)")
+            f"(need at least {math.ceil(total / memory_bytes)} devices of this memory, or state host memory "
+            f"--host-memory or SSD --ssd to keep rows there behind device caches)")
     for table in tables:
         narrowest = narrowest_cols(table.embedding_dim)
         need = (1 if row_splits else table.num_embeddings) * row_bytes(narrowest, bytes_per_element, optimizer)

@@ -371,9 +371,10 @@ class Plan:
         for name, tier in self.tiers().items():
             if not tier.on_device:
                 groups.setdefault(tier.label(), []).append(name)
-        lines = [f"memory tiers: {len(names)} table{'s' if len(names) > 1 else ''} {label} "
-                 f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
-                 for label, names in sorted(groups.items())]
+        lines = ["memory tiers (tables outside device memory):"]
+        lines += [f"  {label}: {len(names)} table{'s' if len(names) > 1 else ''} "
+                  f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
+                  for label, names in sorted(groups.items())]
         for memory, what in (("host", "host memory"), ("ssd", "SSD")):
             used = self.backing_used_bytes(memory)
             if any(used):

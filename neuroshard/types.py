@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from .optimizers import DEFAULT_OPTIMIZER, shard_bytes
+from .tiers import Tier
 
 if TYPE_CHECKING:
     from .plan import Shard
@@ -52,6 +53,34 @@ class Piece(NamedTuple):
         half = (self.num_rows + 1) // 2
         return (Piece(self.table, self.row_offset, half, self.col_offset, self.num_cols),
                 Piece(self.table, self.row_offset + half, self.num_rows - half, self.col_offset, self.num_cols))
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Device memory of pieces: weights plus ``optimizer``'s state, or for a table whose rows
+    live in host memory or on SSD only its device cache (``tiers``: one ``Tier`` per table
+    index; None: every table in device memory). The one size rule of every placer."""
+
+    bytes_per_element: int
+    optimizer: str = DEFAULT_OPTIMIZER
+    tiers: tuple[Tier, ...] | None = None
+
+    def of(self, piece: Piece) -> int:
+        """Device bytes of ``piece``."""
+        if self.tiers is None:
+            return piece.size_bytes(self.bytes_per_element, self.optimizer)
+        return self.tiers[piece.table].device_bytes(piece.num_rows, piece.num_cols, self.bytes_per_element,
+                                                    self.optimizer)
+
+    def sizes(self, pieces: Sequence[Piece]) -> np.ndarray:
+        """Device bytes of each piece, as float64 for the placers."""
+        return np.array([self.of(p) for p in pieces], dtype=np.float64)
+
+    def row_bytes(self, piece: Piece) -> float:
+        """Device bytes per row of ``piece`` (averaged over a cached table's rows): what a
+        row split divides memory by."""
+        tier = Tier() if self.tiers is None else self.tiers[piece.table]
+        return float(tier.device_row_bytes(piece.num_cols, self.bytes_per_element, self.optimizer))
 
 
 def whole_pieces(tables: TableSet) -> list[Piece]:

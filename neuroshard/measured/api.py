@@ -36,8 +36,10 @@ def device_kind_mismatch(models: Any, task: Task) -> str | None:
     smallest = float(np.min(task.memory_bytes))
     if smallest >= GPU_LIKE_MEMORY_BYTES:
         return f"devices of {smallest / 2**30:.0f} GiB"
-    if task.topology is not None and task.topology.hosts_stated():
+    if task.topology is not None and task.topology.hosts_stated:
         return "hosts and links of a GPU cluster"
+    if task.topology is not None and (task.topology.host_memory_bytes or task.topology.ssd_bytes):
+        return "host memory or SSD tiers of a GPU server"
     return None
 
 

@@ -22,7 +22,6 @@ import numpy as np
 from ..costmodels.measure.store import cpu_model
 from ..costmodels.measure.timing import time_devices
 from ..kernels import trained_precision
-from ..optimizers import row_bytes
 from ..search.params import MeasuredGreedyParams
 from ..search.placer import greedy_place
 from ..search.registry import SearchFunction
@@ -36,18 +35,18 @@ log = logging.getLogger(__name__)
 def _units(sim: Simulator, memory_bytes: int) -> list[Piece]:
     """Every table, those over half a device cut into the fewest equal row blocks that fit
     in half a device (column halves first only when a single row is still too large)."""
-    bpe, half = sim.bytes_per_element, float(np.max(memory_bytes)) / 2  # per-device memory: the largest
+    half = float(np.max(memory_bytes)) / 2  # per-device memory: the largest
     out = []
     for piece in whole_pieces(sim.tables):
-        size = piece.size_bytes(bpe, sim.optimizer)
+        size = sim.footprint.of(piece)
         if sim.constraints is not None and sim.constraints[piece.table].any:  # the layout its constraints allow
             out.extend(p for p in sim.memory_split(memory_bytes) if p.table == piece.table)
         elif size <= half:
             out.append(piece)
-        elif row_bytes(piece.num_cols, bpe, sim.optimizer) <= half:
+        elif sim.footprint.row_bytes(piece) <= half:
             out.extend(split_rows(piece, math.ceil(size / half)))
         else:
-            out.extend(split_for_memory([piece], int(half), bpe, optimizer=sim.optimizer))
+            out.extend(split_for_memory([piece], int(half), sim.footprint))
     return out
 
 
@@ -71,7 +70,6 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
                                  weights_precision=trained_precision(sim.bytes_per_element))
         measured.update((p, float(np.median(r))) for p, r in zip(todo, times))
 
-    bpe = sim.bytes_per_element
 
     def place(pieces: list[Piece]) -> Placement | None:
         measure(pieces)
@@ -83,7 +81,7 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
         load = np.bincount(devices, weights=costs, minlength=sim.num_devices)
         return Placement(pieces, devices, details={"measured_load_ms": load.round(4).tolist()})
 
-    placed = place_with_splits(_units(sim, memory_bytes), place, bpe, optimizer=sim.optimizer, allowed=sim.allowed)
+    placed = place_with_splits(_units(sim, memory_bytes), place, sim.footprint, allowed=sim.allowed)
     placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
     placed.details.update(parameters={"passes": params.passes, "repeats": params.repeats, "batch_size": batch,
                                       "row_cap": params.row_cap, "kernel": params.kernel,

@@ -229,7 +229,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     sim = Simulator.from_plan(plan, models, tables, batch)
     pieces, where = sim.pieces_of_plan(plan)
     movable = np.array([p.row_offset == 0 and p.num_rows == tables[p.table].num_embeddings for p in pieces])
-    sizes = np.array([p.size_bytes(plan.bytes_per_element, plan.optimizer) for p in pieces], dtype=np.float64)
+    sizes = sim.sizes_bytes(pieces)  # device bytes (a cached table's cache)
     limits = np.array(plan.memory_limits(), dtype=np.float64)
     devices = plan.num_devices
     measured = np.asarray(measured_ms, dtype=np.float64).copy()

@@ -33,6 +33,7 @@ from .registry import REPLICATING_ALGORITHMS, get_algorithm, get_trait, make_par
 from .replicate import check_data_parallel, forced_tables, search_with_replication
 from .rowwise import runnable_row_splits
 from .simulator import Simulator, replicated_bytes
+from .tiers import choose_tiers
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +93,8 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
     them (``rowwise.runnable_row_splits``: blocks in rank order, else re-cut or joined)."""
     room = sim.memory_limits(memory_bytes) - replicated_bytes(sim, sim.data_parallel_tables)  # what shards may use
     pieces, devices = runnable_row_splits(
-        placement.pieces, placement.devices, sim.num_devices, sim.bytes_per_element, room,
-        lambda pieces, devices: float(sim.evaluate(pieces, devices[None, :]).max_ms[0]), optimizer=sim.optimizer,
+        placement.pieces, placement.devices, sim.num_devices, sim.footprint, room,
+        lambda pieces, devices: float(sim.evaluate(pieces, devices[None, :]).max_ms[0]),
         local_world_size=sim.local_world_size, allowed=sim.allows_placement)
     placement = Placement(pieces, devices, placement.cost_ms, placement.details)
     estimate = sim.plan_estimate(sim.evaluate(placement.pieces, placement.devices[None, :], risk=0.0))  # the mean
@@ -116,6 +117,8 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
         provenance["cost_optimizer"] = COST_OPTIMIZER
     if sim.topology is not None:  # the cluster the plan is for (also in the plan's topology field)
         provenance["topology"] = sim.topology.describe()
+    if sim.tiers is not None:  # rows in host memory or on SSD: which, and how their traffic was costed
+        provenance["tiers"] = sim.tier_record
     if "data_parallel" in placement.details:  # data_parallel="auto": what was replicated, and why
         provenance["data_parallel"] = placement.details["data_parallel"]
     if "fallback" in placement.details:  # the search could not pack: a baseline's plan, and why
@@ -187,7 +190,9 @@ def check_task(tables: TableSet | list[Table], devices: int, memory: int | str |
     row_splits = params.get("row_splits", True)
     if not isinstance(row_splits, bool):
         raise NeuroShardError(f"parameter row_splits must be true or false, got {row_splits!r}")
-    check_capacity(tables, devices, limits, bytes_per_element, row_splits, optimizer)
+    if topology is None or (topology.host_memory_bytes is None and topology.ssd_bytes is None):
+        check_capacity(tables, devices, limits, bytes_per_element, row_splits, optimizer)
+    # else: tables may keep their rows in host memory or on SSD: ``search.tiers`` checks what fits
     check_constraints_feasible(tables, devices, limits, lambda cols: row_bytes(cols, bytes_per_element, optimizer),
                                ranks_per_host(topology, devices), row_splits)  # per-table constraints: one line naming the table
     if len(tables) * devices >= LARGE_TASK:  # say so before minutes without output
@@ -208,6 +213,9 @@ def search_task(task: Task, models: CostModels) -> Plan:
                     sim.cost_precision)
     if task.forced:  # tables allowed only data_parallel are never pieces
         sim = sim.with_data_parallel(task.forced)
+    tiers, record = choose_tiers(sim, task.limits)  # None: every table fits in device memory
+    if tiers is not None:
+        sim = sim.with_tiers(tiers, record)
     sim.memory_split(task.memory_bytes, task.params.get("row_splits", True))  # once: every algorithm starts here
     start = time.perf_counter()
     if task.replicating:

@@ -56,7 +56,6 @@ def greedy_by_key(sim: Simulator, memory_bytes: int, key: str, seed: int = 0) ->
     """The classic greedy with sort key ``key`` (one of ``GREEDY_KEYS``)."""
     key_fn = GREEDY_KEYS[key]
     rng = np.random.default_rng(seed)
-    bpe = sim.bytes_per_element
 
     def place(pieces: list[Piece]) -> Placement | None:
         sizes = sim.sizes_bytes(pieces)
@@ -67,7 +66,7 @@ def greedy_by_key(sim: Simulator, memory_bytes: int, key: str, seed: int = 0) ->
         return Placement(pieces, devices) if devices[0] >= 0 else None
 
     start = sim.memory_split(memory_bytes)
-    placed = place_with_splits(start, place, bpe, num_devices=sim.num_devices, optimizer=sim.optimizer,
+    placed = place_with_splits(start, place, sim.footprint, num_devices=sim.num_devices,
                                local_world_size=sim.local_world_size, allowed=sim.allowed)
     placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
     placed.details = {"parameters": {"key": key, "seed": seed}, "simulated_cost_ms": placed.cost_ms}

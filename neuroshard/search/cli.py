@@ -176,12 +176,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="ranks per host, for cuda device numbers and table-row-wise/grid shards (default: the "
                         "plan's topology's, else TorchRec's: 8, or the world size when it is not a multiple of 8)")
     p.add_argument("--compute-kernel", default="fused", choices=COMPUTE_KERNELS,
-                   help="TorchRec compute kernel of every shard (default: fused)")
+                   help="TorchRec compute kernel of the tables in device memory (default: fused); a table the "
+                        "plan keeps in host memory or on SSD runs its tier's kernel whatever this says: "
+                        "fused_uvm_caching with its cache_fraction as load factor, fused_uvm, or key_value")
     p.add_argument("--cache-load-factor", type=float_in(0.0, 1.0, low_open=True, what="a fraction"), default=None,
                    metavar="F", help="with --compute-kernel fused_uvm_caching: the share of each table's rows its "
                                      "device cache holds (default: TorchRec's 0.2; `neuroshard tables cache` gives "
-                                     "the miss rate of each)")
+                                     "the miss rate of each; a plan's cached tables use their cache_fraction)")
     p.add_argument("--cache-algorithm", choices=CACHE_ALGORITHMS, default=None,
-                   help="with fused_uvm_caching: the cache's eviction, lru or lfu (default: lru)")
+                   help="with fused_uvm_caching (the global kernel or a plan's cached host tables): the cache's "
+                        "eviction, lru or lfu (default: lru)")
     add_output(p, "file to write (- for standard output)", required=True, metavar="OUT.json")
     p.set_defaults(func=_export)

@@ -55,10 +55,9 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
     """The cheapest placement found for ``sim``'s tables on its devices (``seed``: the
     random baseline's, when baseline seeds are on)."""
     params = params or NeuroShardParams()
-    bpe = sim.bytes_per_element
     start = sim.memory_split(memory_bytes, params.row_splits)
     best = place_with_splits(start, lambda pieces: place_many(sim, [pieces], memory_bytes, params)[0],
-                             bpe, params.row_splits, num_devices=sim.num_devices, optimizer=sim.optimizer,
+                             sim.footprint, params.row_splits, num_devices=sim.num_devices,
                              local_world_size=sim.local_world_size, allowed=sim.allowed)
     least_split = best  # the state before any split the beam adds (tables too big for a device are cut)
     beam, seen, stale = [best], {tuple(best.pieces)}, 0

@@ -32,8 +32,7 @@ from typing import Callable, Sequence, TypeVar
 import numpy as np
 
 from ..errors import InfeasibleError
-from ..optimizers import DEFAULT_OPTIMIZER, row_bytes
-from ..types import Piece, split_rows
+from ..types import Footprint, Piece, split_rows
 from ..units import format_bytes
 
 log = logging.getLogger(__name__)
@@ -91,8 +90,8 @@ def halve_strip_cols(pieces: Sequence[Piece], i: int) -> list[Piece] | None:
     return sorted([*(q for j, q in enumerate(pieces) if j not in strip), *halves])
 
 
-def align_row_blocks(pieces: Sequence[Piece], devices: np.ndarray, bytes_per_element: int,
-                     memory_bytes: int, optimizer: str = DEFAULT_OPTIMIZER) -> tuple[list[Piece], np.ndarray]:
+def align_row_blocks(pieces: Sequence[Piece], devices: np.ndarray, footprint: Footprint,
+                     memory_bytes: int) -> tuple[list[Piece], np.ndarray]:
     """Pieces and devices with each row-split strip's blocks moved onto the same devices in
     ascending order (block 0 on the lowest device: TorchRec's rank order) where they are
     on distinct devices and memory allows, and a strip whose blocks are all on one device
@@ -102,7 +101,7 @@ def align_row_blocks(pieces: Sequence[Piece], devices: np.ndarray, bytes_per_ele
     strips: dict[tuple[int, int, int], list[int]] = {}
     for j, p in enumerate(pieces):
         strips.setdefault((p.table, p.col_offset, p.num_cols), []).append(j)
-    sizes = np.array([p.size_bytes(bytes_per_element, optimizer) for p in pieces], dtype=np.float64)
+    sizes = footprint.sizes(pieces)
     joined: list[tuple[Piece, int]] = []
     drop: set[int] = set()
     for members in strips.values():
@@ -169,9 +168,9 @@ def _runnable(strips: dict[tuple[int, int], list[tuple[Piece, int]]], num_device
     return True
 
 
-def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_devices: int, bytes_per_element: int,
+def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_devices: int, footprint: Footprint,
                         memory_bytes: int, cost: Callable[[list[Piece], np.ndarray], float],
-                        optimizer: str = DEFAULT_OPTIMIZER, local_world_size: int | None = None,
+                        local_world_size: int | None = None,
                         allowed: Callable[[list[Piece], np.ndarray], bool] | None = None
                         ) -> tuple[list[Piece], np.ndarray]:
     """Pieces and devices where every row-split table is laid out as TorchRec runs it.
@@ -182,7 +181,7 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
     or joined (each strip on the device holding most of it). When none fits it stays
     as it is, and the exporter refuses it. ``allowed`` (per-table constraints) refuses
     layouts and devices as the search did."""
-    aligned = align_row_blocks(pieces, devices, bytes_per_element, memory_bytes, optimizer)
+    aligned = align_row_blocks(pieces, devices, footprint, memory_bytes)
     if allowed is None or allowed(*aligned):  # joining a strip may leave too few shards
         pieces, devices = aligned
     local = local_world_size or default_local_world_size(num_devices)
@@ -213,16 +212,16 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
                 candidates.append(recut)
         free = np.full(num_devices, 1.0) * memory_bytes
         for p, d in rest:
-            free[d] -= p.size_bytes(bytes_per_element, optimizer)
+            free[d] -= footprint.of(p)
         for (col, cols), blocks in sorted(strips.items(), key=lambda kv: -kv[0][1]):  # widest first
             share: dict[int, int] = {}
             for p, d in blocks:
                 share[d] = share.get(d, 0) + p.num_rows
             whole = Piece(table, min(p.row_offset for p, _ in blocks), sum(p.num_rows for p, _ in blocks), col, cols)
             # onto the holder with room for it (most rows first), else the one holding most
-            fits = [d for d in share if free[d] >= whole.size_bytes(bytes_per_element, optimizer)]
+            fits = [d for d in share if free[d] >= footprint.of(whole)]
             device = max(fits or share, key=lambda d: (share[d], -d))
-            free[device] -= whole.size_bytes(bytes_per_element, optimizer)
+            free[device] -= footprint.of(whole)
             joined.append((whole, device))
         candidates.append(joined)
         options = []
@@ -230,7 +229,7 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
             placed = sorted(rest + option)
             cand_pieces = [p for p, _ in placed]
             cand_devices = np.array([d for _, d in placed], dtype=np.int64)
-            sizes = np.array([p.size_bytes(bytes_per_element, optimizer) for p in cand_pieces], dtype=np.float64)
+            sizes = footprint.sizes(cand_pieces)
             if fits_memory(cand_devices, sizes, memory_bytes) and (allowed is None or allowed(cand_pieces,
                                                                                                 cand_devices)):
                 options.append((cost(cand_pieces, cand_devices), cand_pieces, cand_devices))
@@ -239,9 +238,9 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
     return list(pieces), np.asarray(devices, dtype=np.int64)
 
 
-def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_element: int,
+def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, footprint: Footprint,
                      row_splits: bool = True, num_devices: int | None = None,
-                     optimizer: str = DEFAULT_OPTIMIZER, local_world_size: int | None = None) -> list[Piece]:
+                     local_world_size: int | None = None) -> list[Piece]:
     """Split every piece larger than a device: column halves while possible, then the
     fewest row blocks that fit; with ``num_devices``, as many as TorchRec runs (one
     host's ranks, ``local_world_size`` or TorchRec's default, or all ranks) when that
@@ -250,13 +249,13 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_eleme
     todo = list(pieces)
     while todo:
         piece = todo.pop()
-        size = piece.size_bytes(bytes_per_element, optimizer)
+        size = footprint.of(piece)
         if size <= memory_bytes:
             out.append(piece)
         elif piece.can_halve_cols():
             todo.extend(piece.halve_cols())
         elif row_splits:
-            max_rows = max(1, memory_bytes // row_bytes(piece.num_cols, bytes_per_element, optimizer))
+            max_rows = max(1, int(memory_bytes // footprint.row_bytes(piece)))
             parts = math.ceil(piece.num_rows / max_rows)
             if num_devices is not None:
                 local = local_world_size or default_local_world_size(num_devices)
@@ -269,14 +268,13 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, bytes_per_eleme
     return sorted(out)
 
 
-def halve_largest(pieces: Sequence[Piece], bytes_per_element: int, row_splits: bool = True,
-                  num_devices: int | None = None, optimizer: str = DEFAULT_OPTIMIZER,
-                  local_world_size: int | None = None,
+def halve_largest(pieces: Sequence[Piece], footprint: Footprint, row_splits: bool = True,
+                  num_devices: int | None = None, local_world_size: int | None = None,
                   allowed: Callable[[list[Piece]], bool] | None = None) -> list[Piece] | None:
     """The pieces with the largest splittable one's strip halved along columns, else its
     table re-cut into twice the row blocks; None when nothing can be split further.
     ``allowed`` (per-table constraints, ``Simulator.allowed``) skips splits it refuses."""
-    for i in sorted(range(len(pieces)), key=lambda i: -pieces[i].size_bytes(bytes_per_element, optimizer)):
+    for i in sorted(range(len(pieces)), key=lambda i: -footprint.of(pieces[i])):
         splits = [halve_strip_cols(pieces, i)]
         if row_splits and num_devices is not None:  # TorchRec's block counts first
             local = local_world_size or default_local_world_size(num_devices)
@@ -290,9 +288,8 @@ def halve_largest(pieces: Sequence[Piece], bytes_per_element: int, row_splits: b
 
 
 def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], PlacedT | None],
-                      bytes_per_element: int, row_splits: bool = True, max_attempts: int = 256,
-                      num_devices: int | None = None, optimizer: str = DEFAULT_OPTIMIZER,
-                      local_world_size: int | None = None,
+                      footprint: Footprint, row_splits: bool = True, max_attempts: int = 256,
+                      num_devices: int | None = None, local_world_size: int | None = None,
                       allowed: Callable[[list[Piece]], bool] | None = None) -> PlacedT:
     """``place(pieces)``; while it cannot pack the pieces into memory, halve the largest
     piece and try again. InfeasibleError when splitting does not help."""
@@ -303,8 +300,7 @@ def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], Pl
             if attempt:
                 log.info("packed after %d extra memory splits (%d shards)", attempt, len(current))
             return placed
-        smaller = halve_largest(current, bytes_per_element, row_splits, num_devices, optimizer, local_world_size,
-                                allowed)
+        smaller = halve_largest(current, footprint, row_splits, num_devices, local_world_size, allowed)
         if smaller is None:
             break
         current = smaller

@@ -51,14 +51,16 @@ from ..costmodels.analytic import AnalyticCommModel
 from ..costmodels.base import CostModels
 from ..costmodels.features import FEATURE_NAMES, table_features
 from ..costmodels.precision import compute_scaling
+from ..costmodels.tiers import TierCostModel
 from ..datasets.sampler import shard_table
 from ..errors import NeuroShardError
 from ..kernels import precision_of
-from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes
+from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer
 from ..plan import Plan, Shard
 from ..tables import TableSet
 from ..topology import Topology, device_memory, ranks_per_host
-from ..types import Estimate, Piece, whole_pieces
+from ..tiers import IN_DEVICE_MEMORY, Tier, device_bytes_array
+from ..types import Estimate, Footprint, Piece, whole_pieces
 from ..validate import check_comm_precision
 from .rowwise import split_for_memory
 
@@ -77,7 +79,8 @@ class Simulator:
 
     def __init__(self, tables: TableSet, num_devices: int, cost_models: CostModels, bytes_per_element: int = FP32_BYTES,
                  *, optimizer: str = DEFAULT_OPTIMIZER, data_parallel_tables: Sequence[str] = (),
-                 risk: float | None = None, topology: Topology | None = None, comm_precision: str = "fp32"):
+                 risk: float | None = None, topology: Topology | None = None, comm_precision: str = "fp32",
+                 tiers: Sequence[Tier] | None = None):
         self.tables = tables
         self.num_devices = int(num_devices)
         self.cost_models = cost_models
@@ -91,6 +94,7 @@ class Simulator:
         self.comm = cost_models.comm_for(self.num_devices)
         self._set_topology(topology)
         self.scale = cost_models.scale(tables.batch_size)
+        self._set_tiers(tiers)
         self._set_data_parallel(data_parallel_tables)
         self._piece_ids: dict[Piece, int] = {}
         self._pieces: list[Piece] = []
@@ -119,6 +123,35 @@ class Simulator:
         #: devices per host when the topology states hosts (the placers keep such row splits on one host)
         self.host_size = topology.local_world_size if self.hosts_stated else None
         self._speed = None if topology is None or topology.relative_speed is None else topology.speeds()
+
+    def _set_tiers(self, tiers: Sequence[Tier] | None) -> None:
+        """Each table's memory tier (``neuroshard.tiers``; None: every table in device memory):
+        what its pieces take in device memory (``footprint``) and what the tier's traffic adds
+        to their device's compute (``costmodels.tiers``, analytic)."""
+        if tiers is not None and len(tiers) != len(self.tables):
+            raise NeuroShardError(f"{len(tiers)} tiers given for {len(self.tables)} tables")
+        self.tiers = None if tiers is None or all(t.on_device for t in tiers) else tuple(tiers)
+        self.footprint = Footprint(self.bytes_per_element, self.optimizer, self.tiers)
+        self.tier_record: dict = {}  # how the tiers were chosen (``search.tiers``), for the provenance
+        if not hasattr(self, "_tier_model"):
+            self._tier_model: TierCostModel | None = None
+
+    def tier_model(self) -> TierCostModel:
+        """The tiers' cost model for these tables and topology (its miss-rate curves kept)."""
+        if self._tier_model is None:
+            self._tier_model = TierCostModel(self.topology, self.num_devices, self.tables.batch_size,
+                                             self.bytes_per_element, self.optimizer)
+        return self._tier_model
+
+    def with_tiers(self, tiers: Sequence[Tier] | None, record: dict | None = None) -> "Simulator":
+        """A copy of this simulator with other tiers (set costs kept: the kernels are the same)."""
+        other = copy.copy(self)
+        other._set_tiers(tiers)
+        other.tier_record = dict(record or {})
+        other._arrays = {}
+        other._single_ms = np.full(len(self._pieces), np.nan)
+        other._memory_splits = {}
+        return other
 
     def memory_limits(self, memory_bytes: int) -> int | np.ndarray:
         """What the placers compare with: ``memory_bytes``, or (D,) bytes per device when the
@@ -162,10 +195,8 @@ class Simulator:
         (``shard()`` does it before any algorithm runs), a new list each call."""
         key = (int(np.max(memory_bytes)), bool(row_splits))  # per-device memory: split for the largest device
         if key not in self._memory_splits:
-            self._memory_splits[key] = split_for_memory(self.sharded_pieces(), key[0],
-                                                        self.bytes_per_element, row_splits, self.num_devices,
-                                                        optimizer=self.optimizer,
-                                                        local_world_size=self.local_world_size)
+            self._memory_splits[key] = split_for_memory(self.sharded_pieces(), key[0], self.footprint, row_splits,
+                                                        self.num_devices, local_world_size=self.local_world_size)
             if self.constraints is not None:
                 self._memory_splits[key] = self._conform(self._memory_splits[key], memory_bytes, row_splits)
         return list(self._memory_splits[key])
@@ -181,14 +212,11 @@ class Simulator:
             mine, rule = [p for p in pieces if p.table == t], self.constraints[t]
             if rule.any:
                 pinned = list(rule.devices) if rule.devices is not None else slice(None)
-                mine = conform(mine, self.tables[t], rule, float(limits[pinned].max()), self.row_bytes_of,
+                mine = conform(mine, self.tables[t], rule, float(limits[pinned].max()),
+                               lambda cols, t=t: self.footprint.row_bytes(Piece(t, 0, 1, 0, cols)),
                                self.num_devices, self.local_world_size, row_splits)
             out += mine
         return sorted(out)
-
-    def row_bytes_of(self, cols: int) -> int:
-        """Memory of one row of a piece ``cols`` wide (weights and optimizer state)."""
-        return row_bytes(cols, self.bytes_per_element, self.optimizer)
 
     def allowed(self, pieces: Sequence[Piece]) -> bool:
         """Whether every constrained table's pieces take a layout its constraints allow."""
@@ -247,13 +275,18 @@ class Simulator:
     def _array(self, name: str) -> np.ndarray:
         if len(self._arrays.get("cols", ())) != len(self._pieces):
             pieces = np.array(self._pieces, dtype=np.int64).reshape(-1, 5)
-            self._arrays = {"features": np.stack(self._features) if self._features else
+            # what each piece's tier adds to its device (ms at the models' batch; 0 in device memory)
+            tier_ms = np.zeros(len(self._pieces)) if self.tiers is None else np.array(
+                [self.tier_model().shard_ms(self.tables[p.table], self.tiers[p.table], p.num_rows, p.num_cols)
+                 for p in self._pieces]) / self.scale
+            self._arrays = {"tier_ms": tier_ms,
+                            "features": np.stack(self._features) if self._features else
                             np.zeros((0, len(FEATURE_NAMES)), dtype=np.float32),
                             "cols": pieces[:, 4].astype(np.float64),
                             # a number per column strip (table, first column, width): row blocks share it
                             "strip": np.unique(pieces[:, [0, 3, 4]], axis=0, return_inverse=True)[1].reshape(-1),
-                            "bytes": (pieces[:, 2] * row_bytes(pieces[:, 4], self.bytes_per_element,
-                                                                 self.optimizer)).astype(np.float64)}
+                            "bytes": device_bytes_array(self.tiers, pieces[:, 0], pieces[:, 2], pieces[:, 4],
+                                                        self.bytes_per_element, self.optimizer)}
             grown = np.full(len(self._pieces), np.nan)
             grown[:len(self._single_ms)] = self._single_ms
             self._single_ms = grown
@@ -272,8 +305,8 @@ class Simulator:
         return self._array("bytes")[ids]
 
     def sizes_bytes(self, pieces: Sequence[Piece]) -> np.ndarray:
-        """Memory of pieces (weights and optimizer state), as float64 for the placers."""
-        return np.array([p.size_bytes(self.bytes_per_element, self.optimizer) for p in pieces], dtype=np.float64)
+        """Device memory of pieces (``footprint``), as float64 for the placers."""
+        return self.footprint.sizes(pieces)
     # -------------------------------------------------------------- costs
     def set_costs_ms(self, sets: Sequence[tuple[int, ...]], risk: float | None = None) -> np.ndarray:
         """Compute cost (ms at the models' batch size) of each set of piece ids (sorted
@@ -305,7 +338,7 @@ class Simulator:
         self._array("cols")  # grow the per-id arrays
         todo = np.unique(ids[np.isnan(self._single_ms[ids])])
         if len(todo):
-            self._single_ms[todo] = self.set_costs_ms([(int(i),) for i in todo])
+            self._single_ms[todo] = self.set_costs_ms([(int(i),) for i in todo]) + self._array("tier_ms")[todo]
         return self._single_ms[ids] * self.scale
 
     def evaluate(self, pieces: Sequence[Piece], devices: np.ndarray, risk: float | None = None) -> Estimate:
@@ -326,8 +359,11 @@ class Simulator:
         widths = np.zeros((num, dev))
         reduce_bytes = np.zeros((num, dev)) if self.hosts_stated else None
         set_keys: list[tuple[int, ...]] = []
+        tiered = np.zeros((num, dev)) if self.tiers is not None else None
         for p, (ids, devices) in enumerate(candidates):
             devices = np.asarray(devices, dtype=np.int64)
+            if tiered is not None:
+                tiered[p] = np.bincount(devices, weights=self._array("tier_ms")[ids], minlength=dev)
             widths[p], reduced = self._exchange_widths(ids, devices)
             if reduced is not None:
                 reduce_bytes[p] = reduced
@@ -336,6 +372,8 @@ class Simulator:
             sorted_ids = ids[order].tolist()
             set_keys.extend(tuple(sorted_ids[bounds[d]:bounds[d + 1]]) for d in range(dev))
         compute = self.set_costs_ms(set_keys, risk).reshape(num, dev)
+        if tiered is not None:  # the tiers' traffic (misses over the host link, SSD reads), modelled
+            compute = compute + tiered
         if self.data_parallel_tables:  # every device looks up the replicated tables for its slice
             compute = compute + self.replicated_ms()[0]
         if self._speed is not None:  # a device twice as fast computes in half the time
@@ -441,13 +479,21 @@ class Simulator:
                      for pieces, devices in candidates]
         widths = np.stack([w for w, _ in exchanges])
         reduce_bytes = None if exchanges[0][1] is None else np.stack([r for _, r in exchanges])
-        return self._with_comm(np.asarray(compute_ms, dtype=np.float64) / self.scale, widths, reduce_bytes)
+        compute = np.asarray(compute_ms, dtype=np.float64) / self.scale
+        if self.tiers is not None:  # a measured kernel does not include the tiers' traffic: modelled
+            compute = compute + np.stack([
+                np.bincount(np.asarray(devices, dtype=np.int64),
+                            weights=self._array("tier_ms")[self.piece_ids(pieces)], minlength=self.num_devices)
+                for pieces, devices in candidates])
+        return self._with_comm(compute, widths, reduce_bytes)
 
     def to_shards(self, pieces: Sequence[Piece], devices: np.ndarray) -> list[Shard]:
         """Pieces placed on devices as plan shards, ordered by table, rows, columns."""
         names = [t.name for t in self.tables]
         placed = sorted(zip(pieces, np.asarray(devices).tolist()))
-        return [Shard(names[p.table], p.row_offset, p.num_rows, p.col_offset, p.num_cols, int(d)) for p, d in placed]
+        tiers = self.tiers or [IN_DEVICE_MEMORY] * len(names)
+        return [Shard(names[p.table], p.row_offset, p.num_rows, p.col_offset, p.num_cols, int(d), tiers[p.table])
+                for p, d in placed]
 
     def plan_estimate(self, estimate: Estimate, index: int = 0) -> dict:
         """The plan file's ``estimate`` object of candidate ``index``: its costs, the batch size
@@ -469,8 +515,10 @@ class Simulator:
         tables = tables if tables is not None else TableSet(plan.tables_name, list(plan.tables))
         if batch_size:
             tables = tables.at_batch(batch_size)
+        tiers = plan.tiers() if plan.tiered else None
         return cls(tables, plan.num_devices, cost_models, plan.bytes_per_element, optimizer=plan.optimizer,
-                   comm_precision=plan.comm_precision, topology=plan.topology)
+                   comm_precision=plan.comm_precision, topology=plan.topology,
+                   tiers=None if tiers is None else [tiers[t.name] for t in tables])
 
     def balanced_bound_ms(self) -> float:
         """Sum of the tables' predicted single-table compute costs over the devices: the
