@@ -106,14 +106,8 @@ def add_comm_precision(p: argparse.ArgumentParser) -> None:
 def add_topology_options(p: argparse.ArgumentParser) -> None:
     """``--topology FILE`` and the flags that state or replace its hosts and links
     (``neuroshard.topology``; the GPU-cluster defaults fill in what is left out)."""
-    from .constants import (
-        DEFAULT_HOST_LINK_GBPS,
-        DEFAULT_INTER_HOST_GBPS,
-        DEFAULT_INTRA_HOST_GBPS,
-        DEFAULT_SSD_GBPS,
-        DEFAULT_SSD_IOPS,
-    )
-    from .validate import device_count, memory_size, positive_float
+    from .constants import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS
+    from .validate import device_count, positive_float
     p.add_argument("--topology", default=None, metavar="FILE",
                    help="topology file (neuroshard.topology/v1): devices per host, link bandwidths, per-device "
                         "memory and relative speed (default: identical devices on the measured network)")
@@ -125,6 +119,13 @@ def add_topology_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inter-host-gbps", type=positive_float, default=None, metavar="GB/S",
                    help=f"bandwidth per device across hosts, GB/s (default with hosts: {DEFAULT_INTER_HOST_GBPS:g}, "
                         f"one 100 Gbit/s NIC per GPU)")
+    add_tier_options(p)
+
+
+def add_tier_options(p: argparse.ArgumentParser) -> None:
+    """The memory-tier flags (``topology.TIER_KEYS``; ``tier_options`` reads them back)."""
+    from .constants import DEFAULT_HOST_LINK_GBPS, DEFAULT_SSD_GBPS, DEFAULT_SSD_IOPS
+    from .validate import memory_size, positive_float
     tiers = p.add_argument_group("memory tiers (tables larger than the devices' memory; neuroshard.tiers)")
     tiers.add_argument("--host-memory", type=memory_size, default=None, metavar="SIZE",
                        help="host memory per host for tables (their rows in host memory, a device cache in front): "

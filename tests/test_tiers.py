@@ -192,3 +192,29 @@ def test_search_cli_takes_tier_flags_and_plan_show_reports_tiers(tmp_path, capsy
     assert main(["plan", "validate", str(out)]) == 0
     with pytest.raises(NeuroShardError):
         topology_from_options(None, 2, None, None, None, {"bogus": 1})
+
+
+# --------------------------------------------------------------- capacity
+def test_capacity_finds_fewer_devices_with_tiers_within_the_slowdown(tmp_path, analytic_models, capsys):
+    from neuroshard.search.capacity import plan_capacity
+    tables = _tables()
+    memory = _total_bytes(tables) // 12
+    report = plan_capacity(tables, memory, 2, host_memory=2 * _total_bytes(tables), slowdown=1.5,
+                           algorithm="size-lookup", cost_models=analytic_models)
+    flat, tiered = report.device_memory_only, report.tiered
+    assert flat["devices"] % 2 == 0 and flat["devices"] * memory * 0.85 >= _total_bytes(tables)
+    assert tiered["devices"] <= flat["devices"] and tiered["cost_ms"] <= 1.5 * flat["cost_ms"] + 1e-9
+    assert report.plan is not None and not report.plan.problems()
+    assert any(t["tiered"] for t in report.tried) and any(not t["tiered"] for t in report.tried)
+    with pytest.raises(NeuroShardError, match="--host-memory"):
+        plan_capacity(tables, memory, 2, cost_models=analytic_models)
+    # the command writes the report and the tiered plan beside it
+    path = tmp_path / "t.json"
+    tables.write(path)
+    out = tmp_path / "cap.json"
+    assert main(["capacity", str(path), "-m", str(memory), "--host-memory", str(2 * _total_bytes(tables)),
+                 "--local-world-size", "2", "-a", "size-lookup", "--slowdown", "1.5", "-o", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert set(data) >= {"device_memory_only", "tiered", "tiered_plan"}
+    assert Plan.read(data["tiered_plan"]).num_devices == data["tiered"]["devices"]
+    assert "all rows in device memory" in capsys.readouterr().out

@@ -9,9 +9,10 @@ from ..cli_options import (
     add_comm_precision,
     add_input,
     add_output,
+    add_tier_options,
     add_topology_options,
-    tier_options,
     help_table,
+    tier_options,
     write_output,
 )
 from ..constants import (
@@ -26,7 +27,16 @@ from ..constants import (
 from ..exporters import exporter_names
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
 from ..topology import memory_list
-from ..validate import MAX_DEVICES, bytes_per_element_int, device_count, float_in, int_in, optional_count, seed_int
+from ..validate import (
+    MAX_DEVICES,
+    bytes_per_element_int,
+    device_count,
+    float_in,
+    int_in,
+    memory_size,
+    optional_count,
+    seed_int,
+)
 from .params import describe_params
 from .registry import ALGORITHMS
 
@@ -118,6 +128,32 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _capacity(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..tables import TableSet
+    from ..validate import check_output
+    from .capacity import describe, plan_capacity
+    plan_path = None
+    if args.output != STDOUT:
+        plan_path = Path(args.output).with_suffix(".tiered-plan.json")
+        check_output(args.output, [args.tables, args.cost_model], "capacity report")
+        check_output(str(plan_path), [args.tables, args.cost_model], "tiered plan file")
+    tables = TableSet.read(args.tables)
+    links = {k: v for k, v in tier_options(args).items() if k not in ("host_memory_bytes", "ssd_bytes")}
+    report = plan_capacity(tables, args.memory, args.local_world_size, host_memory=args.host_memory, ssd=args.ssd,
+                           slowdown=args.slowdown, algorithm=args.algorithm, cost_models=args.cost_model,
+                           optimizer=args.optimizer, **links)
+    out = report.to_dict()
+    if plan_path is not None and report.plan is not None:
+        out["tiered_plan"] = str(plan_path)
+        report.plan.write(plan_path)
+    say = write_output(args.output, json.dumps(out, indent=1) + "\n")
+    say(describe(report))
+    say(f"wrote {args.output}" + (f" and the tiered plan {plan_path}" if plan_path else ""))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this stage's subcommands."""
     p = sub.add_parser("search", help="search a sharding plan for a tables file",
@@ -162,6 +198,30 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="algorithm parameter, e.g. beam_width=4 (repeatable)")
     add_output(p, "plan file to write (- for standard output)", required=True, metavar="PLAN.json")
     p.set_defaults(func=_search)
+
+    p = sub.add_parser("capacity", help="how many devices with host memory and SSD tiers, against all in device "
+                                        "memory",
+                       description="Find the fewest devices (whole hosts) whose plan keeps every row in device "
+                                   "memory, and the fewest whose tiered plan (rows in host memory or on SSD behind "
+                                   "device caches) is estimated within --slowdown of it. No hardware is timed: both "
+                                   "are the cost models' estimates, the tiers' traffic modelled from the link "
+                                   "figures (analytic).")
+    add_input(p, "tables", "tables file (JSON, neuroshard.tables/v1)")
+    p.add_argument("-m", "--memory", type=memory_size, required=True, help="memory per device for embeddings")
+    p.add_argument("--local-world-size", type=device_count, default=8, metavar="N",
+                   help="devices per host: plans use whole hosts (default 8)")
+    p.add_argument("--slowdown", type=float_in(1.0, 100.0, what="a factor"), default=1.10,
+                   help="the tiered plan may be estimated at most this much slower (default 1.10)")
+    p.add_argument("-a", "--algorithm", choices=ALGORITHM_CHOICES, default="neuroshard",
+                   help="search algorithm for every plan (default: neuroshard)")
+    p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
+                   help="cost-model checkpoint (default: the shipped one)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=DEFAULT_OPTIMIZER,
+                   help="embedding optimizer whose state counts in memory (default: sgd)")
+    add_tier_options(p)
+    add_output(p, "capacity report to write (JSON; the tiered plan is written beside it as "
+                  "NAME.tiered-plan.json)", required=True, metavar="REPORT.json")
+    p.set_defaults(func=_capacity)
 
     p = sub.add_parser("export", help="export a plan for another framework",
                        description="Write what TorchRec needs to apply a plan: per table a ParameterSharding "

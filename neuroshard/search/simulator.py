@@ -58,8 +58,8 @@ from ..kernels import precision_of
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer
 from ..plan import Plan, Shard
 from ..tables import TableSet
-from ..topology import Topology, device_memory, ranks_per_host
 from ..tiers import IN_DEVICE_MEMORY, Tier, device_bytes_array
+from ..topology import Topology, device_memory, ranks_per_host
 from ..types import Estimate, Footprint, Piece, whole_pieces
 from ..validate import check_comm_precision
 from .rowwise import split_for_memory

@@ -36,6 +36,7 @@ from ..tiers import IN_DEVICE_MEMORY, Tier
 from ..units import format_bytes
 from .simulator import Simulator, replicated_bytes
 
+
 def _levels(memory: str) -> list[Tier]:
     """The levels a table may take with rows in ``memory``, fewest device bytes first."""
     return [Tier(memory), *(Tier(memory, f) for f in CACHE_FRACTIONS), IN_DEVICE_MEMORY]
