@@ -68,11 +68,8 @@ def choose_tiers(sim: Simulator, memory_bytes) -> tuple[list[Tier] | None, dict]
     host_room = 0 if topo is None or topo.host_memory_bytes is None else topo.host_memory_bytes * hosts
     ssd_room = 0 if topo is None or topo.ssd_bytes is None else topo.ssd_bytes * hosts
     need, room = _sharded_bytes(sim), _device_room(sim, memory_bytes)
-    if not host_room and not ssd_room:
-        raise InfeasibleError(
-            f"tables '{sim.tables.name}' need {format_bytes(need)} of device memory, {format_bytes(room)} is there "
-            f"(the search fills at most {TIER_PACKING_HEADROOM:.0%}): add devices, or state host memory "
-            f"(--host-memory SIZE per host) or SSD (--ssd SIZE) to keep rows there behind a device cache")
+    if not host_room and not ssd_room:  # no other tier: the placers pack the devices as full as they can
+        return None, {}
     if need > TIER_PACKING_HEADROOM * room + host_room + ssd_room:
         raise InfeasibleError(
             f"tables '{sim.tables.name}' need {format_bytes(need)}; the devices ({format_bytes(room)}, "

@@ -34,10 +34,22 @@ A plan whose ``optimizer`` is not sgd adds ``"fused_params": {"optimizer": NAME}
 the sharder's ``fused_params`` (add your ``learning_rate``).
 ``to_parameter_shardings`` builds the real TorchRec objects (``ParameterSharding`` with
 an ``EnumerableShardingSpec`` of ``ShardMetadata``) and checks that the shards tile
-each table.
+each table; ``parameter_constraints`` gives TorchRec's planner the same kernels and layouts.
+
+Memory tiers (``neuroshard.tiers``): a table outside device memory runs the kernel of its
+tier, whatever ``compute_kernel`` says (that one is for the tables in device memory):
+
+* ``host`` with a ``cache_fraction`` ``f``: ``fused_uvm_caching``, ``"cache_params":
+  {"load_factor": f, "algorithm": "LRU" | "LFU"}``;
+* ``host`` without a cache: ``fused_uvm`` (every lookup crosses the host link);
+* ``ssd``: ``key_value`` (fbgemm's SSD table), with ``"cache_params": {"load_factor": f}``
+  when it has a ``cache_fraction`` (its cache has no choice of eviction). Without one,
+  TorchRec gives the SSD table its default cache (0.2 of the rows), which the plan does
+  not count in device memory: the export says so in a warning.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..constants import CACHE_ALGORITHMS, COMPUTE_KERNELS, DATA_PARALLEL
@@ -45,6 +57,7 @@ from ..errors import NeuroShardError
 from ..exporters import Exporter
 from ..optimizers import DEFAULT_OPTIMIZER, FBGEMM_OPTIMIZERS
 from ..plan import Plan, Shard
+from ..tiers import Tier
 from ..types import ceil_blocks
 from .guard import require_torchrec
 
@@ -54,9 +67,14 @@ COMPUTE_DEVICES = ("cuda", "cpu")
 #: default share of the rows its cache holds (``CacheParams.load_factor``, its planner's 0.2)
 CACHING_KERNEL = "fused_uvm_caching"
 DEFAULT_CACHE_LOAD_FACTOR = 0.2
-#: TorchRec's own default local world size (``torchrec.distributed.comm.get_local_size``)
+#: the kernel of a table in host memory without a device cache, and of one on SSD (fbgemm's
+#: SSD-backed table, always behind a device cache: ``load_factor`` sizes it)
+UVM_KERNEL = "fused_uvm"
+KEY_VALUE_KERNEL = "key_value"
 #: TorchRec's compute kernel for replicated tables (``EmbeddingComputeKernel.DENSE``)
 DATA_PARALLEL_KERNEL = "dense"
+
+log = logging.getLogger("neuroshard.torchrec")
 
 
 def default_compute_device() -> str:
@@ -143,13 +161,22 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
     """The plan as per-table ParameterSharding records (plain JSON), each one TorchRec
     runs exactly; NeuroShardError naming the first table it cannot.
     ``compute_device`` defaults to ``default_compute_device()``, ``local_world_size``
-    (ranks per host) to the plan's topology's, else ``default_local_world_size``."""
+    (ranks per host) to the plan's topology's, else ``default_local_world_size``.
+    ``compute_kernel`` (and ``cache_load_factor`` with ``fused_uvm_caching``) is the kernel
+    of the tables in device memory; a table in another memory tier runs its tier's kernel
+    (``tier_kernel``), ``cache_algorithm`` (lru when None) applying to every
+    ``fused_uvm_caching`` table."""
     compute_device = compute_device or default_compute_device()
     if compute_device not in COMPUTE_DEVICES:
         raise NeuroShardError(f"compute device must be one of {COMPUTE_DEVICES}, got {compute_device!r}")
     if compute_kernel not in COMPUTE_KERNELS:
         raise NeuroShardError(f"compute kernel must be one of {', '.join(COMPUTE_KERNELS)}, got {compute_kernel!r}")
-    cache = _cache_params(compute_kernel, cache_load_factor, cache_algorithm)
+    tiers = plan.tiers()
+    host_cached = any(t.memory == "host" and t.cached for t in tiers.values())
+    # the cache algorithm serves the plan's cached host tables too: it needs no caching kernel then
+    cache = _cache_params(compute_kernel, cache_load_factor,
+                          None if host_cached and compute_kernel != CACHING_KERNEL else cache_algorithm, plan.tiered)
+    algorithm = _cache_algorithm(cache_algorithm)
     plan.validate()
     world = plan.num_devices
     local = plan.local_world_size if local_world_size is None else local_world_size
@@ -162,13 +189,20 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
                                    "ranks": list(range(world))}
             continue
         kind, shards = torchrec_layout(plan, table.name, local)
+        kernel, params = tier_kernel(tiers[table.name], algorithm)
+        if kernel is None:  # device memory: the kernel asked for
+            kernel, params = compute_kernel, cache
+        elif kernel == KEY_VALUE_KERNEL and params is None:
+            log.warning("table '%s' is on SSD without a device cache, but fbgemm's SSD table always has one: "
+                        "TorchRec gives it %g of the rows, which the plan does not count in device memory",
+                        table.name, DEFAULT_CACHE_LOAD_FACTOR)
         records[table.name] = {
             "sharding_type": kind,
-            "compute_kernel": compute_kernel,
+            "compute_kernel": kernel,
             "ranks": [s.device for s in shards],
             "sharding_spec": [{"shard_offsets": [s.row_offset, s.col_offset], "shard_sizes": [s.num_rows, s.num_cols],
                                "placement": _placement(s.device, compute_device, local)} for s in shards],
-            **({"cache_params": dict(cache)} if cache else {}),
+            **({"cache_params": dict(params)} if params else {}),
         }
     out = {"format": TORCHREC_FORMAT, "tables_name": plan.tables_name, "world_size": world,
            "local_world_size": local, "compute_device": compute_device, "tables": records}
@@ -179,22 +213,43 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
     return out
 
 
-def _cache_params(compute_kernel: str, load_factor: float | None, algorithm: str | None) -> dict | None:
+def tier_kernel(tier: Tier, cache_algorithm: str = "LRU") -> tuple[str | None, dict | None]:
+    """TorchRec's compute kernel of a table in ``tier`` and its ``cache_params`` record
+    (``cache_algorithm``, TorchRec's ``CacheAlgorithm`` name, for ``fused_uvm_caching``);
+    ``(None, None)`` in device memory, where the export's ``compute_kernel`` applies."""
+    if tier.on_device:
+        return None, None
+    if tier.memory == "ssd":
+        return KEY_VALUE_KERNEL, None if tier.cache_fraction is None else {"load_factor": float(tier.cache_fraction)}
+    if tier.cache_fraction is None:
+        return UVM_KERNEL, None
+    return CACHING_KERNEL, {"load_factor": float(tier.cache_fraction), "algorithm": cache_algorithm}
+
+
+def _cache_algorithm(algorithm: str | None) -> str:
+    """TorchRec's ``CacheAlgorithm`` name of ``algorithm`` (lru when None)."""
+    algorithm = algorithm or "lru"
+    if algorithm not in CACHE_ALGORITHMS:
+        raise NeuroShardError(f"cache algorithm must be one of {', '.join(CACHE_ALGORITHMS)}, got {algorithm!r}")
+    return algorithm.upper()
+
+
+def _cache_params(compute_kernel: str, load_factor: float | None, algorithm: str | None,
+                  tiered: bool = False) -> dict | None:
     """A caching kernel's ``cache_params`` record (``load_factor``: the share of each table's
     rows its device cache holds, TorchRec's default when None; ``algorithm``: lru (None) or lfu),
     None for the other kernels; NeuroShardError for a cache setting without a caching kernel."""
     if compute_kernel != CACHING_KERNEL:
         if load_factor is not None or algorithm is not None:
-            raise NeuroShardError(f"cache settings need compute kernel {CACHING_KERNEL}, got {compute_kernel}")
+            hint = (" for the tables in device memory (a cached table's load factor is its plan's cache_fraction)"
+                    if tiered and load_factor is not None else "")
+            raise NeuroShardError(f"cache settings need compute kernel {CACHING_KERNEL}{hint}, got {compute_kernel}")
         return None
     if load_factor is None:
         load_factor = DEFAULT_CACHE_LOAD_FACTOR
-    algorithm = algorithm or "lru"
     if isinstance(load_factor, bool) or not isinstance(load_factor, (int, float)) or not 0 < load_factor <= 1:
         raise NeuroShardError(f"cache load factor must be a number in (0, 1], got {load_factor!r}")
-    if algorithm not in CACHE_ALGORITHMS:
-        raise NeuroShardError(f"cache algorithm must be one of {', '.join(CACHE_ALGORITHMS)}, got {algorithm!r}")
-    return {"load_factor": float(load_factor), "algorithm": algorithm.upper()}
+    return {"load_factor": float(load_factor), "algorithm": _cache_algorithm(algorithm)}
 
 
 def fused_params(exported: dict) -> dict:
@@ -230,22 +285,21 @@ def qcomms_config(exported: dict) -> Any:
                         backward_precision=CommType(qcomms["backward_precision"]))
 
 
-def to_parameter_shardings(exported: dict, table_sizes: dict[str, tuple[int, int]] | None = None) -> dict[str, Any]:
+def to_parameter_shardings(exported: dict, table_sizes: dict[str, tuple[int, int]] | None = None,
+                           key_value_params: Any = None) -> dict[str, Any]:
     """Real TorchRec ``ParameterSharding`` objects from ``torchrec_sharding``'s output
-    (TorchRec must be importable). With ``table_sizes`` (name -> (rows, dim)), also check
-    that each table's shards cover it exactly."""
+    (TorchRec must be importable), with each record's compute kernel and its
+    ``cache_params`` as TorchRec's ``CacheParams``. With ``table_sizes`` (name -> (rows,
+    dim)), also check that each table's shards cover it exactly. ``key_value_params``
+    (TorchRec's ``KeyValueParams``, e.g. its ``ssd_storage_directory``) goes to every
+    ``key_value`` table (None: TorchRec's defaults)."""
     require_torchrec()
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
     from torch.distributed._shard.sharding_spec._internals import check_tensor
-    from torchrec.distributed.types import ParameterSharding, ShardingType
+    from torchrec.distributed.types import ParameterSharding
 
-    if exported.get("format") != TORCHREC_FORMAT:
-        raise NeuroShardError(f"not a {TORCHREC_FORMAT} document (format {exported.get('format')!r})")
-    known = {t.value for t in ShardingType}
     out = {}
-    for name, record in exported["tables"].items():
-        if record["sharding_type"] not in known:
-            raise NeuroShardError(f"table '{name}': TorchRec has no sharding type {record['sharding_type']!r}")
+    for name, record in _records(exported).items():
         if record["sharding_type"] == DATA_PARALLEL:  # replicated: no sharding spec
             out[name] = ParameterSharding(sharding_type=DATA_PARALLEL, compute_kernel=record["compute_kernel"],
                                           ranks=list(record["ranks"]), sharding_spec=None)
@@ -258,14 +312,58 @@ def to_parameter_shardings(exported: dict, table_sizes: dict[str, tuple[int, int
                 check_tensor(metadata, list(table_sizes[name]))  # refuses gaps and out-of-bounds shards
             except ValueError as exc:
                 raise NeuroShardError(f"table '{name}': {exc}") from None
-        cache = None
-        if record.get("cache_params") is not None:
-            from torchrec.distributed.types import CacheAlgorithm, CacheParams
-            params = record["cache_params"]
-            cache = CacheParams(algorithm=CacheAlgorithm[params["algorithm"]], load_factor=params["load_factor"])
-        out[name] = ParameterSharding(sharding_type=record["sharding_type"], compute_kernel=record["compute_kernel"],
-                                      ranks=list(record["ranks"]), sharding_spec=spec, cache_params=cache)
+        out[name] = ParameterSharding(
+            sharding_type=record["sharding_type"], compute_kernel=record["compute_kernel"],
+            ranks=list(record["ranks"]), sharding_spec=spec, cache_params=_torchrec_cache_params(name, record),
+            key_value_params=key_value_params if record["compute_kernel"] == KEY_VALUE_KERNEL else None)
     return out
+
+
+def parameter_constraints(exported: dict, key_value_params: Any = None) -> dict[str, Any]:
+    """TorchRec ``ParameterConstraints`` per table of ``torchrec_sharding``'s output: its
+    sharding type and compute kernel as the only ones allowed, its ``CacheParams`` (and
+    ``key_value_params`` for ``key_value`` tables), so that TorchRec's own planner places
+    the tables with the kernels of their memory tiers:
+    ``EmbeddingShardingPlanner(topology, constraints=parameter_constraints(doc))``. Add your
+    pooling factors to the constraints; the placement itself is TorchRec's."""
+    require_torchrec()
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    return {name: ParameterConstraints(
+        sharding_types=[record["sharding_type"]], compute_kernels=[record["compute_kernel"]],
+        cache_params=_torchrec_cache_params(name, record),
+        key_value_params=key_value_params if record["compute_kernel"] == KEY_VALUE_KERNEL else None)
+        for name, record in _records(exported).items()}
+
+
+def _records(exported: dict) -> dict[str, dict]:
+    """The per-table records of an exported document, each with a sharding type TorchRec knows."""
+    from torchrec.distributed.types import ShardingType
+
+    if exported.get("format") != TORCHREC_FORMAT:
+        raise NeuroShardError(f"not a {TORCHREC_FORMAT} document (format {exported.get('format')!r})")
+    known = {t.value for t in ShardingType}
+    for name, record in exported["tables"].items():
+        if record["sharding_type"] not in known:
+            raise NeuroShardError(f"table '{name}': TorchRec has no sharding type {record['sharding_type']!r}")
+    return exported["tables"]
+
+
+def _torchrec_cache_params(name: str, record: dict) -> Any:
+    """TorchRec's ``CacheParams`` of a record's ``cache_params`` (None without one)."""
+    params = record.get("cache_params")
+    if params is None:
+        return None
+    from torchrec.distributed.types import CacheAlgorithm, CacheParams
+    load_factor, algorithm = params.get("load_factor"), params.get("algorithm")
+    if isinstance(load_factor, bool) or not isinstance(load_factor, (int, float)) or not 0 < load_factor <= 1:
+        raise NeuroShardError(f"table '{name}': cache_params.load_factor must be a number in (0, 1], "
+                              f"got {load_factor!r}")
+    if algorithm is not None and algorithm not in CacheAlgorithm.__members__:
+        raise NeuroShardError(f"table '{name}': cache_params.algorithm must be one of "
+                              f"{', '.join(CacheAlgorithm.__members__)}, got {algorithm!r}")
+    return CacheParams(algorithm=None if algorithm is None else CacheAlgorithm[algorithm],
+                       load_factor=float(load_factor))
 
 
 class TorchRecExporter(Exporter):
@@ -283,11 +381,18 @@ class TorchRecExporter(Exporter):
 
     def describe(self, plan: Plan, document: dict) -> str:
         kinds: dict[str, int] = {}
-        for record in document["tables"].values():
+        tiered: dict[str, int] = {}
+        tiers = plan.tiers()
+        for name, record in document["tables"].items():
             kinds[record["sharding_type"]] = kinds.get(record["sharding_type"], 0) + 1
-        return (f"{len(document['tables'])} tables for TorchRec over {plan.num_devices} ranks, "
+            if not tiers[name].on_device:
+                tiered[record["compute_kernel"]] = tiered.get(record["compute_kernel"], 0) + 1
+        text = (f"{len(document['tables'])} tables for TorchRec over {plan.num_devices} ranks, "
                 f"{document['local_world_size']} per host, on {document['compute_device']} ("
                 + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ")")
+        if tiered:
+            text += "; outside device memory: " + ", ".join(f"{n} {k}" for k, n in sorted(tiered.items()))
+        return text
 
 
 EXPORTER = TorchRecExporter()

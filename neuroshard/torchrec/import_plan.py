@@ -17,9 +17,16 @@ Accepted, as Python objects or JSON:
 A shard's device is its placement's rank; empty shards (TorchRec gives ranks past
 the last row block 0 rows) are left out. Tables replicated on every rank
 (``data_parallel``, no shards) become the plan's ``data_parallel_tables``.
+
+A table's compute kernel gives its memory tier (``tier_of_record``, the inverse of the
+export's ``tier_kernel``): ``fused_uvm_caching`` is host memory behind a device cache of
+``cache_params.load_factor`` of the rows (TorchRec's default 0.2 without one), ``fused_uvm``
+host memory without a cache, ``key_value`` the SSD (cached when ``cache_params`` gives a
+``load_factor``); every other kernel is device memory.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -29,8 +36,10 @@ from ..errors import FormatError, InvalidPlanError
 from ..optimizers import DEFAULT_OPTIMIZER, FBGEMM_OPTIMIZERS
 from ..plan import PLAN_FORMAT, Plan, Shard
 from ..tables import Table, TableSet
+from ..tiers import IN_DEVICE_MEMORY, Tier
+from ..topology import make_topology
 from ..validate import COMM_PRECISIONS, is_int, read_json
-from .export import TORCHREC_FORMAT
+from .export import CACHING_KERNEL, DEFAULT_CACHE_LOAD_FACTOR, KEY_VALUE_KERNEL, TORCHREC_FORMAT, UVM_KERNEL
 
 _RANK = re.compile(r"^rank:(\d+)(/.*)?$")
 
@@ -44,8 +53,15 @@ def record_of(sharding: Any) -> dict:
         {"shard_offsets": [int(x) for x in m.shard_offsets], "shard_sizes": [int(x) for x in m.shard_sizes],
          "placement": str(m.placement)} for m in getattr(spec, "shards", [])]
     kind = getattr(sharding, "sharding_type", None)
-    return {"sharding_type": getattr(kind, "value", kind), "compute_kernel": getattr(sharding, "compute_kernel", None),
-            "ranks": list(getattr(sharding, "ranks", None) or []), "sharding_spec": shards}
+    kernel = getattr(sharding, "compute_kernel", None)
+    record = {"sharding_type": getattr(kind, "value", kind), "compute_kernel": getattr(kernel, "value", kernel),
+              "ranks": list(getattr(sharding, "ranks", None) or []), "sharding_spec": shards}
+    cache = getattr(sharding, "cache_params", None)
+    if cache is not None:  # TorchRec's CacheParams: what the memory tier needs of it
+        params = {"load_factor": cache.load_factor,
+                  "algorithm": getattr(cache.algorithm, "name", cache.algorithm)}
+        record["cache_params"] = {k: v for k, v in params.items() if v is not None}
+    return record
 
 
 def sharding_plan_json(plan: Any) -> dict:
@@ -137,6 +153,26 @@ def shards_of_record(name: str, record: Mapping, where: str = "<torchrec plan>")
     return out
 
 
+def tier_of_record(name: str, record: Mapping, where: str = "<torchrec plan>") -> Tier:
+    """A table's memory tier from its record's compute kernel and ``cache_params`` (FormatError
+    naming the table for a ``load_factor`` outside (0, 1])."""
+    kernel = record.get("compute_kernel")
+    if kernel not in (CACHING_KERNEL, UVM_KERNEL, KEY_VALUE_KERNEL):
+        return IN_DEVICE_MEMORY
+    params = record.get("cache_params")
+    if params is not None and not isinstance(params, Mapping):
+        raise FormatError(f"{where}: table '{name}': 'cache_params' must be an object, got {params!r}"[:300])
+    fraction = None if params is None else params.get("load_factor")
+    if kernel == CACHING_KERNEL and fraction is None:
+        fraction = DEFAULT_CACHE_LOAD_FACTOR  # what TorchRec gives a cache it is told nothing about
+    if kernel == UVM_KERNEL:
+        fraction = None  # no cache: a load factor would be unused
+    try:
+        return Tier("ssd" if kernel == KEY_VALUE_KERNEL else "host", fraction)
+    except FormatError as exc:
+        raise FormatError(f"{where}: table '{name}': cache_params.load_factor: {exc}"[:300]) from None
+
+
 def shards_from_torchrec(source: Any, where: str = "<torchrec plan>") -> tuple[list[Shard], int | None]:
     """Our shards of every table in a TorchRec plan (any accepted form), and its world
     size when it records one."""
@@ -170,14 +206,19 @@ def _optimizer(source: Any, where: str) -> str:
 
 def plan_from_torchrec(source: Any, tables: TableSet | list[Table], num_devices: int | None = None,
                        memory_bytes: int | None = None, bytes_per_element: int = FP32_BYTES,
-                       where: str = "<torchrec plan>", provenance: dict | None = None) -> Plan:
+                       where: str = "<torchrec plan>", provenance: dict | None = None,
+                       host_memory_bytes: int | None = None, ssd_bytes: int | None = None) -> Plan:
     """A validated ``Plan`` of ``tables`` from a TorchRec plan. ``num_devices`` defaults to
     the plan's world size (or its highest rank + 1), ``memory_bytes`` to the fullest
-    device's shards (so the plan fits). Every table must be in both."""
+    device's shards (so the plan fits). Every table must be in both. Tables whose kernel
+    keeps them in host memory or on SSD get that tier (``tier_of_record``), and the plan
+    a topology with ``host_memory_bytes`` (``ssd_bytes``) per host, by default the fullest
+    host's use of that tier."""
     if not isinstance(tables, TableSet):
         tables = TableSet("tables", list(tables))
     records, world = table_records(source, where)
-    shards = [s for name, record in records.items() for s in shards_of_record(name, record, where)]
+    shards = [dataclasses.replace(s, tier=tier_of_record(name, record, where))
+              for name, record in records.items() for s in shards_of_record(name, record, where)]
     replicated = {name for name, record in records.items() if record.get("sharding_type") == DATA_PARALLEL}
     mine = {s.table for s in shards} | replicated
     theirs = {t.name for t in tables}
@@ -197,6 +238,13 @@ def plan_from_torchrec(source: Any, tables: TableSet | list[Table], num_devices:
                 provenance={"algorithm": "torchrec-import", **(provenance or {})}, data_parallel_tables=[t.name for t in tables if t.name in replicated],
                 comm_precision=_comm_precision(source, where), optimizer=_optimizer(source, where))
     plan.device_memory_bytes = memory_bytes or max(max(plan.memory_used_bytes()), 1)  # replicas included
+    if plan.tiered:  # each tier's capacity per host (hosts of TorchRec's default size, as the plan counts them)
+        host = host_memory_bytes or max(max(plan.backing_used_bytes("host")), 1)
+        ssd = ssd_bytes or max(max(plan.backing_used_bytes("ssd")), 1)
+        used = {s.tier.memory for s in shards}
+        plan.topology = make_topology(devices, source=where, error=FormatError,
+                                      host_memory_bytes=host if "host" in used or host_memory_bytes else None,
+                                      ssd_bytes=ssd if "ssd" in used or ssd_bytes else None)
     return plan.validate()
 
 
