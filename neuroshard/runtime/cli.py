@@ -69,6 +69,9 @@ def _train(args: argparse.Namespace) -> int:
     print(f"trained {len(result.losses)} steps on {devices} devices ({result.backend}) with kernel {result.kernel}, "
           f"batch {batch_size}: "
           f"median step {median:.2f} ms, {1e3 / median:.2f} iterations/s")
+    if result.cache:
+        from .cached import format_cache
+        print(format_cache(result.cache))
     return 0
 
 

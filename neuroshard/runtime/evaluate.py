@@ -4,13 +4,18 @@ total) as medians over the iterations after warm-up, and their max over devices.
 
 Compute runs the fused kernel the cost data was measured with and is timed on the
 same clock (thread CPU time on CPU), so a plan's measured and predicted costs
-compare; ``compute_wall_ms`` is its wall-clock figure."""
+compare; ``compute_wall_ms`` is its wall-clock figure.
+
+A plan with cached shards (rows in host memory or on SSD) also gets, per cached table, its
+cache's measured miss rate and the time of its miss path on this CPU (``cache``, over the
+second half of the plan's steps: ``runtime.cached``); the miss path is not part of
+``total_ms`` (the tier's cost model, ``costmodels.tiers``, estimates it apart)."""
 from __future__ import annotations
 
 import json
 import logging
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -21,6 +26,7 @@ from ..io import atomic_write_text
 from ..plan import Plan
 from ..tables import TableSet
 from ..validate import MAX_STEPS, check_int
+from .cached import cache_summary, format_cache
 from .trainer import PHASES, RunConfig, RunResult, check_run, run
 
 log = logging.getLogger(__name__)
@@ -40,6 +46,7 @@ class Measurement:
     backend: str
     kernel: str = ""
     clock: str = ""
+    cache: dict = field(default_factory=dict)  # per cached table (``cached.cache_summary``); empty without
 
     @property
     def per_device_cost_ms(self) -> list[float]:
@@ -77,14 +84,16 @@ class Measurement:
                      + (f" for {where}" if where else ""))
             if at and int(at) != self.batch_size:  # like with like: the estimate scaled linearly to this batch
                 tail += f" ({float(est) * self.batch_size / int(at):.3f} ms at batch {self.batch_size:,}, linearly)"
-        return head + "\n" + self.table().round(3).to_string(index=False) + tail
+        cache = ("\n" + format_cache(self.cache)) if self.cache else ""
+        return head + "\n" + self.table().round(3).to_string(index=False) + cache + tail
 
     def to_dict(self) -> dict:
         return {"tables_name": self.plan.tables_name, "num_devices": len(self.per_device),
                 "backend": self.backend, "kernel": self.kernel, "clock": self.clock, "batch_size": self.batch_size, "iterations": self.iterations,
                 "warmup": self.warmup, "max_device_cost_ms": self.max_device_cost_ms,
                 "per_device_cost_ms": self.per_device_cost_ms, "iterations_per_s": self.iterations_per_s,
-                "per_device": self.per_device, "estimate": self.plan.estimate}
+                "per_device": self.per_device, "estimate": self.plan.estimate,
+                **({"cache": self.cache} if self.cache else {})}
 
     def write_json(self, path: str | Path) -> Path:
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
@@ -110,7 +119,7 @@ def summarize(plan: Plan, result: RunResult, warmup: int, batch_size: int, which
         per_device.append(row)
     used_warmup = warmup if steps > warmup else 0
     return Measurement(plan, per_device, steps - used_warmup, used_warmup, batch_size, result.backend,
-                       result.kernel, result.clock)
+                       result.kernel, result.clock, cache_summary(plan, result.records, which))
 
 
 def evaluate(plan: Plan, tables: TableSet, devices: int | None = None, iterations: int = 20,

@@ -10,6 +10,10 @@ the cost data is measured with (fbgemm TBE with exact SGD fused into its backwar
 or the width-grouped ``embedding_bag`` fallback), with rows capped as there, and with
 the weights precision of the plan (``bytes_per_element`` 2: fp16 weights). The plan's
 ``comm_precision`` is what its all-to-all sends.
+
+Shards whose rows live in host memory or on SSD (``Shard.tier``) are not in the fused
+kernel: they train on a bounded device cache in front of a backing store
+(``runtime.cached``), their pooled outputs put back in shard order beside the kernel's.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from ..exchange import PooledExchange
 from ..kernels import DEFAULT_MAX_ROWS, FusedEmbedding, FusedInputs, local_lookups, precision_of, trained_precision
 from ..plan import Plan, Shard
 from ..tables import Table
+from .cached import CachedShards
 from .model import init_rows
 from .replicated import ReplicatedTables
 
@@ -99,9 +104,10 @@ def plan_weights_precision(plan: Plan) -> str:
 
 
 class ShardedEmbeddings:
-    """This rank's shards of the plan: lookup (one fused kernel for all of them),
-    exchange, and the update of the shard weights with the plan's optimizer (inside
-    TBE's backward, or ``step()`` for the fallback's SGD)."""
+    """This rank's shards of the plan: lookup (one fused kernel for all of them in device
+    memory; the cached ones on their caches), exchange, and the update of the shard weights
+    with the plan's optimizer (inside TBE's backward, or ``step()`` for the fallback's and
+    the cached shards' SGD). ``close()`` removes the SSD backing stores' files."""
 
     def __init__(self, plan: Plan, tables: Sequence[Table], rank: int, world_size: int,
                  batch_size: int, seed: int = 0, row_cap: int = DEFAULT_MAX_ROWS,
@@ -109,20 +115,35 @@ class ShardedEmbeddings:
         self.device = device or torch.device("cpu")
         self.tables = {t.name: t for t in tables}
         self.batch_size = batch_size
-        self.shards: list[LocalShard] = []
-        weights, capped = [], []
+        self.shards: list[LocalShard] = []   # every shard here, in plan order (the exchange's)
+        capped = []
         for s in plan.shards_on(rank):
             rows = min(s.num_rows, row_cap)
             if rows < s.num_rows:
                 capped.append(f"'{s.table}' rows [{s.row_offset:,}, {s.row_offset + s.num_rows:,})")
-            weights.append(init_rows(self.tables[s.table], seed, s.row_offset, rows, s.col_offset, s.num_cols))
             self.shards.append(LocalShard(s, rows))
         if capped:  # one line per rank, not one per shard
             log.warning("%d shard(s) here allocate at most %s rows (row cap; lookups fold onto them): %s",
                         len(capped), f"{row_cap:,}", ", ".join(capped[:4]) + (" ..." if len(capped) > 4 else ""))
-        self.fused = (FusedEmbedding([(ls.rows, ls.shard.num_cols) for ls in self.shards], kernel, self.device,
+        precision = plan_weights_precision(plan) if self.shards else "fp32"
+        # device shards run as one fused kernel; cached shards on their caches (``runtime.cached``)
+        self._on_device = [i for i, ls in enumerate(self.shards) if ls.shard.tier.on_device]
+        self._off_device = [i for i, ls in enumerate(self.shards) if not ls.shard.tier.on_device]
+        device_shards = [self.shards[i] for i in self._on_device]
+        weights = [init_rows(self.tables[ls.shard.table], seed, ls.shard.row_offset, ls.rows, ls.shard.col_offset,
+                             ls.shard.num_cols) for ls in device_shards]
+        self.fused = (FusedEmbedding([(ls.rows, ls.shard.num_cols) for ls in device_shards], kernel, self.device,
                                      lr=lr, init=weights, optimizer=plan.optimizer,
-                                     weights_precision=plan_weights_precision(plan)) if self.shards else None)
+                                     weights_precision=precision) if device_shards else None)
+        self.cached = (CachedShards([(self.shards[i].shard, self.shards[i].rows) for i in self._off_device],
+                                    self.tables, seed, self.device, lr, precision) if self._off_device else None)
+        # columns of [kernel outputs, cached outputs] in shard order (None: the kernel's alone)
+        self._order = None
+        if self.cached is not None:
+            widths = [ls.shard.num_cols for ls in self.shards]
+            starts = np.concatenate([[0], np.cumsum(widths)[:-1]]).astype(np.int64)
+            placed = [c for i in self._on_device + self._off_device for c in range(starts[i], starts[i] + widths[i])]
+            self._order = torch.from_numpy(np.argsort(np.asarray(placed, dtype=np.int64))).to(self.device)
         self.exchange = PooledExchange.for_plan(plan, tables, rank, world_size, batch_size, self.device)
         self.times = PhaseTimes()
         # data-parallel tables: a replica here, looked up for this rank's samples (``replicated``)
@@ -143,7 +164,7 @@ class ShardedEmbeddings:
         tables' inputs, this rank's samples, are kept for ``lookup``)."""
         if self.replicated is not None:
             self._replicated_inputs = self.replicated.prepare(lookups)
-        if self.fused is None:
+        if not self.shards:
             return None
         per_shard = []
         cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -155,7 +176,9 @@ class ShardedEmbeddings:
                 cache[key] = local_lookups(rows, lengths, s.row_offset, s.num_rows,
                                            self.tables[s.table].num_embeddings, ls.rows)
             per_shard.append(cache[key])
-        return self.fused.prepare(per_shard)
+        if self.cached is not None:  # the cache moves of this batch, before any timing
+            self.cached.prepare([per_shard[i] for i in self._off_device])
+        return self.fused.prepare([per_shard[i] for i in self._on_device]) if self.fused is not None else None
 
     @property
     def kernel(self) -> str | None:
@@ -167,9 +190,18 @@ class ShardedEmbeddings:
         the replicated tables are looked up too (for this rank's samples, kept for the exchange)."""
         if self.replicated is not None:
             self._replicated_pooled = self.replicated.lookup(self._replicated_inputs)
-        if self.fused is None:  # a rank without shards still takes part in the exchange
+        if not self.shards:  # a rank without shards still takes part in the exchange
             return torch.zeros(self.batch_size, 0, device=self.device, requires_grad=True)
-        return self.fused.pooled(inputs)
+        if self.cached is None:
+            return self.fused.pooled(inputs)
+        parts = ([self.fused.pooled(inputs)] if self.fused is not None else []) + [self.cached.pooled()]
+        return torch.cat(parts, dim=1).index_select(1, self._order)
+
+    @property
+    def cache_counts(self) -> dict[str, list[float]]:
+        """The last batch's cache counts per table: [unique rows, misses, miss-path seconds]
+        (empty without cached shards)."""
+        return self.cached.last_counts if self.cached is not None else {}
 
     def exchange_pooled(self, pooled: torch.Tensor) -> torch.Tensor:
         """The all-to-all (autograd-aware): this rank's slice of the batch, all tables (the
@@ -184,6 +216,8 @@ class ShardedEmbeddings:
         gradients are all-reduced (timed in ``times.allreduce``) and applied."""
         if self.fused is not None:
             self.fused.step()
+        if self.cached is not None:
+            self.cached.step()
         if self.replicated is not None:
             wall, thread = self.replicated.step()
             self.times.allreduce += wall
@@ -193,6 +227,16 @@ class ShardedEmbeddings:
         """(shard, weights) of every shard this rank holds, read back from the kernel, and of
         every replica (as a whole-table shard)."""
         replicas = self.replicated.table_weights() if self.replicated is not None else []
-        if self.fused is None:
-            return replicas
-        return [(ls.shard, w.numpy()) for ls, w in zip(self.shards, self.fused.weights())] + replicas
+        weights: list = [None] * len(self.shards)
+        if self.fused is not None:
+            for i, w in zip(self._on_device, self.fused.weights()):
+                weights[i] = w.numpy()
+        if self.cached is not None:  # the backing stores with the cached rows over them
+            for i, w in zip(self._off_device, self.cached.weights()):
+                weights[i] = w
+        return [(ls.shard, w) for ls, w in zip(self.shards, weights)] + replicas
+
+    def close(self) -> None:
+        """Release what outlives the process otherwise: the SSD backing stores' files."""
+        if self.cached is not None:
+            self.cached.close()

@@ -22,6 +22,13 @@ Data-parallel tables (``plan.data_parallel_tables``, ``replicated``) are looked 
 every rank for its own slice in step 1 and join the features after step 2; in step 5
 their gradient is all-reduced (``allreduce_ms``, not part of compute) and applied.
 
+Shards whose rows live in host memory or on SSD train on a bounded device cache
+(``runtime.cached``): the cache moves of a batch (write-back of evicted rows, loading of
+missed rows) happen when its inputs are prepared, before the timed compute; each step's
+record carries their counts per table (``cache``: unique rows, misses, miss-path seconds)
+and ``cache_ms``, and ``RunResult.cache`` sums them per table over the second half of the
+steps (``cached.cache_summary``).
+
 Gradients are summed, not averaged, across ranks (each rank's loss is its share
 of the global mean), so a sharded run reproduces the unsharded one exactly.
 
@@ -61,6 +68,7 @@ from ..launch import (
 from ..plan import Plan
 from ..tables import Table, TableSet
 from ..validate import MAX_STEPS, check_batch_size, check_devices, check_int, check_number, check_seed
+from .cached import cache_summary, check_cached_plan
 from .model import build_dense, local_slice, loss_sum, make_batch
 from .sharded import PhaseTimes, ShardedEmbeddings, synchronize
 
@@ -98,7 +106,9 @@ class RunConfig:
 class RunResult:
     """What rank 0 brings back: global losses per step, per-rank per-step timings
     (``records[rank][step]``, milliseconds), the fused kernel and the clock compute was
-    timed with, and the trained tables when asked for."""
+    timed with, the trained tables when asked for, and per cached table of the plan its
+    cache's counts over the second half of the steps (``cached.cache_summary``: unique rows
+    looked up, misses, miss rate, miss-path ms per step measured on this CPU)."""
 
     losses: list[float]
     records: list[list[dict]]
@@ -107,6 +117,7 @@ class RunResult:
     kernel: str = ""
     clock: str = ""
     weights: dict[str, np.ndarray] = field(default_factory=dict)
+    cache: dict[str, dict] = field(default_factory=dict)
 
 
 def check_run(plan: Plan, tables: TableSet, devices: int) -> None:
@@ -126,6 +137,7 @@ def check_run(plan: Plan, tables: TableSet, devices: int) -> None:
     if plan.data_parallel_tables and plan.optimizer != "sgd":
         raise InvalidPlanError(f"data-parallel table '{plan.data_parallel_tables[0]}': the runtime trains replicated "
                                f"tables with sgd only, the plan's optimizer is {plan.optimizer}")
+    check_cached_plan(plan)
 
 
 def check_config(config: RunConfig) -> None:
@@ -200,13 +212,24 @@ def run_worker(wctx: WorkerContext, config: RunConfig) -> RunResult | None:
 
 
 def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.device) -> RunResult | None:
+    embs: list[ShardedEmbeddings] = []
+    try:
+        for plan in config.plans:
+            embs.append(ShardedEmbeddings(plan, config.tables, wctx.rank, wctx.world_size, config.batch_size,
+                                          config.seed, config.row_cap, device, kernel=config.kernel, lr=config.lr))
+        return _train_steps(wctx, config, backend, device, embs)
+    finally:
+        for emb in embs:  # the SSD backing stores' files
+            emb.close()
+
+
+def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.device,
+                 embs: list[ShardedEmbeddings]) -> RunResult | None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     rank, world = wctx.rank, wctx.world_size
     fault = Fault.parse(config.fault) if config.fault else None
     tables, batch_size = config.tables, config.batch_size
-    embs = [ShardedEmbeddings(plan, tables, rank, world, batch_size, config.seed, config.row_cap, device,
-                              kernel=config.kernel, lr=config.lr) for plan in config.plans]
     kernel = resolve_kernel(config.kernel, device.type)
     # Compute is timed on the clock the kernel benchmark uses: thread CPU time on CPU.
     clock_name = "wall" if device.type == "cuda" else "thread"
@@ -263,6 +286,10 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
                         "dense_ms": 1e3 * (t3 - t2), "step_ms": 1e3 * (t4 - t0), "plan": which})
         if emb.replicated is not None:  # data-parallel tables: their gradient all-reduce
             records[-1]["allreduce_ms"] = 1e3 * times.allreduce
+        if emb.cached is not None:  # cached shards: this batch's counts, the miss path's time
+            counts = {name: list(c) for name, c in emb.cache_counts.items()}
+            records[-1]["cache"] = counts
+            records[-1]["cache_ms"] = 1e3 * sum(c[2] for c in counts.values())
         total = loss.detach().clone()
         dist.all_reduce(total)
         losses.append(float(total))
@@ -275,6 +302,7 @@ def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.d
     if rank != 0:
         return None
     result = RunResult(losses, [g[0] for g in gathered], world, backend, kernel, clock_name)
+    result.cache = cache_summary(config.plan, result.records)
     if config.collect_weights:
         result.weights = _assemble(tables, [g[1] for g in gathered])
     return result

@@ -51,10 +51,11 @@ class CapacityReport:
 
 def plan_capacity(tables: TableSet, device_memory: Any, local_world_size: int, *, host_memory: Any = None,
                   ssd: Any = None, slowdown: float = 1.10, algorithm: str = "neuroshard", cost_models: Any = None,
-                  optimizer: str = DEFAULT_OPTIMIZER, bytes_per_element: int = 4, **topology: Any
-                  ) -> CapacityReport:
+                  optimizer: str = DEFAULT_OPTIMIZER, bytes_per_element: int = 4, relative_speed: float = 1.0,
+                  **topology: Any) -> CapacityReport:
     """The capacity report of the module docstring (``topology``: link figures as in
-    ``make_topology``, e.g. ``host_link_gbps``)."""
+    ``make_topology``, e.g. ``host_link_gbps``; ``relative_speed``: every device this many
+    times as fast as the cost models' hardware, as a topology's ``relative_speed``)."""
     memory = check_memory(device_memory)
     slowdown = check_number(slowdown, "slowdown", 1.0, 100.0)
     if host_memory is None and ssd is None:
@@ -64,8 +65,9 @@ def plan_capacity(tables: TableSet, device_memory: Any, local_world_size: int, *
 
     def search(hosts: int, tiers: bool) -> Plan | None:
         devices = hosts * local_world_size
-        topo = make_topology(devices, local_world_size, **({"host_memory_bytes": host_memory, "ssd_bytes": ssd,
-                                                            **topology} if tiers else topology))
+        topo = make_topology(devices, local_world_size, relative_speed=[relative_speed] * devices,
+                             **({"host_memory_bytes": host_memory, "ssd_bytes": ssd, **topology} if tiers
+                                else topology))
         try:
             plan = shard(tables, devices, memory, algorithm, cost_models=cost_models, optimizer=optimizer,
                          bytes_per_element=bytes_per_element, topology=topo)

@@ -143,7 +143,7 @@ def _capacity(args: argparse.Namespace) -> int:
     links = {k: v for k, v in tier_options(args).items() if k not in ("host_memory_bytes", "ssd_bytes")}
     report = plan_capacity(tables, args.memory, args.local_world_size, host_memory=args.host_memory, ssd=args.ssd,
                            slowdown=args.slowdown, algorithm=args.algorithm, cost_models=args.cost_model,
-                           optimizer=args.optimizer, **links)
+                           optimizer=args.optimizer, relative_speed=args.relative_speed, **links)
     out = report.to_dict()
     if plan_path is not None and report.plan is not None:
         out["tiered_plan"] = str(plan_path)
@@ -218,6 +218,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="cost-model checkpoint (default: the shipped one)")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=DEFAULT_OPTIMIZER,
                    help="embedding optimizer whose state counts in memory (default: sgd)")
+    p.add_argument("--relative-speed", type=float_in(0.01, 100.0, what="a speed"), default=1.0, metavar="X",
+                   help="every device X times as fast as the hardware the cost models measured (default 1; e.g. "
+                        "GPUs planned with a CPU-measured model: an assumption the report should state)")
     add_tier_options(p)
     add_output(p, "capacity report to write (JSON; the tiered plan is written beside it as "
                   "NAME.tiered-plan.json)", required=True, metavar="REPORT.json")
