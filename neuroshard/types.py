@@ -76,6 +76,11 @@ class Footprint:
         """Device bytes of each piece, as float64 for the placers."""
         return np.array([self.of(p) for p in pieces], dtype=np.float64)
 
+    def prefers_row_splits(self, piece: Piece) -> bool:
+        """Whether ``piece``'s table is cached: its column strips would each keep a cache
+        with its own per-row bookkeeping, so it is cut into row blocks first."""
+        return self.tiers is not None and not self.tiers[piece.table].on_device
+
     def row_bytes(self, piece: Piece) -> float:
         """Device bytes per row of ``piece`` (averaged over a cached table's rows): what a
         row split divides memory by."""

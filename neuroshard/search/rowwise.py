@@ -252,7 +252,7 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, footprint: Foot
         size = footprint.of(piece)
         if size <= memory_bytes:
             out.append(piece)
-        elif piece.can_halve_cols():
+        elif piece.can_halve_cols() and not (row_splits and footprint.prefers_row_splits(piece)):
             todo.extend(piece.halve_cols())
         elif row_splits:
             max_rows = max(1, int(memory_bytes // footprint.row_bytes(piece)))
@@ -281,6 +281,8 @@ def halve_largest(pieces: Sequence[Piece], footprint: Footprint, row_splits: boo
             splits.append(split_table_rows(pieces, i, valid_parts=sorted({local, num_devices})))
         if row_splits:
             splits.append(split_table_rows(pieces, i))
+        if row_splits and footprint.prefers_row_splits(pieces[i]):  # a cached table: rows before columns
+            splits = splits[1:] + splits[:1]
         for split in splits:
             if split is not None and (allowed is None or allowed(split)):
                 return split
