@@ -26,10 +26,10 @@ from .io import is_special_file, write_target
 from .units import parse_bytes
 
 # ------------------------------------------------------------------- limits
-#: most tables in one tables file (the NeuroShard search over 4096 tables on 512 devices takes about a minute)
-MAX_TABLES = 4096
+#: most tables in one tables file (production models have thousands; time and memory per size: docs/results.md)
+MAX_TABLES = 100_000
 #: most devices of a plan or a search
-MAX_DEVICES = 512
+MAX_DEVICES = 16_384
 #: most rows of one table (with MAX_EMBEDDING_DIM and MAX_BYTES_PER_ELEMENT: sizes < 2**53 bytes)
 MAX_NUM_EMBEDDINGS = 2**36
 #: widest table

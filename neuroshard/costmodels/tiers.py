@@ -21,16 +21,22 @@ optimizer state):
   ``2 m U / (ssd_iops / L)``.
 
 The figures are the topology's (``Topology.tier_links``: stated, or the documented
-defaults of a common GPU server); this model is **analytic**, never measured here: this
-machine has no GPU host link and no SSD under a GPU. What this machine can measure, the
-included runtime's miss path on CPU (host-memory and memory-mapped-file backing stores),
-``neuroshard evaluate`` reports next to it. Prefetching that overlaps the next batch's
+defaults of a common GPU server); this model is **analytic** by default, never measured here:
+this machine has no GPU host link and no SSD under a GPU. What this machine can measure is
+the included runtime's miss path on CPU (host-memory and memory-mapped-file backing stores,
+``measure.tiers``): given such a measurement (``measured=``), a shard's miss path is costed
+as the runtime runs it, ``2 m U R`` bytes (``m = 1`` without a cache: every row the batch
+looks up is loaded and written back) over the measured line of its store, host memory for
+``host``, the memory-mapped file for ``ssd``: ``overhead + 2 m U R / gbps`` (the overhead
+once per batch, scaled down when fewer than one row is expected to move). Such costs are
+for plans the included runtime trains on this machine's CPUs; ``neuroshard evaluate`` reports
+the miss path it times. Prefetching that overlaps the next batch's
 misses with this batch's compute (fbgemm's pipelined prefetch) is not credited: the
 estimate is the serial cost, an upper bound.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..constants import CACHE_FRACTIONS, SSD_READ_BYTES
 from ..datasets.cache_model import predict_miss_rates
@@ -38,6 +44,7 @@ from ..optimizers import DEFAULT_OPTIMIZER, row_bytes
 from ..tables import Table
 from ..tiers import Tier
 from ..topology import Topology, ranks_per_host
+from .measure.tiers import TierMeasurement, as_measurement
 
 #: how the tier costs are obtained, for the plan's provenance
 TIER_COST_SOURCE = "analytic (topology figures: host link, SSD bandwidth and IOPS; not measured)"
@@ -47,10 +54,15 @@ class TierCostModel:
     """Milliseconds a tier adds to a shard, at the tables' batch (see the module docstring).
 
     Miss-rate curves come from ``datasets.cache_model.predict_miss_rates`` (LRU) at the
-    fractions the search chooses from and any other asked for, computed once per table."""
+    fractions the search chooses from and any other asked for, computed once per table.
+    ``measured``: a ``measure.tiers.TierMeasurement`` (or its dict) to cost the miss path with
+    instead of the topology's links; ``source`` says which the model uses."""
 
     def __init__(self, topology: Topology | None, num_devices: int, batch_size: int,
-                 bytes_per_element: int, optimizer: str = DEFAULT_OPTIMIZER, algorithm: str = "lru"):
+                 bytes_per_element: int, optimizer: str = DEFAULT_OPTIMIZER, algorithm: str = "lru",
+                 measured: Any = None):
+        self.measured: TierMeasurement | None = as_measurement(measured)
+        self.source = TIER_COST_SOURCE if self.measured is None else self.measured.source
         topology = topology or Topology(num_devices)
         self.links = topology.tier_links()
         self.devices_per_host = ranks_per_host(topology, num_devices)
@@ -84,6 +96,9 @@ class TierCostModel:
         unique = self.curve(table)[0] * share
         misses = self.miss_rate(table, tier.cache_fraction) * unique
         full_row = row_bytes(num_cols, self.bytes_per_element, self.optimizer)
+        if self.measured is not None:  # the runtime's miss path: misses (all rows without a cache), both ways
+            moved = misses if tier.cached else unique
+            return float(self.measured.line(tier.memory).ms(2 * moved * full_row, batches=min(1.0, moved)))
         link = self.links["host_link_gbps"] * 1e6  # bytes per ms
         if tier.memory == "host" and not tier.cached:
             lookups = self.batch_size * table.pooling_factor * share

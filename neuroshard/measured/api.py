@@ -7,6 +7,7 @@ before minutes of timing), then calibrates the models on this machine and these 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from ..constants import FP32_BYTES, GPU_LIKE_MEMORY_BYTES, MAX_CALIBRATION_SETS, MIN_CALIBRATION_SETS
 from ..costmodels import resolve_cost_models
+from ..costmodels.measure.tiers import measure_tier_costs
 from ..errors import NeuroShardError
 from ..kernels import WEIGHTS_PRECISIONS, precision_of
 from ..plan import Plan
@@ -38,7 +40,8 @@ def device_kind_mismatch(models: Any, task: Task) -> str | None:
         return f"devices of {smallest / 2**30:.0f} GiB"
     if task.topology is not None and task.topology.hosts_stated:
         return "hosts and links of a GPU cluster"
-    if task.topology is not None and (task.topology.host_memory_bytes or task.topology.ssd_bytes):
+    if (task.topology is not None and (task.topology.host_memory_bytes or task.topology.ssd_bytes)
+            and task.tier_costs is None):  # measured tier costs: the plan is for this machine's CPUs
         return "host memory or SSD tiers of a GPU server"
     return None
 
@@ -72,18 +75,36 @@ def calibration_options(task: Task, sets: int) -> dict:
                              if precision in WEIGHTS_PRECISIONS and precision != "fp32" else {})}
 
 
+def with_measured_tier_costs(task: Task) -> Task:
+    """``task`` with the miss path measured on this machine (``measure_tier_costs``, a few
+    seconds) to cost its tiers with; unchanged when its topology states no host memory or SSD
+    (no table can leave the devices)."""
+    topology = task.topology
+    if topology is None or (topology.host_memory_bytes is None and topology.ssd_bytes is None):
+        log.info("tier_costs='measured': the topology states no host memory or SSD, nothing to measure")
+        return task
+    return dataclasses.replace(task, tier_costs=measure_tier_costs())
+
+
 def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list | None, algorithm: str = "neuroshard",
           cost_models: Any = None, bytes_per_element: int = FP32_BYTES, seed: int = 0, calibrate: int = 0, *,
-          refine: int = 0, **options: Any) -> Plan:
+          refine: int = 0, tier_costs: Any = "analytic", **options: Any) -> Plan:
     """Search a sharding plan (``search.api.shard``: its arguments and ``options``), with
     the measured loop when asked: ``calibrate=SETS`` (e.g. 200) first calibrates the cost
     models on this machine and these tables with that many random sets
     (``calibrate.calibrated_models``, cached per machine and task); ``refine=N`` runs N refine
     rounds (``refine``; calibrating afresh with ``calibrate`` sets, ``DEFAULT_SETS`` when 0):
     each round's plan is timed on this machine, the models fine-tuned on its devices, and the
-    plan measured cheapest, polished, is returned."""
+    plan measured cheapest, polished, is returned. ``tier_costs="measured"`` costs the tables
+    kept in host memory or on SSD with their miss path timed on this machine first (for plans
+    the included runtime trains on these CPUs; ``"analytic"``, the default, models GPU servers'
+    links), or takes such a record (``costmodels.measure.tiers.TierMeasurement``)."""
     sets = check_calibrate(calibrate)
-    task = check_task(tables, devices, memory, algorithm, bytes_per_element, seed, **options)
+    measure = tier_costs == "measured"
+    task = check_task(tables, devices, memory, algorithm, bytes_per_element, seed,
+                      tier_costs=None if measure else tier_costs, **options)
+    if measure:  # after every check: a bad argument fails before any timing
+        task = with_measured_tier_costs(task)
     models = resolve_cost_models(cost_models)
     if refine:
         rounds = check_refine(algorithm, refine)

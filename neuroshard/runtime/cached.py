@@ -5,7 +5,8 @@ A shard whose tier is not device memory (``Shard.tier``, ``neuroshard.tiers``) k
 ``numpy.memmap`` file in a temporary folder (``"ssd"``; the system's, ``TMPDIR``), removed by
 ``close``. It trains on a **device cache** of ``C = tier.cache_rows(rows)`` slots. Per batch
 (``CachedShards.prepare``, before the timed compute, as fbgemm's prefetch runs before the
-kernel):
+kernel; the cache and its moves are ``costmodels.measure.tiers.LruRows``, which
+``search --tier-costs measured`` also times to cost such plans):
 
 1. the batch's unique row ids in the shard: those in the cache are hits, the others misses
    (the miss rate of ``datasets.cache_model``: the share of a batch's unique ids not in the
@@ -30,8 +31,8 @@ tolerance). The device shards keep the fused kernel. Only ``sgd`` trains cached 
 optimizer's state would have to travel with the rows: ``check_cached_plan``).
 
 What is counted per step and shard: unique rows looked up, misses, and the seconds of the miss
-path (writing evicted rows back and loading missed rows), measured on this machine's CPU and
-memory (an SSD backing store is a memory-mapped file: reads and writes go through the OS page
+path (choosing the rows to evict, writing them back and loading missed rows), measured on this
+machine's CPU and memory (an SSD backing store is a memory-mapped file: reads and writes go through the OS page
 cache, not to the drive each time). ``cache_summary`` turns the runtime's per-step records into
 per-table figures over the second half of the steps (the first half warms the cache, as
 ``replay_miss_rates`` counts).
@@ -41,7 +42,6 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-import time
 import weakref
 from collections.abc import Sequence
 
@@ -49,6 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..costmodels.measure.tiers import LruRows, read_rows, write_rows
 from ..errors import InvalidPlanError, NeuroShardError
 from ..kernels import weights_dtype
 from ..optimizers import check_optimizer
@@ -96,19 +97,18 @@ class BackingStore:
             raise NeuroShardError(f"{where}: cannot create its SSD backing file of {rows:,} x {width} rows in "
                                   f"{tempfile.gettempdir()}: {str(exc).splitlines()[0]}") from None
 
+    @property
+    def rows_store(self) -> "torch.Tensor | np.memmap":
+        """The rows themselves: what the miss path's moves (``costmodels.measure.tiers``) act on."""
+        return self._host if self.memory == "host" else self._file
+
     def read(self, ids: np.ndarray) -> torch.Tensor:
         """Rows ``ids`` (a copy, host memory)."""
-        if self.memory == "host":
-            return self._host[torch.from_numpy(ids)]
-        return torch.from_numpy(np.asarray(self._file[ids]))
+        return read_rows(self.rows_store, ids)
 
     def write(self, ids: np.ndarray, values: torch.Tensor) -> None:
         """Set rows ``ids`` to ``values`` (rows x width, any device)."""
-        values = values.detach().to("cpu", self.dtype)
-        if self.memory == "host":
-            self._host[torch.from_numpy(ids)] = values
-        else:
-            self._file[ids] = values.numpy()
+        write_rows(self.rows_store, ids, values)
 
     def fill(self, start: int, values: torch.Tensor) -> None:
         """Set rows ``[start, start + len(values))``."""
@@ -132,75 +132,33 @@ class BackingStore:
 
 
 class CachedShard:
-    """One shard's backing store, its device cache (slots) and the cache's LRU state."""
+    """One shard's backing store and its device cache (``LruRows``: the slots and their LRU state)."""
 
     def __init__(self, shard: Shard, table: Table, rows: int, seed: int, device: torch.device,
                  dtype: torch.dtype, rng: np.random.Generator) -> None:
         self.shard, self.rows, self.width = shard, rows, shard.num_cols
         self.capacity = shard.tier.cache_rows(rows)  # C; 0 without a cache (fused_uvm)
-        self.device, self.dtype, self.rng = device, dtype, rng
+        self.device, self.dtype = device, dtype
         where = (f"table '{shard.table}' rows [{shard.row_offset:,}, {shard.row_offset + shard.num_rows:,}) "
                  f"({shard.tier.label()})")
         self.backing = BackingStore(shard.tier.memory, rows, self.width, dtype, where)
         for start in range(0, rows, FILL_CHUNK_ROWS):
             n = min(FILL_CHUNK_ROWS, rows - start)
             self.backing.fill(start, init_rows(table, seed, shard.row_offset + start, n, shard.col_offset, self.width))
-        self.slots = torch.zeros(max(self.capacity, 1), self.width, dtype=dtype, device=device).requires_grad_()
-        self.slot_row = np.full(self.slots.shape[0], -1, dtype=np.int64)  # row held by each slot (-1: free)
-        self.row_slot = np.full(rows, -1, dtype=np.int64)                 # slot of each row (-1: not cached)
-        self.last = np.full(rows, -1, dtype=np.int64)   # batch that last used each row
-        self.tie = np.zeros(rows, dtype=np.float64)     # random order among rows of one batch
-        self.batches = 0
+        self.cache = LruRows(self.backing.rows_store, rows, self.width, self.capacity, device, dtype, rng)
 
-    # --------------------------------------------------------------- moves
-    def _evict(self, rows: np.ndarray) -> None:
-        if rows.size == 0:
-            return
-        slots = self.row_slot[rows]
-        self.backing.write(rows, self.slots.detach()[torch.from_numpy(slots).to(self.device)])
-        self.slot_row[slots] = -1
-        self.row_slot[rows] = -1
-
-    def _oldest(self, rows: np.ndarray, count: int) -> np.ndarray:
-        """The ``count`` least recently used of ``rows`` (ties by the batch's random keys)."""
-        if count <= 0:
-            return rows[:0]
-        return rows[np.lexsort((self.tie[rows], self.last[rows]))[:count]]
-
-    def _grow(self, slots: int) -> None:
-        extra = torch.zeros(slots - self.slots.shape[0], self.width, dtype=self.dtype, device=self.device)
-        self.slots = torch.cat([self.slots.detach(), extra]).requires_grad_()
-        self.slot_row = np.concatenate([self.slot_row, np.full(extra.shape[0], -1, dtype=np.int64)])
+    @property
+    def slots(self) -> torch.Tensor:
+        """The cache's rows (slots x width, on the device; trained in place)."""
+        return self.cache.slots
 
     def prepare(self, ids: torch.Tensor) -> tuple[torch.Tensor, int, int, float]:
         """Bring the rows ``ids`` (local, allocated rows) into the cache: (the ids remapped onto
         slots, unique rows, misses, seconds of the miss path)."""
         local = ids.cpu().numpy()
         unique = np.unique(local)
-        start = time.perf_counter()
-        resident = self.slot_row[self.slot_row >= 0]
-        # the cache before this batch: the C most recent rows (a batch's excess leaves now)
-        self._evict(self._oldest(resident, resident.size - self.capacity))
-        missed = unique[self.row_slot[unique] < 0]
-        # room for the misses: after this batch the cache holds its rows and the most recent others
-        resident = self.slot_row[self.slot_row >= 0]
-        others = resident[~np.isin(resident, unique, assume_unique=True)]
-        keep = max(self.capacity - unique.size, 0)
-        self._evict(self._oldest(others, others.size - keep))
-        need = unique.size + min(others.size, keep)
-        if need > self.slots.shape[0]:
-            self._grow(need)
-        free = np.flatnonzero(self.slot_row < 0)[:missed.size]
-        if missed.size:
-            with torch.no_grad():
-                self.slots[torch.from_numpy(free).to(self.device)] = self.backing.read(missed).to(self.device)
-            self.slot_row[free] = missed
-            self.row_slot[missed] = free
-        seconds = time.perf_counter() - start
-        self.last[unique] = self.batches
-        self.tie[unique] = self.rng.random(unique.size)
-        self.batches += 1
-        return torch.from_numpy(self.row_slot[local]).to(self.device), int(unique.size), int(missed.size), seconds
+        misses, _, seconds = self.cache.bring(unique)
+        return torch.from_numpy(self.cache.row_slot[local]).to(self.device), int(unique.size), misses, seconds
 
     def step(self, lr: float) -> None:
         """SGD on the rows the batch looked up (the slots' sparse gradient)."""
@@ -214,13 +172,14 @@ class CachedShard:
         """The shard's current weights, (rows, width) float32: the backing store with the
         cached rows over it (the cache is not written back: training may go on)."""
         out = self.backing.all_rows()
-        held = np.flatnonzero(self.slot_row >= 0)
+        held = np.flatnonzero(self.cache.slot_row >= 0)
         if held.size:
-            out[torch.from_numpy(self.slot_row[held])] = self.slots.detach()[torch.from_numpy(held).to(
+            out[torch.from_numpy(self.cache.slot_row[held])] = self.slots.detach()[torch.from_numpy(held).to(
                 self.device)].to("cpu", torch.float32)
         return out.numpy()
 
     def close(self) -> None:
+        self.cache.store = None
         self.backing.close()
 
 

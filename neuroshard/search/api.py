@@ -12,6 +12,7 @@ from ..constants import DEFAULT_DATA_PARALLEL, FP32_BYTES
 from ..constraints import check_capacity
 from ..constraints import check_feasible as check_constraints_feasible
 from ..costmodels import CostModels, resolve_cost_models
+from ..costmodels.measure.tiers import as_measurement
 from ..errors import NeuroShardError
 from ..kernels import precision_of
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes
@@ -148,6 +149,7 @@ class Task:
     comm_precision: str
     params: dict
     forced: list[str]           # tables allowed only data_parallel (never pieces)
+    tier_costs: Any = None      # a measured miss path (``TierMeasurement``) the tiers are costed with; None: analytic
 
     @property
     def replicating(self) -> bool:
@@ -159,17 +161,33 @@ class Task:
         """The keyword options that describe this task's plan (what ``shard`` takes besides the
         positional ones), e.g. to search the same task again with other models."""
         return dict(optimizer=self.optimizer, data_parallel=self.data_parallel, topology=self.topology,
-                    comm_precision=self.comm_precision, **self.params)
+                    comm_precision=self.comm_precision, **self.params,
+                    **({} if self.tier_costs is None else {"tier_costs": self.tier_costs}))
 
 
 def _replicating(data_parallel: str, algorithm: str) -> bool:
     return data_parallel == "auto" and get_trait(algorithm, "replicates")
 
 
+def check_tier_costs(tier_costs: Any) -> Any:
+    """``tier_costs`` as the search takes it: None for the analytic model (``"analytic"``, or
+    None), else a ``TierMeasurement`` (one, or its dict). ``"measured"`` is refused here: the
+    search times nothing, its caller measures (``neuroshard.shard``, ``search --tier-costs``)."""
+    if tier_costs is None or tier_costs == "analytic":
+        return None
+    if tier_costs == "measured":
+        raise NeuroShardError("tier_costs='measured' times this machine, which the search does not do: call "
+                              "neuroshard.shard (it measures first), or pass the record of "
+                              "neuroshard.costmodels.measure.tiers.measure_tier_costs()")
+    if isinstance(tier_costs, str):
+        raise NeuroShardError(f"tier_costs must be 'analytic' or 'measured', got {tier_costs!r}"[:200])
+    return as_measurement(tier_costs)
+
+
 def check_task(tables: TableSet | list[Table], devices: int, memory: int | str | list | None,
                algorithm: str = "neuroshard", bytes_per_element: int = FP32_BYTES, seed: int = 0, *,
                optimizer: str = DEFAULT_OPTIMIZER, data_parallel: str = DEFAULT_DATA_PARALLEL, topology: Any = None,
-               comm_precision: str = "fp32", **params: Any) -> Task:
+               comm_precision: str = "fp32", tier_costs: Any = None, **params: Any) -> Task:
     """Every argument of ``shard`` checked, and the task refused (one line) when no plan can
     exist, before any work: the measured loop calls this before minutes of timing."""
     tables = as_table_set(tables)
@@ -179,6 +197,7 @@ def check_task(tables: TableSet | list[Table], devices: int, memory: int | str |
     optimizer = check_optimizer(optimizer)
     data_parallel = check_data_parallel(data_parallel)
     comm_precision = check_comm_precision(comm_precision)
+    tier_costs = check_tier_costs(tier_costs)
     get_algorithm(algorithm)  # an unknown name fails before any work
     forced = forced_tables(tables)
     if forced and not _replicating(data_parallel, algorithm):
@@ -196,10 +215,10 @@ def check_task(tables: TableSet | list[Table], devices: int, memory: int | str |
     check_constraints_feasible(tables, devices, limits, lambda cols: row_bytes(cols, bytes_per_element, optimizer),
                                ranks_per_host(topology, devices), row_splits)  # per-table constraints: one line naming the table
     if len(tables) * devices >= LARGE_TASK:  # say so before minutes without output
-        log.warning("a large task (%d tables on %d devices): the %s search may take minutes", len(tables), devices,
-                    algorithm)
+        log.info("a large task (%d tables on %d devices): the neuroshard search splits the heaviest tables up "
+                 "front instead of its beam (parameter large_task); other algorithms as usual", len(tables), devices)
     return Task(tables, devices, memory, memory_bytes, limits, algorithm, bytes_per_element, seed, optimizer,
-                data_parallel, topology, comm_precision, dict(params), forced)
+                data_parallel, topology, comm_precision, dict(params), forced, tier_costs)
 
 
 def search_task(task: Task, models: CostModels) -> Plan:
@@ -213,6 +232,8 @@ def search_task(task: Task, models: CostModels) -> Plan:
                     sim.cost_precision)
     if task.forced:  # tables allowed only data_parallel are never pieces
         sim = sim.with_data_parallel(task.forced)
+    if task.tier_costs is not None:  # the tiers costed with the miss path measured by the caller
+        sim = sim.with_tier_costs(task.tier_costs)
     tiers, record = choose_tiers(sim, task.limits)  # None: every table fits in device memory
     if tiers is not None:
         sim = sim.with_tiers(tiers, record)
@@ -242,8 +263,10 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
     (``replicate``), ``"never"`` (the default) shards every table; ``topology`` (a
     ``Topology``, a ``neuroshard.topology/v1`` file or its object) states hosts, links,
     per-device memory and speed, and ``memory`` may list one size per device;
-    ``comm_precision`` (fp32, fp16, bf16) is what the all-to-all sends; every other option
-    goes to the algorithm (e.g. ``beam_width=4``). ``bytes_per_element`` 2 means fp16
+    ``comm_precision`` (fp32, fp16, bf16) is what the all-to-all sends; ``tier_costs``
+    (``"analytic"``, the default, or a ``TierMeasurement`` of this machine's miss path) costs
+    the traffic of tables kept in host memory or on SSD; every other option goes to the
+    algorithm (e.g. ``beam_width=4``). ``bytes_per_element`` 2 means fp16
     weights, costed at fp16 (``costmodels.precision``). ``neuroshard.shard`` adds the
     measured loop (``calibrate``, ``refine``: ``neuroshard.measured.api``)."""
     task = check_task(tables, devices, memory, algorithm, bytes_per_element, seed, **options)

@@ -72,7 +72,7 @@ def _search(args: argparse.Namespace) -> int:
                  calibrate=args.calibrate, cost_models=args.cost_model, bytes_per_element=args.bytes_per_element,
                  seed=args.seed, optimizer=args.optimizer, data_parallel=args.data_parallel,
                  comm_precision=args.comm_precision, topology=topology, refine=args.refine,
-                 **dict(args.param or []))
+                 tier_costs=args.tier_costs, **dict(args.param or []))
     say = write_output(args.output, json.dumps(plan.validate().to_dict(), indent=1) + "\n")
     say(plan.format_summary())
     prov = plan.provenance or {}
@@ -190,6 +190,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"(default: {DEFAULT_DATA_PARALLEL})")
     add_comm_precision(p)
     add_topology_options(p)
+    p.add_argument("--tier-costs", choices=("analytic", "measured"), default="analytic",
+                   help="how the traffic of tables kept in host memory or on SSD is costed: analytic, from the "
+                        "topology's link and SSD figures, for GPUs (default); measured: the included runtime's "
+                        "miss path timed on this machine now (host memory and a memory-mapped file, a few "
+                        "seconds), for plans that train on this machine's CPUs")
     p.add_argument("--seed", type=seed_int, default=0)
     p.epilog = help_table("--param keys per algorithm (default values):",
                           {name: describe_params(name) for name in ALGORITHMS})

@@ -36,7 +36,7 @@ Tables too large for one device are split first (``rowwise.split_for_memory``).
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 
@@ -56,6 +56,11 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
     random baseline's, when baseline seeds are on)."""
     params = params or NeuroShardParams()
     start = sim.memory_split(memory_bytes, params.row_splits)
+    large = bool(params.large_task) and len(start) * sim.num_devices >= params.large_task
+    if large:  # production scale: no beam over splits; the pieces no device could balance are split first
+        start = split_heaviest(sim, start, params)
+        # each local-search step relieves one device: let every few devices have one
+        params = replace(params, depth=0, local_search_steps=max(params.local_search_steps, sim.num_devices // 4))
     best = place_with_splits(start, lambda pieces: place_many(sim, [pieces], memory_bytes, params)[0],
                              sim.footprint, params.row_splits, num_devices=sim.num_devices,
                              local_world_size=sim.local_world_size, allowed=sim.allowed)
@@ -104,6 +109,12 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
     return chosen
 
 
+#: devices a local-search step may move work to: the least loaded this many (all when fewer)
+LOCAL_SEARCH_TARGETS = 64
+#: a piece costing more than this share of the balanced bound is split up front on large tasks
+HEAVY_SHARE = 1.0
+
+
 def local_search(sim: Simulator, placement: Placement, memory_bytes: int, steps: int,
                  swaps: int = 0) -> tuple[Placement, int]:
     """Change one piece's device at a time, or (``swaps`` > 0) exchange two pieces, always
@@ -114,54 +125,67 @@ def local_search(sim: Simulator, placement: Placement, memory_bytes: int, steps:
     the others: a swap of a big piece for a smaller one closes it. All moves are
     simulated; of the many swaps, the ``swaps`` whose *marginal* costs (a piece's set
     with and without it, which the fused kernel's amortisation makes far smaller than
-    the piece's cost alone) come closest to halving the gap between the two devices."""
+    the piece's cost alone) come closest to halving the gap between the two devices.
+    On more than ``LOCAL_SEARCH_TARGETS`` devices, work moves to that many of the least
+    loaded (ready soonest) only, and candidates are costed incrementally
+    (``Simulator.evaluate_moves``: two devices change per candidate)."""
     ids = sim.piece_ids(placement.pieces)
     sizes = sim.bytes_of(ids)
     limits = np.broadcast_to(np.asarray(sim.memory_limits(memory_bytes), dtype=np.float64), (sim.num_devices,))
     mask = sim.device_mask(placement.pieces)  # pinned tables move only among their devices
     devices, cost = placement.devices.copy(), placement.cost_ms
     for move in range(steps):
-        # every device's total includes waiting for the slowest in the exchange: the
-        # device to relieve is the one with the most compute
-        loads = sim.evaluate_ids([(ids, devices)]).compute_ms[0]
+        # every device's total includes waiting for the slowest in the exchange: the device
+        # to relieve is the last one ready to send (compute, then its backward exchange)
+        estimate = sim.evaluate_ids([(ids, devices)])
+        loads = estimate.compute_ms[0] + estimate.bwd_comm_ms[0] + estimate.reduce_ms[0]
         slowest = int(loads.argmax())
         used = np.bincount(devices, weights=sizes, minlength=sim.num_devices)
-        candidates = []
+        targets = np.arange(sim.num_devices)
+        if sim.num_devices > LOCAL_SEARCH_TARGETS:
+            # the readiest: every device's total is the last one's readiness plus its own exchange
+            targets = np.sort(np.argsort(loads, kind="stable")[:LOCAL_SEARCH_TARGETS])
+        candidates: list[tuple[tuple[int, int], ...]] = []
         for piece in np.flatnonzero(devices == slowest):
-            for target in np.flatnonzero(used + sizes[piece] <= limits):
+            for target in targets[used[targets] + sizes[piece] <= limits[targets]]:
                 if target != slowest and (mask is None or mask[piece, target]):
-                    moved = devices.copy()
-                    moved[piece] = target
-                    candidates.append(moved)
+                    candidates.append(((int(piece), int(target)),))
         if swaps:
-            candidates += _swap_candidates(sim, ids, devices, slowest, loads, sizes, used, limits, mask, swaps)
+            candidates += _swap_candidates(sim, ids, devices, slowest, loads, sizes, used, limits, mask, swaps,
+                                           targets)
         if not candidates:
             return Placement(placement.pieces, devices, cost), move
-        costs = sim.evaluate_ids([(ids, row) for row in candidates]).max_ms
+        costs = sim.evaluate_moves(ids, devices, candidates)
         best = int(costs.argmin())
         if costs[best] >= cost - 1e-9:
             return Placement(placement.pieces, devices, cost), move
-        devices, cost = candidates[best], float(costs[best])
+        devices = devices.copy()
+        for i, d in candidates[best]:
+            devices[i] = d
+        cost = float(costs[best])
     return Placement(placement.pieces, devices, cost), steps
 
 
 def _swap_candidates(sim: Simulator, ids: np.ndarray, devices: np.ndarray, slowest: int, loads: np.ndarray,
                      sizes: np.ndarray, used: np.ndarray, limits: np.ndarray, mask: np.ndarray | None,
-                     count: int) -> list[np.ndarray]:
-    """Up to ``count`` placements that exchange a piece of ``slowest`` with a piece of another
-    device, ranked by how close the difference of their marginal costs comes to half the
-    two devices' gap (only exchanges that move work off ``slowest`` and fit memory)."""
-    sets = [np.flatnonzero(devices == d) for d in range(sim.num_devices)]
-    keys = [tuple(sorted(ids[m].tolist())) for m in sets]
-    full = sim.set_costs_ms(keys)
+                     count: int, targets: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
+    """Up to ``count`` exchanges of a piece of ``slowest`` with a piece of a device among
+    ``targets``, ranked by how close the difference of their marginal costs comes to half
+    the two devices' gap (only exchanges that move work off ``slowest`` and fit memory),
+    as ``((piece, its new device), (other piece, slowest))``."""
+    involved = sorted({slowest, *targets.tolist()})
+    sets = {d: np.flatnonzero(devices == d) for d in involved}
+    keys = [tuple(sorted(ids[sets[d]].tolist())) for d in involved]
+    full = dict(zip(involved, sim.set_costs_ms(keys)))
     marginal = np.zeros(len(ids))
-    without = [(d, k, tuple(sorted(ids[np.delete(m, k)].tolist()))) for d, m in enumerate(sets) for k in range(len(m))]
+    without = [(d, k, tuple(sorted(ids[np.delete(sets[d], k)].tolist()))) for d in involved
+               for k in range(len(sets[d]))]
     rest = sim.set_costs_ms([w for _, _, w in without])
     for (d, k, _), c in zip(without, rest):
         marginal[sets[d][k]] = full[d] - c
     mine = sets[slowest]
     pairs = []
-    for d in range(sim.num_devices):
+    for d in involved:
         gap = loads[slowest] - loads[d]
         if d == slowest or gap <= 0 or not len(sets[d]):
             continue
@@ -175,12 +199,38 @@ def _swap_candidates(sim: Simulator, ids: np.ndarray, devices: np.ndarray, slowe
         for a, b in zip(*np.nonzero(ok)):
             pairs.append((abs(delta[a, b] - gap / 2), int(mine[a]), int(theirs[b]), d))
     pairs.sort()
-    out = []
-    for _, i, j, d in pairs[:count]:
-        swapped = devices.copy()
-        swapped[i], swapped[j] = d, slowest
-        out.append(swapped)
-    return out
+    return [((i, d), (j, slowest)) for _, i, j, d in pairs[:count]]
+
+
+def split_heaviest(sim: Simulator, pieces: list[Piece], params: NeuroShardParams,
+                   max_rounds: int = 64) -> list[Piece]:
+    """The pieces with every table whose piece costs more than the balanced bound (alone, by
+    the compute model) split until none does or nothing splits further: its column strip
+    halved, else (``row_splits``) re-cut into the row blocks TorchRec runs. What the beam
+    search finds one split at a time on small tasks, in a few batched rounds: a piece
+    costlier than the bound keeps its device above it whatever the placement."""
+    valid = sorted({sim.local_world_size, sim.num_devices})
+    for _ in range(max_rounds):
+        costs = sim.single_costs_ms(pieces)
+        bound = float(costs.sum()) / sim.num_devices
+        heavy = [pieces[int(i)] for i in np.argsort(-costs, kind="stable") if costs[i] > HEAVY_SHARE * bound]
+        if not heavy:
+            break
+        split_any = False
+        done: set[int] = set()
+        for p in heavy:  # one split per table and round, heaviest first (pieces move as others split)
+            if p.table in done:
+                continue
+            done.add(p.table)
+            j = pieces.index(p)
+            for child in (halve_strip_cols(pieces, j),
+                          split_table_rows(pieces, j, valid_parts=valid) if params.row_splits else None):
+                if child is not None and sim.allowed(child):
+                    pieces, split_any = child, True
+                    break
+        if not split_any:
+            break
+    return pieces
 
 
 def split_children(sim: Simulator, pieces: list[Piece], params: NeuroShardParams) -> list[list[Piece]]:

@@ -29,11 +29,12 @@ class NeuroShardParams:
     local_search_swaps: int = 64       # swaps simulated per local-search step (0: moves only)
     baseline_seeds: bool = True  # also start the local search from the best classic greedy plan when cheaper
     split_margin: float = 0.05   # keep the beam's extra splits only when simulated cheaper by more than this
+    large_task: int = 2**18      # pieces x devices from which the heaviest tables are split up front, no beam (0: never)
 
     def __post_init__(self) -> None:
         for name, low, high in (("beam_width", 1, 64), ("top_n", 1, 64), ("grid_size", 1, 64), ("patience", 1, 1000),
                                 ("depth", 0, 1000), ("local_search_steps", 0, 10000),
-                                ("local_search_swaps", 0, 100000)):
+                                ("local_search_swaps", 0, 100000), ("large_task", 0, 2**62)):
             check_int(getattr(self, name), f"parameter {name}", low, high)
         check_number(self.max_cap_factor, "parameter max_cap_factor", 1.0, 100.0)
         check_number(self.split_margin, "parameter split_margin", 0.0, 1.0)

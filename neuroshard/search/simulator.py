@@ -41,7 +41,7 @@ by the sorted shard ids), and one call per communication term for the whole
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -135,13 +135,25 @@ class Simulator:
         self.tier_record: dict = {}  # how the tiers were chosen (``search.tiers``), for the provenance
         if not hasattr(self, "_tier_model"):
             self._tier_model: TierCostModel | None = None
+            #: a ``costmodels.measure.tiers.TierMeasurement`` to cost the tiers with (None: analytic)
+            self.tier_costs: Any = None
 
     def tier_model(self) -> TierCostModel:
-        """The tiers' cost model for these tables and topology (its miss-rate curves kept)."""
+        """The tiers' cost model for these tables and topology (its miss-rate curves kept),
+        with the measured miss path of ``tier_costs`` when set."""
         if self._tier_model is None:
             self._tier_model = TierCostModel(self.topology, self.num_devices, self.tables.batch_size,
-                                             self.bytes_per_element, self.optimizer)
+                                             self.bytes_per_element, self.optimizer, measured=self.tier_costs)
         return self._tier_model
+
+    def with_tier_costs(self, measured: Any) -> "Simulator":
+        """A copy of this simulator whose tiers are costed with ``measured`` (a
+        ``TierMeasurement`` or its dict; None: the analytic model). The search times nothing:
+        the caller measures (``costmodels.measure.tiers.measure_tier_costs``)."""
+        other = self.with_tiers(self.tiers, self.tier_record)
+        other.tier_costs = measured
+        other._tier_model = None
+        return other
 
     def with_tiers(self, tiers: Sequence[Tier] | None, record: dict | None = None) -> "Simulator":
         """A copy of this simulator with other tiers (set costs kept: the kernels are the same)."""
@@ -371,14 +383,81 @@ class Simulator:
             bounds = np.searchsorted(devices[order], np.arange(dev + 1)).tolist()
             sorted_ids = ids[order].tolist()
             set_keys.extend(tuple(sorted_ids[bounds[d]:bounds[d + 1]]) for d in range(dev))
-        compute = self.set_costs_ms(set_keys, risk).reshape(num, dev)
+        compute = self._device_compute(self.set_costs_ms(set_keys, risk).reshape(num, dev), tiered)
+        return self._with_comm(compute, widths, reduce_bytes)
+
+    def _device_compute(self, compute: np.ndarray, tiered: np.ndarray | None) -> np.ndarray:
+        """(P, D) set costs (ms at the models' batch) with what every device adds: its tiers'
+        traffic (modelled), the replicated tables' lookups; divided by its relative speed."""
         if tiered is not None:  # the tiers' traffic (misses over the host link, SSD reads), modelled
             compute = compute + tiered
         if self.data_parallel_tables:  # every device looks up the replicated tables for its slice
             compute = compute + self.replicated_ms()[0]
         if self._speed is not None:  # a device twice as fast computes in half the time
             compute = compute / self._speed
-        return self._with_comm(compute, widths, reduce_bytes)
+        return compute
+
+    def evaluate_moves(self, ids: np.ndarray, devices: np.ndarray, moves: Sequence[Sequence[tuple[int, int]]],
+                       chunk: int = 1024) -> np.ndarray:
+        """Max ms of the plans that differ from ``(ids, devices)`` by ``moves`` (each a few
+        ``(position, new device)`` pairs), the same figures ``evaluate_ids`` gives for them:
+        only the devices a move changes are costed again (their sets), the all-to-all is
+        re-derived from widths changed by the moved columns (the whole exchange again only
+        when a moved piece is a row block, whose host decides table-row-wise), and
+        candidates go through the communication terms ``chunk`` at a time. What a local
+        search over thousands of devices needs: its candidates change two devices each."""
+        devices = np.asarray(devices, dtype=np.int64)
+        dev = self.num_devices
+        order = np.argsort(devices, kind="stable")
+        bounds = np.searchsorted(devices[order], np.arange(dev + 1))
+        members = [order[bounds[d]:bounds[d + 1]].tolist() for d in range(dev)]
+        id_list = ids.tolist()
+        base_keys = [tuple(sorted(id_list[i] for i in m)) for m in members]
+        base_sets = self.set_costs_ms(base_keys)
+        cols = self.cols_of(ids)
+        tier_ms = None if self.tiers is None else self._array("tier_ms")[ids]
+        base_tier = None if tier_ms is None else np.bincount(devices, weights=tier_ms, minlength=dev)
+        base_widths, base_reduce = self._exchange_widths(ids, devices)
+        blocks = None
+        if self.hosts_stated:  # row blocks: moving one may change its strip's table-row-wise layout
+            _, inverse, counts = np.unique(self._array("strip")[ids], return_inverse=True, return_counts=True)
+            blocks = counts[inverse.reshape(-1)] > 1
+        out = np.empty(len(moves))
+        for start in range(0, len(moves), chunk):
+            part = moves[start:start + chunk]
+            num = len(part)
+            sets = np.repeat(base_sets[None, :], num, axis=0)
+            widths = np.repeat(base_widths[None, :], num, axis=0)
+            reduce = None if base_reduce is None else np.repeat(base_reduce[None, :], num, axis=0)
+            tiered = None if base_tier is None else np.repeat(base_tier[None, :], num, axis=0)
+            keys: list[tuple[int, ...]] = []
+            where: list[tuple[int, int]] = []
+            for p, move in enumerate(part):
+                changed: dict[int, set[int]] = {}
+                for i, new in move:
+                    old = int(devices[i])
+                    changed.setdefault(old, set(members[old])).discard(i)
+                    changed.setdefault(new, set(members[new])).add(i)
+                    if tiered is not None:
+                        tiered[p, old] -= tier_ms[i]
+                        tiered[p, new] += tier_ms[i]
+                for d, mine in changed.items():
+                    keys.append(tuple(sorted(id_list[i] for i in mine)))
+                    where.append((p, d))
+                if blocks is not None and any(blocks[i] for i, _ in move):
+                    moved = devices.copy()
+                    for i, new in move:
+                        moved[i] = new
+                    widths[p], reduce[p] = self._exchange_widths(ids, moved)
+                else:
+                    for i, new in move:
+                        widths[p, devices[i]] -= cols[i]
+                        widths[p, new] += cols[i]
+            if where:
+                at = np.array(where, dtype=np.int64)
+                sets[at[:, 0], at[:, 1]] = self.set_costs_ms(keys)
+            out[start:start + num] = self._with_comm(self._device_compute(sets, tiered), widths, reduce).max_ms
+        return out
 
     def _with_comm(self, compute: np.ndarray, widths: np.ndarray, reduce_bytes: np.ndarray | None = None
                    ) -> Estimate:

@@ -29,7 +29,6 @@ import math
 import numpy as np
 
 from ..constants import CACHE_FRACTIONS, TIER_PACKING_HEADROOM
-from ..costmodels.tiers import TIER_COST_SOURCE
 from ..errors import InfeasibleError
 from ..optimizers import shard_bytes
 from ..tiers import IN_DEVICE_MEMORY, Tier
@@ -96,7 +95,7 @@ def choose_tiers(sim: Simulator, memory_bytes) -> tuple[list[Tier] | None, dict]
     for i in sharded:
         kind = "device" if tiers[i].on_device else (f"{tiers[i].memory}+cache" if tiers[i].cached else tiers[i].memory)
         counts[kind] = counts.get(kind, 0) + 1
-    record = {"model": TIER_COST_SOURCE, "tables": counts,
+    record = {"model": sim.tier_model().source, "tables": counts,
               "device_bytes_needed_all_on_device": int(need), "device_bytes": int(room),
               "tier_cost_ms": round(float(sum(_cost(sim, i, tiers[i]) for i in sharded)), 6),
               "links": (topo.tier_links() if topo is not None else {})}
