@@ -107,16 +107,29 @@ class Plan:
 
     # ---------------------------------------------------------------- access
     def table(self, name: str) -> Table:
-        for t in self.tables:
-            if t.name == name:
-                return t
-        raise KeyError(name)
+        key = (id(self.tables), len(self.tables))
+        if getattr(self, "_tables_key", None) != key:  # by name, built once per table list
+            self._by_name, self._tables_key = {t.name: t for t in reversed(self.tables)}, key
+        return self._by_name[name]
+
+    def _shard_index(self) -> tuple[dict[str, list[Shard]], dict[int, list[Shard]]]:
+        """Shards by table and by device, built once per shard list (a plan of 100,000 tables
+        is not scanned once per table)."""
+        key = (id(self.shards), len(self.shards))
+        if getattr(self, "_index_key", None) != key:
+            by_table: dict[str, list[Shard]] = {}
+            by_device: dict[int, list[Shard]] = {}
+            for s in self.shards:
+                by_table.setdefault(s.table, []).append(s)
+                by_device.setdefault(s.device, []).append(s)
+            self._index, self._index_key = (by_table, by_device), key
+        return self._index
 
     def shards_of(self, table: str) -> list[Shard]:
-        return [s for s in self.shards if s.table == table]
+        return list(self._shard_index()[0].get(table, ()))
 
     def shards_on(self, device: int) -> list[Shard]:
-        return [s for s in self.shards if s.device == device]
+        return list(self._shard_index()[1].get(device, ()))
 
     def replicas(self) -> list[Shard]:
         """The data-parallel tables as one whole-table shard on every device (what they take

@@ -46,7 +46,7 @@ import numpy as np
 
 from ..errors import NeuroShardError
 from ..tables import Table, TableSet
-from ..validate import read_text
+from ..validate import MAX_POOLING_FACTOR, read_text
 from . import access as acc
 from .sampler import lookups_from
 
@@ -196,7 +196,8 @@ def generate(preset: str | Preset, num_tables: int | None = None, seed: int = 0)
 
     per_sample = stats.num_indices / preset.num_tables / batch
     pooling = rng.lognormal(0.0, POOLING_SIGMA, count)
-    pooling = np.round(pooling * per_sample / pooling.mean(), 4)
+    # a draw in the far tail of many tables stays within what a tables file may hold
+    pooling = np.round(np.minimum(pooling * per_sample / pooling.mean(), MAX_POOLING_FACTOR), 4)
     lookups = np.maximum(np.round(pooling * batch), 1.0)
     skews = rng.normal(0.0, SKEW_SIGMA, count)
     target = stats.lookup_share / stats.lookup_share.sum()

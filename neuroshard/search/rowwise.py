@@ -185,8 +185,13 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
     if allowed is None or allowed(*aligned):  # joining a strip may leave too few shards
         pieces, devices = aligned
     local = local_world_size or default_local_world_size(num_devices)
+    index: dict[int, list[int]] | None = None  # positions of each table's pieces, rebuilt when a table changes
     for table in sorted({p.table for p in pieces}):
-        mine = [j for j, p in enumerate(pieces) if p.table == table]
+        if index is None:
+            index = {}
+            for j, p in enumerate(pieces):
+                index.setdefault(p.table, []).append(j)
+        mine = index[table]
         strips: dict[tuple[int, int], list[tuple[Piece, int]]] = {}
         for j in sorted(mine, key=lambda j: pieces[j].row_offset):
             strips.setdefault((pieces[j].col_offset, pieces[j].num_cols), []).append((pieces[j], int(devices[j])))
@@ -235,6 +240,7 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
                 options.append((cost(cand_pieces, cand_devices), cand_pieces, cand_devices))
         if options:
             _, pieces, devices = min(options, key=lambda o: o[0])
+            index = None
     return list(pieces), np.asarray(devices, dtype=np.int64)
 
 
