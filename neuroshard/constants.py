@@ -40,6 +40,10 @@ DEFAULT_INTRA_HOST_GBPS = 600.0
 #: GB/s per device across hosts: TorchRec's CROSS_NODE_BANDWIDTH (one 100 Gbit/s NIC per GPU)
 DEFAULT_INTER_HOST_GBPS = 12.5
 
+#: the measured communication models serve plans of up to this many times the largest device
+#: count they were measured at; beyond, the exchange is bytes over the GPU-cluster defaults
+COMM_EXTRAPOLATION = 4
+
 # ------------------------------------------------------------------ memory tiers
 #: where a shard's rows live (a plan shard's ``memory``): device memory, host memory, SSD
 MEMORY_TIERS = ("device", "host", "ssd")

@@ -262,6 +262,11 @@ class CostModels:
             raise NeuroShardError(f"num_devices must be >= 1, got {num_devices}")
         return CommAtDevices(self.comm, num_devices)
 
+    def comm_device_counts(self) -> list[int]:
+        """The device counts the communication data was measured at (empty when unrecorded)."""
+        samples = ((self.data_summary or {}).get("comm") or {}).get("samples") or {}
+        return sorted(int(k) for k in samples if str(k).isdigit())
+
     def describe_hardware(self) -> str:
         """Where the models' data was measured, in a few words: the machine (GPU or CPU model
         and cores), the backend and kernel, and where it was calibrated."""

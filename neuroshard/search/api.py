@@ -118,6 +118,7 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
         provenance["cost_optimizer"] = COST_OPTIMIZER
     if sim.topology is not None:  # the cluster the plan is for (also in the plan's topology field)
         provenance["topology"] = sim.topology.describe()
+    provenance["comm_model"] = sim.comm_source  # measured model, stated links, or the defaults at scale
     if sim.tiers is not None:  # rows in host memory or on SSD: which, and how their traffic was costed
         provenance["tiers"] = sim.tier_record
     if "data_parallel" in placement.details:  # data_parallel="auto": what was replicated, and why

@@ -45,7 +45,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..constants import COMM_ELEMENT_BYTES, FP32_BYTES
+from ..constants import (
+    COMM_ELEMENT_BYTES,
+    COMM_EXTRAPOLATION,
+    DEFAULT_INTER_HOST_GBPS,
+    DEFAULT_INTRA_HOST_GBPS,
+    FP32_BYTES,
+    default_local_world_size,
+)
 from ..constraints import allowed_state, conform, device_mask, table_constraints
 from ..costmodels.analytic import AnalyticCommModel
 from ..costmodels.base import CostModels
@@ -117,11 +124,16 @@ class Simulator:
         if topology is not None and topology.num_devices != self.num_devices:
             raise NeuroShardError(f"topology has {topology.num_devices} devices, the simulator {self.num_devices}")
         self.topology = topology
-        self.hosts_stated = topology is not None and topology.hosts_stated
+        #: what the exchange is costed over: the stated hosts and links; else the measured
+        #: network (None) within ``COMM_EXTRAPOLATION`` x the device counts the comm models
+        #: were measured on, and beyond that the GPU-cluster defaults (hosts of 8, TorchRec's
+        #: bandwidths): a model fitted on 2-4 processes says nothing about 1,024
+        self.network, self.comm_source = _network(topology, self.num_devices, self.cost_models)
+        self.hosts_stated = self.network is not None
         #: ranks per host of row splits kept on one host (TorchRec's default without hosts)
-        self.local_world_size = ranks_per_host(topology, self.num_devices)
-        #: devices per host when the topology states hosts (the placers keep such row splits on one host)
-        self.host_size = topology.local_world_size if self.hosts_stated else None
+        self.local_world_size = ranks_per_host(self.network or topology, self.num_devices)
+        #: devices per host when the exchange is costed over hosts (the placers keep such row splits on one host)
+        self.host_size = self.network.local_world_size if self.hosts_stated else None
         self._speed = None if topology is None or topology.relative_speed is None else topology.speeds()
 
     def _set_tiers(self, tiers: Sequence[Tier] | None) -> None:
@@ -468,7 +480,7 @@ class Simulator:
         if self.hosts_stated:
             intra, inter = self._exchange_ms(widths)
             bwd = intra + inter
-            reduce = reduce_bytes / self._bytes_per_ms(self.topology.intra_host_gbps)
+            reduce = reduce_bytes / self._bytes_per_ms(self.network.intra_host_gbps)
             ready = compute + bwd + reduce
             fwd = bwd + (ready.max(axis=1, keepdims=True) - ready)
             intra, inter = 2 * intra * self.scale, 2 * inter * self.scale
@@ -501,7 +513,7 @@ class Simulator:
         if not self.hosts_stated:
             return np.bincount(devices, weights=cols, minlength=self.num_devices), None
         strips, inverse, blocks = np.unique(self._array("strip")[ids], return_inverse=True, return_counts=True)
-        hosts = self.topology.host_of()[devices]
+        hosts = self.network.host_of()[devices]
         low = np.full(len(strips), np.iinfo(np.int64).max)
         high = np.full(len(strips), -1)
         np.minimum.at(low, inverse, hosts)
@@ -517,7 +529,7 @@ class Simulator:
         """(P, D) intra- and inter-host ms of one all-to-all (one direction) of ``widths``
         columns per device, at the models' batch size: each device sends ``B / D`` samples'
         columns to every peer and receives the peers' columns for its ``B / D`` samples."""
-        topo, dev = self.topology, self.num_devices
+        topo, dev = self.network, self.num_devices
         share = self.cost_models.batch_size / dev * self._comm_element_bytes()  # bytes per column and peer
         host = topo.host_of()
         on_host = np.stack([widths[:, host == h].sum(axis=1) for h in range(topo.num_hosts)], axis=1)[:, host]
@@ -606,6 +618,25 @@ class Simulator:
 
 
 # ------------------------------------------------- replicated (data-parallel) tables
+def _network(topology: Topology | None, num_devices: int, models: CostModels) -> tuple[Topology | None, str]:
+    """(the topology the exchange is costed over, or None for the measured model; which
+    model serves the exchange, in words, for the plan's provenance)."""
+    if topology is not None and topology.hosts_stated:
+        return topology, (f"analytic: bytes over the stated links ({topology.local_world_size} devices per host, "
+                          f"{topology.intra_host_gbps:g} GB/s within a host, {topology.inter_host_gbps:g} GB/s "
+                          f"across hosts)")
+    counts = models.comm_device_counts()
+    name = type(models.comm).__name__
+    if counts and num_devices > COMM_EXTRAPOLATION * max(counts):
+        local = default_local_world_size(num_devices)
+        network = Topology(num_devices, local, DEFAULT_INTRA_HOST_GBPS, DEFAULT_INTER_HOST_GBPS)
+        return network, (f"analytic: bytes over the GPU-cluster defaults ({local} devices per host, "
+                         f"{DEFAULT_INTRA_HOST_GBPS:g} and {DEFAULT_INTER_HOST_GBPS:g} GB/s): the measured {name} "
+                         f"covers {min(counts)}-{max(counts)} devices, this plan has {num_devices:,}")
+    where = f" ({min(counts)}-{max(counts)} devices)" if counts else ""
+    return None, f"measured: {name}{where}"
+
+
 def replicated_bytes(sim: "Simulator", names: Sequence[str]) -> int:
     """Memory every device gives to the replicated tables ``names`` (weights and optimizer state)."""
     optimizer = getattr(sim, "optimizer", None)

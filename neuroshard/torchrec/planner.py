@@ -64,8 +64,8 @@ def search(sim: Simulator, memory_bytes: int, compute_device: str = "cuda") -> P
     largest = int(limits.max())
     caps = {"hbm_cap": largest} if compute_device == "cuda" else {"ddr_cap": largest, "hbm_cap": 0}
     if sim.host_size:  # our topology's hosts and links (TorchRec's bandwidths are bytes per ms)
-        caps.update(local_world_size=sim.host_size, intra_host_bw=sim.topology.intra_host_gbps * 1e6,
-                    inter_host_bw=sim.topology.inter_host_gbps * 1e6)
+        caps.update(local_world_size=sim.host_size, intra_host_bw=sim.network.intra_host_gbps * 1e6,
+                    inter_host_bw=sim.network.inter_host_gbps * 1e6)
     with quiet_torchrec():
         module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
         # TorchRec's storage estimate counts the optimizer's state from the parameters' optimizer class
