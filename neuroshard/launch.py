@@ -72,6 +72,14 @@ def torchrun_env() -> tuple[int, int] | None:
     return None
 
 
+def local_rank() -> int:
+    """This process's index on its machine under torchrun (``LOCAL_RANK``), else 0."""
+    try:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError:
+        return 0
+
+
 def free_port() -> int:
     """A TCP port free on this machine right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

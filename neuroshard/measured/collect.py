@@ -10,6 +10,12 @@ file, each cut to a width from the halving ladder ``dims`` (4, 8, ..., 128,
 capped by the table's width), kept only while the set fits the per-device memory
 cap. With probability ``row_split_prob`` a shard is also a row-wise slice
 (1/2, 1/4 or 1/8 of the rows) so row-wise shards are in the data too.
+
+Under ``torchrun`` (``rank``/``world_size`` given, ``world_size > 1``) rank ``r``
+measures the samples ``i`` with ``i % world_size == r`` into its own part file
+(``store.part_file``), as crash-safe and resumable as the main file; no process
+group is needed. Readers merge the parts (``store``); ``store.merge_parts`` folds
+them into the main file.
 """
 from __future__ import annotations
 
@@ -128,11 +134,16 @@ def _progress(total: int, initial: int, desc: str):
 def collect_compute(tables_path: str | Path, samples: int, out: str | Path, *, max_tables: int = 8,
                     memory_bytes: int = 1 << 30, batch_size: int = MEASURED_BATCH_SIZE, dims: Sequence[int] = (4, 8, 16, 32, 64, 128),
                     seed: int = 0, row_split_prob: float = 0.2, progress: bool = True,
-                    max_minutes: float | None = None, sets: str = "random", **bench_kwargs) -> int:
+                    max_minutes: float | None = None, sets: str = "random", rank: int = 0, world_size: int = 1,
+                    local_rank: int | None = None, **bench_kwargs) -> int:
     """Measure shard sets ``0..samples-1`` into ``out/compute.jsonl`` (stopping cleanly after
     ``max_minutes`` if given; a rerun continues); returns how many were measured now.
-    ``sets="plans"``: devices of searched plans instead of random sets (``plan_sets``)."""
+    ``sets="plans"``: devices of searched plans instead of random sets (``plan_sets``).
+    ``rank`` of ``world_size`` (torchrun's): measure only the samples ``i % world_size ==
+    rank``, into this rank's part file, on CUDA on device ``local_rank`` (default ``rank``)."""
     check_int(samples, "samples", 1, MAX_STEPS)
+    check_int(world_size, "world size", 1, MAX_DEVICES)
+    check_int(rank, "rank", 0, world_size - 1)
     check_int(max_tables, "max tables per device", 1, 1024)
     memory_bytes = check_memory(memory_bytes)
     check_batch_size(batch_size)
@@ -145,6 +156,8 @@ def collect_compute(tables_path: str | Path, samples: int, out: str | Path, *, m
     tables_path = Path(tables_path)
     tables = TableSet.read(tables_path)
     check_memory_fits(tables.tables, memory_bytes, dims, row_split_prob, str(tables_path))
+    if world_size > 1 and bench_kwargs.get("backend") == "cuda":
+        _pin_cuda_device(rank if local_rank is None else local_rank)
     bench = KernelBenchmark(batch_size=batch_size, memory_bytes=memory_bytes, **bench_kwargs)
     config = {**bench.config(), "memory_bytes": memory_bytes, "max_tables_per_device": max_tables,
               "dims": list(dims), "seed": seed, "row_split_prob": row_split_prob,
@@ -166,33 +179,53 @@ def collect_compute(tables_path: str | Path, samples: int, out: str | Path, *, m
         return record, {"cost_ms": f"{m.cost_ms:.2f}", "cv": f"{m.cv:.3f}"}
 
     return _collect(Path(out), "compute", store.COMPUTE_FILE, store.hardware_info(bench.backend), config, samples,
-                    measure, "compute", progress, max_minutes)
+                    measure, "compute" if world_size == 1 else f"compute rank {rank}/{world_size}", progress, max_minutes,
+                    rank=rank, world_size=world_size)
+
+
+def _pin_cuda_device(local_rank: int) -> None:
+    """Make ``cuda`` mean this rank's GPU (torchrun's ``LOCAL_RANK``) for the rest of the process."""
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
 
 
 def _collect(out: Path, kind: str, filename: str, hardware: dict, config: dict, samples: int,
              measure: Callable[[int], tuple[dict, dict]], desc: str, progress: bool, max_minutes: float | None,
-             running: contextlib.AbstractContextManager = contextlib.nullcontext()) -> int:
-    """The resumable loop of every collection: under the folder's lock, check or write its
-    ``meta.json``, then ``measure(i)`` each sample not yet in ``filename`` (a record and
-    progress-bar figures) and append its record, stopping cleanly after ``max_minutes``.
+             running: contextlib.AbstractContextManager = contextlib.nullcontext(), rank: int = 0,
+             world_size: int = 1) -> int:
+    """The resumable loop of every collection: under the file's lock, check or write the
+    folder's ``meta.json`` (and check its parts), then ``measure(i)`` each sample not yet in
+    the folder (a record and progress-bar figures) and append its record, stopping cleanly
+    after ``max_minutes``. With ``world_size > 1`` only the samples ``i % world_size == rank``,
+    into this rank's part (described on its first line; ``meta.json`` by rank 0 only).
     ``running`` (e.g. the benchmark's processes) is entered only when there is work.
     Returns how many samples were measured now."""
     check_output_folder(out, "cost-data folder")
-    with store.locked(out, filename):
-        meta, old = store.check_meta(out, kind, hardware, store.software_info(), config)
-        torn = repair_jsonl_tail(out / filename)
+    part = world_size > 1
+    target = out / (store.part_file(filename, rank, world_size) if part else filename)
+    ignore = store.PART_IGNORED_HARDWARE if part else ()
+    with store.locked(out, target.name):
+        meta, old = store.check_meta(out, kind, hardware, store.software_info(), config, ignore)
+        mine = store.describe(kind, hardware, store.software_info(), config) if part else meta
+        store.check_parts(out, filename, mine)
+        torn = repair_jsonl_tail(target)
         if torn:
-            log.warning("%s: cut a torn last record (%d bytes) left by an interrupted run", out / filename, torn)
+            log.warning("%s: cut a torn last record (%d bytes) left by an interrupted run", target, torn)
+        headed = not part or store.part_header(target) is not None
+        describes = rank == 0  # only one writer of meta.json
         done = store.done_samples(out, filename)
-        if old is None and done:  # records from a run killed before it wrote meta.json
+        if describes and old is None and done:  # records from a run killed before it wrote meta.json
             store.write_meta(out, meta)
             old = meta
-        todo = [i for i in range(samples) if i not in done]
-        log.info("%s: %d of %d samples already in %s, %d to measure", kind, samples - len(todo), samples, out,
-                 len(todo))
+        share = [i for i in range(samples) if i % world_size == rank]
+        todo = [i for i in share if i not in done]
+        where = f"{out} (rank {rank} of {world_size})" if part else str(out)
+        log.info("%s: %d of %d samples already in %s, %d to measure", kind, len(share) - len(todo), len(share),
+                 where, len(todo))
         if not todo:
             return 0
-        bar = _progress(samples, samples - len(todo), desc) if progress else None
+        bar = _progress(len(share), len(share) - len(todo), desc) if progress else None
         deadline = _deadline(max_minutes)
         measured = 0
         try:
@@ -202,8 +235,11 @@ def _collect(out: Path, kind: str, filename: str, hardware: dict, config: dict, 
                         log.warning("%s: time limit reached after %d samples; rerun to continue", kind, measured)
                         break
                     record, postfix = measure(i)
-                    append_jsonl(out / filename, record)
-                    if old is None:  # described once a first record is on disk: a refused run leaves none
+                    if not headed:  # a part says what it holds before its first record
+                        store.write_part_header(target, mine, rank, world_size)
+                        headed = True
+                    append_jsonl(target, record)
+                    if describes and old is None:  # described once a first record is on disk
                         store.write_meta(out, meta)
                         old = meta
                     measured += 1

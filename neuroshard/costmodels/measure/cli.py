@@ -1,4 +1,4 @@
-"""``neuroshard collect compute|comm``: measure cost data (registered by ``neuroshard.cli``)."""
+"""``neuroshard collect compute|comm|merge``: measure cost data (registered by ``neuroshard.cli``)."""
 from __future__ import annotations
 
 import argparse
@@ -28,23 +28,50 @@ def _flush_bytes(text: str) -> int | None:
 
 
 def _compute(args: argparse.Namespace) -> int:
+    from ...launch import local_rank, torchrun_env
     from ...measured.collect import collect_compute, parse_dims
     if args.max_repeats < args.repeats:
         raise NeuroShardError(f"--max-repeats {args.max_repeats} is below --repeats {args.repeats}")
+    rank, world_size = torchrun_env() or (0, 1)
     measured = collect_compute(
         args.tables, args.samples, args.out, max_tables=args.max_tables_per_device,
         memory_bytes=args.memory, batch_size=args.batch_size, dims=parse_dims(args.dims),
         seed=args.seed, row_split_prob=args.row_split_prob, backend=args.device, kernel=args.kernel,
         max_rows=args.row_cap, warmup=args.warmup, repeats=args.repeats, max_repeats=args.max_repeats,
-        target_cv=args.target_cv, optimizer=args.optimizer, clock=args.clock, progress=not args.no_progress,
-        flush_bytes=args.flush_bytes, max_minutes=args.max_minutes, weights_precision=args.weights_precision,
-        sets=args.sets)
-    print(f"{args.out}: measured {measured} shard sets now ({args.samples} asked for in all)")
+        target_cv=args.target_cv, optimizer=args.optimizer, clock=args.clock,
+        progress=not args.no_progress and local_rank() == 0, flush_bytes=args.flush_bytes,
+        max_minutes=args.max_minutes, weights_precision=args.weights_precision, sets=args.sets,
+        rank=rank, world_size=world_size, local_rank=local_rank())
+    if world_size > 1:
+        share = len(range(rank, args.samples, world_size))
+        print(f"{args.out}: rank {rank} of {world_size} measured {measured} shard sets now ({share} of the "
+              f"{args.samples} are its share)")
+    else:
+        print(f"{args.out}: measured {measured} shard sets now ({args.samples} asked for in all)")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from . import store
+    records, parts = store.merge_parts(args.folder, store.COMPUTE_FILE)
+    comm_records, comm_parts = store.merge_parts(args.folder, store.COMM_FILE) if store.part_files(
+        args.folder, store.COMM_FILE) else (0, 0)
+    if not parts + comm_parts:
+        print(f"{args.folder}: no part files to merge")
+    if parts:
+        print(f"{args.folder}: merged {parts} part files into {store.COMPUTE_FILE} ({records} shard sets)")
+    if comm_parts:
+        print(f"{args.folder}: merged {comm_parts} part files into {store.COMM_FILE} ({comm_records} samples)")
     return 0
 
 
 def _comm(args: argparse.Namespace) -> int:
+    from ...launch import torchrun_env
     from ...measured.collect import collect_comm
+    rank, world_size = torchrun_env() or (0, 1)
+    if world_size > 1:
+        raise NeuroShardError(f"collect comm starts its own --devices processes: run it once, without torchrun "
+                              f"(this is rank {rank} of {world_size})")
     measured = collect_comm(
         args.devices, args.samples, args.out, batch_size=args.batch_size, max_width=args.max_width,
         max_skew_ms=args.max_skew_ms, max_reduce_width=args.max_reduce_width, seed=args.seed,
@@ -55,7 +82,7 @@ def _comm(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``collect compute`` and ``collect comm``."""
+    """Add ``collect compute``, ``collect comm`` and ``collect merge``."""
     collect = sub.add_parser("collect", help="measure kernel and communication costs",
                              description="Measure real costs into a cost-data folder (resumable: rerun the "
                                          "same command to finish an interrupted run).")
@@ -99,7 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-minutes", type=positive_float, default=None,
                    help="stop cleanly after this long (rerun continues)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_compute)
+    p.set_defaults(func=_compute, torchrun_rank=True)
 
     p = csub.add_parser("comm", help="time all-to-alls between real processes",
                         description="Start --devices processes on torch.distributed (gloo on cpu, NCCL on cuda) "
@@ -129,3 +156,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop cleanly after this long (rerun continues)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_comm)
+
+    p = csub.add_parser("merge", help="fold the parts of a torchrun collection into one file",
+                        description="Fold the per-rank parts of a folder (compute.rank{r}-of{W}.jsonl, written "
+                                    "by collect compute under torchrun) into compute.jsonl: one record per sample, "
+                                    "parts measured differently refused; the parts are removed only once the "
+                                    "merged file is safely written. Readers merge parts anyway: this only tidies.")
+    p.add_argument("folder", metavar="DIR", help="cost-data folder")
+    p.set_defaults(func=_merge)

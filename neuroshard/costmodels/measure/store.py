@@ -19,6 +19,15 @@ A dataset folder holds
 Each line is appended and fsync'ed as soon as its measurement ends
 (``neuroshard.io.append_jsonl``), so a killed run loses at most the sample it was
 measuring; readers ignore a torn last line and keep the first record of a sample.
+
+Under ``torchrun`` each rank writes its own part, ``compute.rank{r}-of{W}.jsonl``
+(sample ``i`` belongs to rank ``i % W``), whose first line describes it
+(``{"part": {"rank": r, "world_size": W}, "meta": {...}}``, the ``meta.json`` of
+that rank). Readers take the main file, then every part (sorted by world size and
+rank), keeping the first record of each sample; a part measured differently from
+the folder (``meta.json``, else the first part; the hostname aside, so parts may
+come from several machines of one kind) is refused. ``merge_parts`` folds the parts
+into the main file.
 """
 from __future__ import annotations
 
@@ -26,15 +35,16 @@ import fcntl
 import json
 import os
 import platform
+import re
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from ...errors import FormatError, NeuroShardError
-from ...io import atomic_write_text, read_jsonl
+from ...io import append_jsonl, atomic_write_text, read_jsonl
 from ...tables import Table
 from ...validate import read_json
 from ..base import reduce_time_ms
@@ -65,7 +75,7 @@ def hardware_info(backend: str) -> dict:
     if backend == "cuda":
         import torch
         if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu"] = torch.cuda.get_device_name(torch.cuda.current_device())
             info["gpu_count"] = torch.cuda.device_count()
     return info
 
@@ -82,7 +92,25 @@ def software_info() -> dict:
 
 
 # ---------------------------------------------------------------- meta.json
+#: hardware fields parts may differ in: a collection under torchrun may span machines
+PART_IGNORED_HARDWARE = ("hostname",)
+
+
 def read_meta(folder: str | Path) -> dict | None:
+    """The folder's ``meta.json``; without one, the description of its first part (a folder
+    holding only the parts of a torchrun collection); None when there is neither."""
+    meta = _read_meta_file(folder)
+    if meta is not None:
+        return meta
+    for name in (COMPUTE_FILE, COMM_FILE):
+        for path in part_files(folder, name):
+            header = part_header(path)
+            if header is not None:
+                return header["meta"]
+    return None
+
+
+def _read_meta_file(folder: str | Path) -> dict | None:
     path = Path(folder) / META_FILE
     if not path.exists():
         return None
@@ -96,31 +124,143 @@ def write_meta(folder: str | Path, meta: dict) -> None:
     atomic_write_text(Path(folder) / META_FILE, json.dumps(meta, indent=1) + "\n")
 
 
-def check_meta(folder: str | Path, kind: str, hardware: dict, software: dict, config: dict
-               ) -> tuple[dict, dict | None]:
+def describe(kind: str, hardware: dict, software: dict, config: dict) -> dict:
+    """A fresh description of a collection (what ``meta.json`` and a part's first line hold)."""
+    return {"format": COSTDATA_FORMAT, "kind": kind, "hardware": hardware, "software": software, "config": config,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def meta_differences(old: dict, new: dict, ignore_hardware: tuple[str, ...] = ()) -> list[str]:
+    """``section.key: old -> new`` for each field two descriptions disagree on (``created``
+    and the ``ignore_hardware`` fields aside)."""
+    diffs = []
+    for section in ("kind", "hardware", "software", "config"):
+        a, b = old.get(section), new.get(section)
+        if isinstance(a, dict) and isinstance(b, dict):
+            skip = ignore_hardware if section == "hardware" else ()
+            diffs += [f"{section}.{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+                      if k not in skip and a.get(k) != b.get(k)]
+        elif a != b:
+            diffs.append(f"{section}: {a!r} -> {b!r}")
+    return diffs
+
+
+def _diff_text(diffs: list[str]) -> str:
+    more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
+    return f"{'; '.join(diffs[:3])}{more}"
+
+
+def check_meta(folder: str | Path, kind: str, hardware: dict, software: dict, config: dict,
+               ignore_hardware: tuple[str, ...] = ()) -> tuple[dict, dict | None]:
     """(this run's description, the folder's ``meta.json`` or None): refuse a folder measured
     with other hardware, software or configuration. Writes nothing (``write_meta`` does, once
     a first record is on disk, so a refused run leaves no description behind)."""
     folder = Path(folder)
-    meta = {"format": COSTDATA_FORMAT, "kind": kind, "hardware": hardware, "software": software, "config": config}
-    old = read_meta(folder)
+    meta = describe(kind, hardware, software, config)
+    old = _read_meta_file(folder)
     if old is None:
-        meta["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         return meta, None
     if old.get("format") != COSTDATA_FORMAT:
         raise NeuroShardError(f"{folder / META_FILE}: format {old.get('format')!r} is not {COSTDATA_FORMAT!r}")
-    diffs = []
-    for section in ("kind", "hardware", "software", "config"):
-        a, b = old.get(section), meta[section]
-        if isinstance(a, dict) and isinstance(b, dict):
-            diffs += [f"{section}.{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-        elif a != b:
-            diffs.append(f"{section}: {a!r} -> {b!r}")
+    diffs = meta_differences(old, meta, ignore_hardware)
     if diffs:
-        more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
-        raise NeuroShardError(f"{folder} holds data measured differently ({'; '.join(diffs[:3])}{more}); "
-                              f"use another folder")
+        raise NeuroShardError(f"{folder} holds data measured differently ({_diff_text(diffs)}); use another folder")
     return old, old
+
+
+# -------------------------------------------------------------------- parts
+def part_file(name: str, rank: int, world_size: int) -> str:
+    """The file rank ``rank`` of ``world_size`` writes instead of ``name``: compute.rank0-of2.jsonl."""
+    return f"{name.removesuffix('.jsonl')}.rank{rank}-of{world_size}.jsonl"
+
+
+def part_files(folder: str | Path, name: str) -> list[Path]:
+    """The parts of ``name`` in ``folder``, sorted by world size, then rank."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    pattern = re.compile(re.escape(name.removesuffix(".jsonl")) + r"\.rank(\d+)-of(\d+)\.jsonl")
+    found = []
+    for path in folder.iterdir():
+        m = pattern.fullmatch(path.name)
+        if m and int(m.group(1)) < int(m.group(2)):
+            found.append(((int(m.group(2)), int(m.group(1))), path))
+    return [path for _, path in sorted(found)]
+
+
+def part_header(path: str | Path) -> dict | None:
+    """A part's first line (``{"part": {...}, "meta": {...}}``), or None when it has none yet."""
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(1 << 20)
+    except FileNotFoundError:
+        return None
+    try:
+        header = json.loads(first.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(header, dict) and isinstance(header.get("part"), dict) and isinstance(header.get("meta"), dict):
+        return header
+    return None
+
+
+def write_part_header(path: str | Path, meta: dict, rank: int, world_size: int) -> None:
+    """Describe a new part on its first line (durably, before its first record)."""
+    append_jsonl(path, {"part": {"rank": rank, "world_size": world_size}, "meta": meta})
+
+
+def check_parts(folder: str | Path, name: str, meta: dict) -> None:
+    """Refuse (one line: ``meta``'s value -> the part's) a part of ``name`` measured differently
+    from ``meta`` (the hostname aside), or one holding records without its description line."""
+    for path in part_files(folder, name):
+        header = part_header(path)
+        if header is None:
+            if _sampled(path):
+                raise FormatError(f"{path}: a part without its description line; move it out of the folder")
+            continue
+        if header["meta"].get("format") != COSTDATA_FORMAT:
+            raise NeuroShardError(f"{path}: format {header['meta'].get('format')!r} is not {COSTDATA_FORMAT!r}")
+        diffs = meta_differences(meta, header["meta"], PART_IGNORED_HARDWARE)
+        if diffs:
+            raise NeuroShardError(f"{path} was measured differently ({_diff_text(diffs)}); move it to another "
+                                  f"folder")
+
+
+def _reference_meta(folder: Path, name: str) -> dict | None:
+    """What every part must agree with: ``meta.json``, else the first described part."""
+    meta = _read_meta_file(folder)
+    if meta is not None:
+        return meta
+    for path in part_files(folder, name):
+        header = part_header(path)
+        if header is not None:
+            return header["meta"]
+    return None
+
+
+def merge_parts(folder: str | Path, name: str = COMPUTE_FILE) -> tuple[int, int]:
+    """Fold the parts of ``name`` into ``folder/name`` (one record per sample, sorted; the
+    folder's ``meta.json`` written if missing), then remove the parts; returns (records,
+    parts merged). Refuses while any of those files is being written. Crash-safe: the main
+    file is replaced atomically before any part is removed, and a part left behind holds
+    only samples the main file already has (readers keep the first)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise NeuroShardError(f"{folder}: no such cost-data folder")
+    parts = part_files(folder, name)
+    if not parts:
+        return len(_records(folder, name)), 0
+    with ExitStack() as stack:
+        for file in (name, *(p.name for p in parts)):
+            stack.enter_context(locked(folder, file))
+        records = _records(folder, name)
+        meta = _reference_meta(folder, name)
+        atomic_write_text(folder / name, "".join(json.dumps(r) + "\n" for r in records))
+        if meta is not None and _read_meta_file(folder) is None:
+            write_meta(folder, meta)
+        for path in parts:
+            path.unlink()
+    return len(records), len(parts)
 
 
 @contextmanager
@@ -144,15 +284,22 @@ def locked(folder: str | Path, name: str) -> Iterator[None]:
 
 # ------------------------------------------------------------------ records
 def _records(folder: str | Path, name: str) -> list[dict]:
+    """The records of ``name`` and of its parts, one per sample (the first found: the main
+    file, then the parts in order), sorted by sample; a part measured differently is refused."""
     folder = Path(folder)
     if not folder.is_dir():
         raise NeuroShardError(f"{folder}: no such cost-data folder")
+    parts = part_files(folder, name)
+    reference = _reference_meta(folder, name) if parts else None
+    if reference is not None:
+        check_parts(folder, name, reference)
     seen, out = set(), []
-    for record in _sampled(folder / name):
-        if record["sample"] in seen:
-            continue
-        seen.add(record["sample"])
-        out.append(record)
+    for path in (folder / name, *parts):
+        for record in _sampled(path):
+            if record["sample"] in seen:
+                continue
+            seen.add(record["sample"])
+            out.append(record)
     out.sort(key=lambda r: r["sample"])
     return out
 
@@ -172,11 +319,14 @@ def _sampled(path: Path) -> list[dict]:
 
 
 def done_samples(folder: str | Path, name: str) -> set[int]:
-    return {r["sample"] for r in _sampled(Path(folder) / name)}
+    """The samples on disk in ``name`` or any of its parts."""
+    folder = Path(folder)
+    return {r["sample"] for path in (folder / name, *part_files(folder, name)) for r in _sampled(path)}
 
 
 def load_compute_data(folder: str | Path) -> list[dict]:
-    """Records of ``compute.jsonl`` (one per shard set, sorted by sample, no duplicates)."""
+    """Records of ``compute.jsonl`` and its parts (one per shard set, sorted by sample, no
+    duplicates)."""
     return _records(folder, COMPUTE_FILE)
 
 
