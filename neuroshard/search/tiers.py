@@ -8,8 +8,8 @@ every shard of a table shares it); the placement algorithm then packs what stays
 devices (whole tables and caches) and balances the devices' costs, each piece costed
 with its tier's traffic (``costmodels.tiers``).
 
-The choice minimises the sum over tables of the traffic the tiers add (the analytic
-model), under the devices' memory, as a multiple-choice knapsack solved greedily: every
+The choice minimises the sum over tables of the traffic the tiers add (the tier cost
+model, analytic or measured), under the devices' memory, as a multiple-choice knapsack solved greedily: every
 table starts with no device bytes (rows in host memory without a cache, else on SSD);
 then, while device memory remains, the table whose next step up (a larger cache
 ``CACHE_FRACTIONS``, or all rows on the device) saves the most milliseconds per device
