@@ -36,6 +36,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="torch.distributed backend (default: nccl with GPUs, else gloo)")
     p.add_argument("--timeout", type=float_in(1.0, 86400.0, what="seconds"), default=120.0,
                    help="seconds without progress after which the run is stopped (default: 120)")
+    p.add_argument("--model", default=None, metavar="MODEL.json",
+                   help="the dense part to train (neuroshard.model/v1: dense features, bottom and top MLP widths, "
+                        "dot or cat interaction; default: 13 dense features, MLPs of 64, dot)")
 
 
 def _load(args: argparse.Namespace):
@@ -47,6 +50,9 @@ def _load(args: argparse.Namespace):
     devices = args.devices if args.devices is not None else (env[1] if env else plan.num_devices)
     options = {"lr": args.lr, "seed": args.seed, "backend": args.dist_backend, "kernel": args.kernel,
                "timeout_s": args.timeout}
+    if args.model is not None:
+        from ..model_spec import ModelSpec
+        options["model"] = ModelSpec.read(args.model)
     if args.row_cap is not None:
         options["row_cap"] = args.row_cap
     return plan, tables, devices, options

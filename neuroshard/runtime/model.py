@@ -21,11 +21,12 @@ from torch import nn
 from ..datasets.sampler import draw_lookups
 from ..exchange import batch_shares
 from ..kernels import FusedEmbedding, local_lookups
+from ..model_spec import DEFAULT_MODEL, ModelSpec
 from ..tables import Table
 
 #: rows per deterministic initialisation block (a shard's rows are made block by block)
 INIT_BLOCK_ROWS = 4096
-NUM_DENSE_FEATURES = 13
+NUM_DENSE_FEATURES = DEFAULT_MODEL.dense_features
 
 
 def table_seed(table: Table, seed: int) -> int:
@@ -110,41 +111,48 @@ def _mlp(sizes: Sequence[int], last_relu: bool) -> nn.Sequential:
 
 
 class DenseArch(nn.Module):
-    """Bottom MLP over dense features, dot-product interaction with the pooled
-    embeddings, top MLP to one logit.
+    """Bottom MLP over dense features, the interaction with the pooled embeddings, top
+    MLP to one logit, as ``spec`` says (``model_spec``; default: today's DLRM).
 
-    Tables whose width differs from the interaction width get a linear projection
-    (dense, data-parallel) so every feature can be dotted with every other."""
+    ``dot``: tables whose width differs from the interaction width get a linear projection
+    (dense, data-parallel) so every feature can be dotted with every other; ``cat``: the
+    bottom output and the pooled embeddings side by side."""
 
-    def __init__(self, table_dims: Sequence[int], num_dense: int = NUM_DENSE_FEATURES,
-                 feature_dim: int | None = None, hidden: int = 64) -> None:
+    def __init__(self, table_dims: Sequence[int], spec: ModelSpec = DEFAULT_MODEL) -> None:
         super().__init__()
         self.table_dims = list(table_dims)
-        self.feature_dim = feature_dim or max(self.table_dims)
-        self.bottom = _mlp([num_dense, hidden, self.feature_dim], last_relu=True)
-        self.projections = nn.ModuleList(
-            nn.Identity() if d == self.feature_dim else nn.Linear(d, self.feature_dim, bias=False)
-            for d in self.table_dims)
+        self.interaction = spec.interaction
+        self.feature_dim = max(self.table_dims)
+        self.bottom = _mlp([spec.dense_features, *spec.bottom_mlp, self.feature_dim], last_relu=True)
         n = len(self.table_dims) + 1
-        self.top = _mlp([self.feature_dim + n * (n - 1) // 2, hidden, 1], last_relu=False)
+        if self.interaction == "dot":
+            self.projections = nn.ModuleList(
+                nn.Identity() if d == self.feature_dim else nn.Linear(d, self.feature_dim, bias=False)
+                for d in self.table_dims)
+            top_in = self.feature_dim + n * (n - 1) // 2
+        else:
+            top_in = self.feature_dim + sum(self.table_dims)
+        self.top = _mlp([top_in, *spec.top_mlp, 1], last_relu=False)
         rows, cols = torch.tril_indices(n, n, offset=-1)
         self.register_buffer("_pairs", rows * n + cols, persistent=False)
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        """Logits (batch,) from dense features (batch, num_dense) and the pooled
+        """Logits (batch,) from dense features (batch, dense_features) and the pooled
         embeddings of all tables side by side (batch, sum of table widths)."""
         x = self.bottom(dense)
+        if self.interaction == "cat":
+            return self.top(torch.cat([x, pooled], dim=1)).squeeze(1)
         parts = torch.split(pooled, self.table_dims, dim=1)
         features = torch.stack([x] + [p(e) for p, e in zip(self.projections, parts)], dim=1)
         dots = torch.bmm(features, features.transpose(1, 2)).flatten(1)[:, self._pairs]
         return self.top(torch.cat([x, dots], dim=1)).squeeze(1)
 
 
-def build_dense(tables: Sequence[Table], seed: int) -> DenseArch:
+def build_dense(tables: Sequence[Table], seed: int, spec: ModelSpec = DEFAULT_MODEL) -> DenseArch:
     """The dense part, initialised from ``seed`` (the same on every process)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return DenseArch([t.embedding_dim for t in tables])
+        return DenseArch([t.embedding_dim for t in tables], spec)
 
 
 def loss_sum(logits: torch.Tensor, labels: torch.Tensor, global_batch_size: int) -> torch.Tensor:
@@ -161,19 +169,20 @@ class ReferenceResult:
 
 
 def train_reference(tables: Sequence[Table], steps: int, batch_size: int, lr: float,
-                    seed: int = 0, optimizer: str = "sgd", weights_precision: str = "fp32") -> ReferenceResult:
+                    seed: int = 0, optimizer: str = "sgd", weights_precision: str = "fp32",
+                    model: ModelSpec = DEFAULT_MODEL) -> ReferenceResult:
     """Train the same DLRM unsharded in this process (full tables, plain SGD; another
     ``optimizer`` or fp16 ``weights_precision``: one fbgemm TBE of the full tables with that
     optimizer and precision): what a sharded run must reproduce."""
     tables = list(tables)
     if optimizer != "sgd" or weights_precision != "fp32":
-        return _train_reference_fused(tables, steps, batch_size, lr, seed, optimizer, weights_precision)
-    dense = build_dense(tables, seed)
+        return _train_reference_fused(tables, steps, batch_size, lr, seed, optimizer, weights_precision, model)
+    dense = build_dense(tables, seed, model)
     weights = [init_rows(t, seed, 0, t.num_embeddings).requires_grad_() for t in tables]
     opt = torch.optim.SGD(dense.parameters(), lr=lr)
     losses = []
     for step in range(steps):
-        batch = make_batch(tables, batch_size, step, seed)
+        batch = make_batch(tables, batch_size, step, seed, model.dense_features)
         pooled = []
         for t, w in zip(tables, weights):
             rows, lengths = batch.lookups[t.name]
@@ -192,17 +201,18 @@ def train_reference(tables: Sequence[Table], steps: int, batch_size: int, lr: fl
 
 
 def _train_reference_fused(tables: list[Table], steps: int, batch_size: int, lr: float, seed: int,
-                           optimizer: str, weights_precision: str = "fp32") -> ReferenceResult:
+                           optimizer: str, weights_precision: str = "fp32",
+                           model: ModelSpec = DEFAULT_MODEL) -> ReferenceResult:
     """``train_reference`` with the embeddings as one unsharded fbgemm TBE (every table
     whole) of ``weights_precision`` updated by ``optimizer``."""
-    dense = build_dense(tables, seed)
+    dense = build_dense(tables, seed, model)
     fused = FusedEmbedding([(t.num_embeddings, t.embedding_dim) for t in tables], "fbgemm_tbe", "cpu", lr=lr,
                            init=[init_rows(t, seed, 0, t.num_embeddings) for t in tables], optimizer=optimizer,
                            weights_precision=weights_precision)
     opt = torch.optim.SGD(dense.parameters(), lr=lr)
     losses = []
     for step in range(steps):
-        batch = make_batch(tables, batch_size, step, seed)
+        batch = make_batch(tables, batch_size, step, seed, model.dense_features)
         per_table = [local_lookups(*batch.lookups[t.name], 0, t.num_embeddings, t.num_embeddings, t.num_embeddings)
                      for t in tables]
         pooled = fused.pooled(fused.prepare(per_table))

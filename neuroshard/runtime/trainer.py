@@ -65,6 +65,7 @@ from ..launch import (
     step_progress,
     torchrun_env,
 )
+from ..model_spec import DEFAULT_MODEL, ModelSpec
 from ..plan import Plan
 from ..tables import Table, TableSet
 from ..validate import MAX_STEPS, check_batch_size, check_devices, check_int, check_number, check_seed
@@ -95,6 +96,7 @@ class RunConfig:
     fault: str | None = None
     collect_weights: bool = False
     alternates: list[Plan] = field(default_factory=list)  # plans run on alternate steps (A/B measurement)
+    model: ModelSpec = DEFAULT_MODEL  # the dense part trained with the embeddings (``model_spec``)
 
     @property
     def plans(self) -> list[Plan]:
@@ -234,7 +236,7 @@ def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: t
     # Compute is timed on the clock the kernel benchmark uses: thread CPU time on CPU.
     clock_name = "wall" if device.type == "cuda" else "thread"
     cpu_clock = time.perf_counter if clock_name == "wall" else time.thread_time
-    dense = build_dense(tables, config.seed).to(device)
+    dense = build_dense(tables, config.seed, config.model).to(device)
     ddp = DDP(dense, device_ids=[device.index] if device.type == "cuda" else None)
     ddp.register_comm_hook(None, _allreduce_sum)
     opt = torch.optim.SGD(ddp.parameters(), lr=config.lr)
@@ -248,7 +250,7 @@ def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: t
             fault.inject(rank, step)
         which = step % len(embs)
         emb = embs[which]
-        batch = make_batch(held, batch_size, step, config.seed)
+        batch = make_batch(held, batch_size, step, config.seed, config.model.dense_features)
         inputs = emb.prepare(batch.lookups)
         dense_x, labels = batch.dense[start:end].to(device), batch.labels[start:end].to(device)
         emb.times.reset()
