@@ -26,7 +26,7 @@ import numpy as np
 
 from .constants import DATA_PARALLEL, SHARDING_TYPES
 from .errors import FormatError, InfeasibleError
-from .optimizers import DEFAULT_OPTIMIZER, row_bytes, shard_bytes
+from .optimizers import DEFAULT_OPTIMIZER, row_bytes, tables_bytes
 from .types import Piece, layout_kind, narrowest_cols, split_rows
 from .units import format_bytes
 from .validate import is_int
@@ -198,7 +198,7 @@ def check_capacity(tables: "TableSet", num_devices: int, memory_bytes: int, byte
                    row_splits: bool = True, optimizer: str = DEFAULT_OPTIMIZER) -> None:
     """Raise InfeasibleError, saying by how much, when no plan can exist (weights and
     ``optimizer``'s state)."""
-    total = sum(shard_bytes(t.num_embeddings, t.embedding_dim, bytes_per_element, optimizer) for t in tables)
+    total = tables_bytes(tables, bytes_per_element, optimizer)
     capacity = float(np.sum(memory_bytes)) if np.ndim(memory_bytes) else num_devices * memory_bytes
     memory_bytes = float(np.max(memory_bytes))  # per-device memory: a shard must fit the largest device
     if total > capacity:

@@ -13,6 +13,8 @@ Every memory check (search, plan validation, ``plan show``) goes through ``shard
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 from .errors import NeuroShardError
 
 OPTIMIZERS = ("sgd", "adagrad", "rowwise-adagrad", "adam")
@@ -55,3 +57,9 @@ def row_bytes(num_cols: int, bytes_per_element: int, optimizer: str = DEFAULT_OP
 def shard_bytes(num_rows: int, num_cols: int, bytes_per_element: int, optimizer: str = DEFAULT_OPTIMIZER) -> int:
     """Memory of a shard: weights plus ``optimizer``'s state."""
     return num_rows * row_bytes(num_cols, bytes_per_element, optimizer)
+
+
+def tables_bytes(tables: Iterable, bytes_per_element: int, optimizer: str = DEFAULT_OPTIMIZER) -> int:
+    """Memory of whole tables (anything with ``num_embeddings`` and ``embedding_dim``): weights
+    plus ``optimizer``'s state."""
+    return sum(shard_bytes(t.num_embeddings, t.embedding_dim, bytes_per_element, optimizer) for t in tables)

@@ -13,7 +13,7 @@ from .constraints import plan_problems as constraint_problems
 from .errors import FormatError, InvalidPlanError, NeuroShardError
 from .io import atomic_write_text
 from .kernels import precision_of
-from .optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer, shard_bytes
+from .optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer
 from .provenance import Provenance
 from .tables import Table, TableSet
 from .tiers import IN_DEVICE_MEMORY, Tier
@@ -55,8 +55,6 @@ class Shard:
     def size_bytes(self, bytes_per_element: int = FP32_BYTES, optimizer: str = DEFAULT_OPTIMIZER) -> int:
         """Device memory of the shard: weights plus ``optimizer``'s state (``optimizers.shard_bytes``),
         or for rows in host memory or on SSD its device cache (``Tier.device_bytes``)."""
-        if self.tier.on_device:
-            return shard_bytes(self.num_rows, self.num_cols, bytes_per_element, optimizer)
         return self.tier.device_bytes(self.num_rows, self.num_cols, bytes_per_element, optimizer)
 
     def backing_bytes(self, bytes_per_element: int = FP32_BYTES, optimizer: str = DEFAULT_OPTIMIZER) -> int:

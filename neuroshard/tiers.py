@@ -46,7 +46,7 @@ class Tier:
 
     def __post_init__(self) -> None:
         if self.memory not in MEMORY_TIERS:
-            raise FormatError(f"memory tier {self.memory!r} is not one of {', '.join(MEMORY_TIERS)}")
+            raise FormatError(f"field 'memory' must be one of {', '.join(MEMORY_TIERS)}, got {self.memory!r}"[:300])
         if self.cache_fraction is not None:
             if self.memory == DEVICE:
                 raise FormatError("a shard in device memory has no 'cache_fraction' (every row is on the device)")
@@ -78,12 +78,8 @@ class Tier:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> "Tier":
-        memory = data.get("memory", DEVICE)
-        fraction = data.get("cache_fraction")
-        if memory not in MEMORY_TIERS:
-            raise FormatError(f"{where}: field 'memory' must be one of {', '.join(MEMORY_TIERS)}, got {memory!r}"[:300])
         try:
-            return cls(memory, fraction)
+            return cls(data.get("memory", DEVICE), data.get("cache_fraction"))
         except FormatError as exc:
             raise FormatError(f"{where}: {exc}") from None
 

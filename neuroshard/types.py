@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from .optimizers import DEFAULT_OPTIMIZER, shard_bytes
-from .tiers import Tier
+from .tiers import IN_DEVICE_MEMORY, Tier
 
 if TYPE_CHECKING:
     from .plan import Shard
@@ -65,12 +65,13 @@ class Footprint:
     optimizer: str = DEFAULT_OPTIMIZER
     tiers: tuple[Tier, ...] | None = None
 
+    def tier(self, piece: Piece) -> Tier:
+        """The tier of ``piece``'s table."""
+        return IN_DEVICE_MEMORY if self.tiers is None else self.tiers[piece.table]
+
     def of(self, piece: Piece) -> int:
         """Device bytes of ``piece``."""
-        if self.tiers is None:
-            return piece.size_bytes(self.bytes_per_element, self.optimizer)
-        return self.tiers[piece.table].device_bytes(piece.num_rows, piece.num_cols, self.bytes_per_element,
-                                                    self.optimizer)
+        return self.tier(piece).device_bytes(piece.num_rows, piece.num_cols, self.bytes_per_element, self.optimizer)
 
     def sizes(self, pieces: Sequence[Piece]) -> np.ndarray:
         """Device bytes of each piece, as float64 for the placers."""
@@ -79,13 +80,12 @@ class Footprint:
     def prefers_row_splits(self, piece: Piece) -> bool:
         """Whether ``piece``'s table is cached: its column strips would each keep a cache
         with its own per-row bookkeeping, so it is cut into row blocks first."""
-        return self.tiers is not None and not self.tiers[piece.table].on_device
+        return not self.tier(piece).on_device
 
     def row_bytes(self, piece: Piece) -> float:
         """Device bytes per row of ``piece`` (averaged over a cached table's rows): what a
         row split divides memory by."""
-        tier = Tier() if self.tiers is None else self.tiers[piece.table]
-        return float(tier.device_row_bytes(piece.num_cols, self.bytes_per_element, self.optimizer))
+        return float(self.tier(piece).device_row_bytes(piece.num_cols, self.bytes_per_element, self.optimizer))
 
 
 def whole_pieces(tables: TableSet) -> list[Piece]:

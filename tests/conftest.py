@@ -31,7 +31,7 @@ from neuroshard.launch import free_port
 from neuroshard.measured.collect import collect_comm, collect_compute
 from neuroshard.plan import Plan, Shard
 from neuroshard.search.registry import ALGORITHMS
-from neuroshard.tables import Table
+from neuroshard.tables import Table, TableSet
 from neuroshard.torchrec.export import qcomms_config, to_parameter_shardings, torchrec_sharding
 from neuroshard.types import ceil_blocks
 
@@ -121,6 +121,14 @@ def measured_folders(tmp_path_factory) -> dict[str, Path]:
 
 
 # ------------------------------------------------------------------ runtime
+def tiered_tables(n: int = 12, rows: int = 200_000, batch: int = 4096) -> TableSet:
+    """``n`` zipf tables of ``rows`` to 3x ``rows`` rows, 32 wide: what the memory-tier tests
+    overflow the devices with (``TableSet.total_bytes`` sizes them)."""
+    tables = [Table(f"t{i}", rows * (1 + i % 3), 32, 2.0 + i % 4, {"zipf_alpha": 0.8 + 0.1 * (i % 5)})
+              for i in range(n)]
+    return TableSet("tiered", tables, batch_size=batch)
+
+
 def _runtime_tables() -> list[Table]:
     return [
         Table("t0", 300, 16, 3.0, {"zipf_alpha": 1.1}),

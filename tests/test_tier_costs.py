@@ -10,7 +10,7 @@ import tempfile
 
 import numpy as np
 import pytest
-from conftest import _runtime_plan, _runtime_tables
+from conftest import _runtime_plan, _runtime_tables, tiered_tables
 
 from neuroshard.cli import main
 from neuroshard.costmodels.measure.tiers import TIER_SIZES, MissPathLine, TierMeasurement, fit_line, measure_tier_costs
@@ -19,22 +19,11 @@ from neuroshard.errors import NeuroShardError
 from neuroshard.optimizers import row_bytes
 from neuroshard.plan import Plan
 from neuroshard.search.api import shard
-from neuroshard.tables import Table, TableSet
 from neuroshard.tiers import IN_DEVICE_MEMORY, Tier
 from neuroshard.topology import Topology, make_topology
 
 #: a record as a slow CPU might measure it (no timing: the model and the search are pure)
 RECORD = TierMeasurement("test CPU", MissPathLine(0.05, 2.0), MissPathLine(0.08, 0.5))
-
-
-def _tables(n: int = 8, rows: int = 100_000, dim: int = 32, batch: int = 2048) -> TableSet:
-    tables = [Table(f"t{i}", rows * (1 + i % 3), dim, 2.0 + i % 4, {"zipf_alpha": 0.8 + 0.1 * (i % 5)})
-              for i in range(n)]
-    return TableSet("tiered", tables, batch_size=batch)
-
-
-def _total_bytes(tables: TableSet) -> int:
-    return sum(t.num_embeddings * t.embedding_dim * 4 for t in tables)
 
 
 # ------------------------------------------------------------------- the fit
@@ -66,7 +55,7 @@ def test_the_miss_path_is_measured_on_both_stores(monkeypatch, tmp_path):
 
 # ------------------------------------------------------------------ the model
 def test_a_measured_model_costs_misses_on_the_measured_lines():
-    tables = _tables(2)
+    tables = tiered_tables(2, 100_000, batch=2048)
     t = tables[0]
     analytic = TierCostModel(None, 4, tables.batch_size, 4)
     measured = TierCostModel(None, 4, tables.batch_size, 4, measured=RECORD.to_dict())
@@ -87,9 +76,9 @@ def test_a_measured_model_costs_misses_on_the_measured_lines():
 
 
 def test_a_search_costs_its_tiers_with_the_measured_record(analytic_models):
-    tables = _tables()
-    memory = _total_bytes(tables) // 12
-    topo = make_topology(4, host_memory_bytes=_total_bytes(tables), ssd_bytes=4 * _total_bytes(tables))
+    tables = tiered_tables(8, 100_000, batch=2048)
+    memory = tables.total_bytes() // 12
+    topo = make_topology(4, host_memory_bytes=tables.total_bytes(), ssd_bytes=4 * tables.total_bytes())
     plans = {costs: shard(tables, 4, memory, "size-lookup", cost_models=analytic_models, topology=topo,
                           tier_costs=costs) for costs in ("analytic", RECORD)}
     analytic, measured = plans["analytic"].provenance["tiers"], plans[RECORD].provenance["tiers"]
@@ -106,11 +95,11 @@ def test_a_search_costs_its_tiers_with_the_measured_record(analytic_models):
 
 @pytest.mark.timing
 def test_search_tier_costs_measured_measures_and_says_so(tmp_path, capsys):
-    tables = _tables(6)
+    tables = tiered_tables(6, 100_000, batch=2048)
     tables.write(tmp_path / "t.json")
     out = tmp_path / "p.json"
-    code = main(["search", str(tmp_path / "t.json"), "-d", "2", "-m", str(_total_bytes(tables) // 8), "-a",
-                 "size-lookup", "--host-memory", str(2 * _total_bytes(tables)), "--tier-costs", "measured",
+    code = main(["search", str(tmp_path / "t.json"), "-d", "2", "-m", str(tables.total_bytes() // 8), "-a",
+                 "size-lookup", "--host-memory", str(2 * tables.total_bytes()), "--tier-costs", "measured",
                  "-o", str(out)])
     assert code == 0, capsys.readouterr().err
     model = Plan.read(out).provenance["tiers"]["model"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import tiered_tables
 
 from neuroshard.cli import main
 from neuroshard.constants import CACHE_ROW_OVERHEAD_BYTES
@@ -16,16 +17,6 @@ from neuroshard.search.simulator import Simulator
 from neuroshard.tables import Table, TableSet
 from neuroshard.tiers import IN_DEVICE_MEMORY, Tier
 from neuroshard.topology import Topology, make_topology, topology_from_options
-
-
-def _tables(n: int = 12, rows: int = 200_000, dim: int = 32, batch: int = 4096) -> TableSet:
-    tables = [Table(f"t{i}", rows * (1 + i % 3), dim, 2.0 + i % 4, {"zipf_alpha": 0.8 + 0.1 * (i % 5)})
-              for i in range(n)]
-    return TableSet("tiered", tables, batch_size=batch)
-
-
-def _total_bytes(tables: TableSet) -> int:
-    return sum(t.num_embeddings * t.embedding_dim * 4 for t in tables)
 
 
 # --------------------------------------------------------------- records
@@ -109,7 +100,7 @@ def test_topology_tiers_from_files_and_flags():
 
 # ------------------------------------------------------------------ costs
 def test_a_cached_shard_costs_less_the_larger_its_cache_and_ssd_costs_more(analytic_models):
-    tables = _tables(3)
+    tables = tiered_tables(3)
     model = TierCostModel(None, 4, tables.batch_size, 4)
     t = tables[0]
     costs = [model.shard_ms(t, Tier("host", f), t.num_embeddings, t.embedding_dim) for f in (0.01, 0.1, 0.5)]
@@ -127,11 +118,11 @@ def test_a_cached_shard_costs_less_the_larger_its_cache_and_ssd_costs_more(analy
 
 # ----------------------------------------------------------------- search
 def test_tables_three_times_the_devices_memory_plan_with_cached_shards(analytic_models):
-    tables = _tables()
-    memory = _total_bytes(tables) // 12  # 4 devices hold a third of the tables
+    tables = tiered_tables()
+    memory = tables.total_bytes() // 12  # 4 devices hold a third of the tables
     with pytest.raises(InfeasibleError, match="--host-memory"):
         shard(tables, 4, memory, "size-lookup", cost_models=analytic_models)
-    topo = make_topology(4, host_memory_bytes=2 * _total_bytes(tables))
+    topo = make_topology(4, host_memory_bytes=2 * tables.total_bytes())
     for algorithm in ("neuroshard", "size-lookup"):
         plan = shard(tables, 4, memory, algorithm, cost_models=analytic_models, topology=topo)
         assert not plan.problems() and plan.tiered
@@ -145,7 +136,7 @@ def test_tables_three_times_the_devices_memory_plan_with_cached_shards(analytic_
         assert float(sim.evaluate_plan(again).max_ms[0]) == pytest.approx(plan.estimate["max_device_cost_ms"],
                                                                         rel=1e-6)
     # tables that fit stay in device memory, topology or not
-    roomy = shard(tables, 4, _total_bytes(tables), "size-lookup", cost_models=analytic_models, topology=topo)
+    roomy = shard(tables, 4, tables.total_bytes(), "size-lookup", cost_models=analytic_models, topology=topo)
     assert not roomy.tiered and "tiers" not in roomy.provenance
 
 
@@ -155,16 +146,16 @@ def test_the_cheapest_tables_leave_device_memory_first(analytic_models):
     hot = Table("hot", 400_000, 32, 20.0, {"zipf_alpha": 1.2})
     cold = Table("cold", 400_000, 32, 1.0, {"zipf_alpha": 1.2})
     tables = TableSet("two", [hot, cold], batch_size=4096)
-    topo = make_topology(2, host_memory_bytes=_total_bytes(tables))
-    plan = shard(tables, 2, _total_bytes(tables) // 6, "size-lookup", cost_models=analytic_models, topology=topo)
+    topo = make_topology(2, host_memory_bytes=tables.total_bytes())
+    plan = shard(tables, 2, tables.total_bytes() // 6, "size-lookup", cost_models=analytic_models, topology=topo)
     tiers = plan.tiers()
     share = {name: (1.0 if t.on_device else t.cache_fraction or 0.0) for name, t in tiers.items()}
     assert share["hot"] > share["cold"]
 
 
 def test_ssd_takes_what_host_memory_cannot(analytic_models):
-    tables = _tables()
-    total = _total_bytes(tables)
+    tables = tiered_tables()
+    total = tables.total_bytes()
     topo = make_topology(4, host_memory_bytes=total // 3, ssd_bytes=total * 2)
     plan = shard(tables, 4, total // 12, "size-lookup", cost_models=analytic_models, topology=topo)
     assert not plan.problems()
@@ -177,13 +168,13 @@ def test_ssd_takes_what_host_memory_cannot(analytic_models):
 
 
 def test_search_cli_takes_tier_flags_and_plan_show_reports_tiers(tmp_path, capsys, analytic_models):
-    tables = _tables(6)
+    tables = tiered_tables(6)
     path = tmp_path / "t.json"
     tables.write(path)
-    memory = _total_bytes(tables) // 8
+    memory = tables.total_bytes() // 8
     out = tmp_path / "p.json"
     code = main(["search", str(path), "-d", "2", "-m", str(memory), "-a", "size-lookup", "--host-memory",
-                 str(2 * _total_bytes(tables)), "--host-link-gbps", "25", "-o", str(out)])
+                 str(2 * tables.total_bytes()), "--host-link-gbps", "25", "-o", str(out)])
     assert code == 0
     text = capsys.readouterr()
     assert "memory tiers (tables outside device memory)" in text.out + text.err
@@ -197,12 +188,12 @@ def test_search_cli_takes_tier_flags_and_plan_show_reports_tiers(tmp_path, capsy
 # --------------------------------------------------------------- capacity
 def test_capacity_finds_fewer_devices_with_tiers_within_the_slowdown(tmp_path, analytic_models, capsys):
     from neuroshard.search.capacity import plan_capacity
-    tables = _tables()
-    memory = _total_bytes(tables) // 12
-    report = plan_capacity(tables, memory, 2, host_memory=2 * _total_bytes(tables), slowdown=1.5,
+    tables = tiered_tables()
+    memory = tables.total_bytes() // 12
+    report = plan_capacity(tables, memory, 2, host_memory=2 * tables.total_bytes(), slowdown=1.5,
                            algorithm="size-lookup", cost_models=analytic_models)
     flat, tiered = report.device_memory_only, report.tiered
-    assert flat["devices"] % 2 == 0 and flat["devices"] * memory * 0.85 >= _total_bytes(tables)
+    assert flat["devices"] % 2 == 0 and flat["devices"] * memory * 0.85 >= tables.total_bytes()
     assert tiered["devices"] <= flat["devices"] and tiered["cost_ms"] <= 1.5 * flat["cost_ms"] + 1e-9
     assert report.plan is not None and not report.plan.problems()
     assert any(t["tiered"] for t in report.tried) and any(not t["tiered"] for t in report.tried)
@@ -212,7 +203,7 @@ def test_capacity_finds_fewer_devices_with_tiers_within_the_slowdown(tmp_path, a
     path = tmp_path / "t.json"
     tables.write(path)
     out = tmp_path / "cap.json"
-    assert main(["capacity", str(path), "-m", str(memory), "--host-memory", str(2 * _total_bytes(tables)),
+    assert main(["capacity", str(path), "-m", str(memory), "--host-memory", str(2 * tables.total_bytes()),
                  "--local-world-size", "2", "-a", "size-lookup", "--slowdown", "1.5", "-o", str(out)]) == 0
     data = json.loads(out.read_text())
     assert set(data) >= {"device_memory_only", "tiered", "tiered_plan"}

@@ -24,7 +24,7 @@ def test_three_times_device_memory_plans_trains_and_exports(tmp_path):
     tables = TableSet("tiered-e2e", _runtime_tables(), batch_size=BATCH)
     path = tmp_path / "tables.json"
     tables.write(path)
-    total = sum(t.num_embeddings * t.embedding_dim * 4 for t in tables)
+    total = tables.total_bytes()
     memory = total // 6  # 2 devices hold a third of the tables
     plan_path = tmp_path / "plan.json"
     refused = run_cli("search", path, "-d", "2", "-m", memory, "-a", "size-lookup", "-o", plan_path)

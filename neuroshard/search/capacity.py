@@ -23,7 +23,7 @@ from typing import Any
 
 from ..constants import TIER_PACKING_HEADROOM
 from ..errors import InfeasibleError, NeuroShardError
-from ..optimizers import DEFAULT_OPTIMIZER, shard_bytes
+from ..optimizers import DEFAULT_OPTIMIZER, tables_bytes
 from ..plan import Plan
 from ..tables import TableSet
 from ..topology import make_topology
@@ -60,7 +60,7 @@ def plan_capacity(tables: TableSet, device_memory: Any, local_world_size: int, *
     slowdown = check_number(slowdown, "slowdown", 1.0, 100.0)
     if host_memory is None and ssd is None:
         raise NeuroShardError("capacity needs host memory (--host-memory) or SSD (--ssd) to compare with")
-    total = sum(shard_bytes(t.num_embeddings, t.embedding_dim, bytes_per_element, optimizer) for t in tables)
+    total = tables_bytes(tables, bytes_per_element, optimizer)
     tried: list[dict] = []
 
     def search(hosts: int, tiers: bool) -> Plan | None:

@@ -101,6 +101,9 @@ class Simulator:
         self.comm = cost_models.comm_for(self.num_devices)
         self._set_topology(topology)
         self.scale = cost_models.scale(tables.batch_size)
+        self._tier_model: TierCostModel | None = None  # shared by ``with_tiers`` copies: same tables and links
+        #: a ``costmodels.measure.tiers.TierMeasurement`` to cost the tiers with (None: analytic)
+        self.tier_costs: Any = None
         self._set_tiers(tiers)
         self._set_data_parallel(data_parallel_tables)
         self._piece_ids: dict[Piece, int] = {}
@@ -145,10 +148,6 @@ class Simulator:
         self.tiers = None if tiers is None or all(t.on_device for t in tiers) else tuple(tiers)
         self.footprint = Footprint(self.bytes_per_element, self.optimizer, self.tiers)
         self.tier_record: dict = {}  # how the tiers were chosen (``search.tiers``), for the provenance
-        if not hasattr(self, "_tier_model"):
-            self._tier_model: TierCostModel | None = None
-            #: a ``costmodels.measure.tiers.TierMeasurement`` to cost the tiers with (None: analytic)
-            self.tier_costs: Any = None
 
     def tier_model(self) -> TierCostModel:
         """The tiers' cost model for these tables and topology (its miss-rate curves kept),
@@ -387,7 +386,7 @@ class Simulator:
         for p, (ids, devices) in enumerate(candidates):
             devices = np.asarray(devices, dtype=np.int64)
             if tiered is not None:
-                tiered[p] = np.bincount(devices, weights=self._array("tier_ms")[ids], minlength=dev)
+                tiered[p] = self._tier_load(ids, devices)
             widths[p], reduced = self._exchange_widths(ids, devices)
             if reduced is not None:
                 reduce_bytes[p] = reduced
@@ -397,6 +396,11 @@ class Simulator:
             set_keys.extend(tuple(sorted_ids[bounds[d]:bounds[d + 1]]) for d in range(dev))
         compute = self._device_compute(self.set_costs_ms(set_keys, risk).reshape(num, dev), tiered)
         return self._with_comm(compute, widths, reduce_bytes)
+
+    def _tier_load(self, ids: np.ndarray, devices: np.ndarray) -> np.ndarray:
+        """(D,) ms the tiers of pieces ``ids`` on ``devices`` add to each device (models' batch)."""
+        return np.bincount(np.asarray(devices, dtype=np.int64), weights=self._array("tier_ms")[ids],
+                           minlength=self.num_devices)
 
     def _device_compute(self, compute: np.ndarray, tiered: np.ndarray | None) -> np.ndarray:
         """(P, D) set costs (ms at the models' batch) with what every device adds: its tiers'
@@ -428,7 +432,7 @@ class Simulator:
         base_sets = self.set_costs_ms(base_keys)
         cols = self.cols_of(ids)
         tier_ms = None if self.tiers is None else self._array("tier_ms")[ids]
-        base_tier = None if tier_ms is None else np.bincount(devices, weights=tier_ms, minlength=dev)
+        base_tier = None if tier_ms is None else self._tier_load(ids, devices)
         base_widths, base_reduce = self._exchange_widths(ids, devices)
         blocks = None
         if self.hosts_stated:  # row blocks: moving one may change its strip's table-row-wise layout
@@ -566,16 +570,13 @@ class Simulator:
                               compute_ms: np.ndarray) -> Estimate:
         """Estimates of ``P`` placements whose per-device compute is given ((P, D) ms at the
         tables' batch size, e.g. measured): only communication is predicted."""
-        exchanges = [self._exchange_widths(self.piece_ids(pieces), np.asarray(devices))
-                     for pieces, devices in candidates]
+        placed = [(self.piece_ids(pieces), np.asarray(devices)) for pieces, devices in candidates]
+        exchanges = [self._exchange_widths(ids, devices) for ids, devices in placed]
         widths = np.stack([w for w, _ in exchanges])
         reduce_bytes = None if exchanges[0][1] is None else np.stack([r for _, r in exchanges])
         compute = np.asarray(compute_ms, dtype=np.float64) / self.scale
         if self.tiers is not None:  # a measured kernel does not include the tiers' traffic: modelled
-            compute = compute + np.stack([
-                np.bincount(np.asarray(devices, dtype=np.int64),
-                            weights=self._array("tier_ms")[self.piece_ids(pieces)], minlength=self.num_devices)
-                for pieces, devices in candidates])
+            compute = compute + np.stack([self._tier_load(ids, devices) for ids, devices in placed])
         return self._with_comm(compute, widths, reduce_bytes)
 
     def to_shards(self, pieces: Sequence[Piece], devices: np.ndarray) -> list[Shard]:

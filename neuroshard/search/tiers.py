@@ -30,7 +30,7 @@ import numpy as np
 
 from ..constants import CACHE_FRACTIONS, TIER_PACKING_HEADROOM
 from ..errors import InfeasibleError
-from ..optimizers import shard_bytes
+from ..optimizers import shard_bytes, tables_bytes
 from ..tiers import IN_DEVICE_MEMORY, Tier
 from ..units import format_bytes
 from .simulator import Simulator, replicated_bytes
@@ -52,8 +52,8 @@ def _device_room(sim: Simulator, memory_bytes) -> float:
 
 
 def _sharded_bytes(sim: Simulator) -> float:
-    return float(sum(shard_bytes(t.num_embeddings, t.embedding_dim, sim.bytes_per_element, sim.optimizer)
-                     for t in sim.tables if t.name not in sim.data_parallel_tables))
+    return float(tables_bytes((t for t in sim.tables if t.name not in sim.data_parallel_tables),
+                              sim.bytes_per_element, sim.optimizer))
 
 
 def choose_tiers(sim: Simulator, memory_bytes) -> tuple[list[Tier] | None, dict]:
