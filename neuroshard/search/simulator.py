@@ -62,7 +62,7 @@ from ..costmodels.tiers import TierCostModel
 from ..datasets.sampler import shard_table
 from ..errors import NeuroShardError
 from ..kernels import precision_of
-from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer
+from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, tables_bytes
 from ..plan import Plan, Shard
 from ..tables import TableSet
 from ..tiers import IN_DEVICE_MEMORY, Tier, device_bytes_array
@@ -640,10 +640,8 @@ def _network(topology: Topology | None, num_devices: int, models: CostModels) ->
 
 def replicated_bytes(sim: "Simulator", names: Sequence[str]) -> int:
     """Memory every device gives to the replicated tables ``names`` (weights and optimizer state)."""
-    optimizer = getattr(sim, "optimizer", None)
-    args = (sim.bytes_per_element,) if optimizer is None else (sim.bytes_per_element, optimizer)
-    return sum(Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, 0).size_bytes(*args)
-               for t in sim.tables if t.name in names)
+    return tables_bytes((t for t in sim.tables if t.name in names), sim.bytes_per_element,
+                        getattr(sim, "optimizer", DEFAULT_OPTIMIZER))
 
 
 def allreduce_ms(sim: "Simulator", gradient_bytes: float) -> float:
