@@ -22,8 +22,8 @@ import numpy as np
 
 from neuroshard.costmodels import load_cost_models
 from neuroshard.costmodels.metrics import mape
-from neuroshard.measured.calibrate import start_calibration
 from neuroshard.datasets.families import FAMILIES, family_tasks
+from neuroshard.measured.calibrate import start_calibration
 from neuroshard.search.api import shard
 from neuroshard.search.simulator import Simulator
 

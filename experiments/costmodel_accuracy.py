@@ -26,8 +26,15 @@ import pandas as pd
 
 from neuroshard.costmodels.measure.store import load_comm_data, load_compute_data
 from neuroshard.costmodels.metrics import comm_predictions, cost_metrics, gmae, plan_metrics
-from neuroshard.costmodels.pretrain import (METRIC_COLUMNS, fit_comm_models, fit_compute_models, format_table,
-                                            load_comm, load_compute, table_folds)
+from neuroshard.costmodels.pretrain import (
+    METRIC_COLUMNS,
+    fit_comm_models,
+    fit_compute_models,
+    format_table,
+    load_comm,
+    load_compute,
+    table_folds,
+)
 
 DATA = Path(__file__).resolve().parent.parent / "neuroshard" / "checkpoints" / "data" / "cpu"
 MODELS = ("neural", "tree", "analytic")

@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out / "plans.csv", index=False)
     fmt = lambda x: f"{x:.3f}"  # noqa: E731
-    lines = [f"# NeuroShard evaluation\n",
+    lines = ["# NeuroShard evaluation\n",
              f"Command: `python experiments/evaluate.py {' '.join(argv or [])}`".rstrip() + "  ",
              f"Cost models: `{models.name}` (batch {models.batch_size}). Tasks: {args.tasks} per device count, "
              f"{args.tables_per_task[0]}-{args.tables_per_task[1]} held-out dlrm-2021 tables, {args.memory} per device.\n",

@@ -21,8 +21,8 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from neuroshard.costmodels import load_cost_models
-from neuroshard.measured.calibrate import Calibration
 from neuroshard.datasets.families import FAMILIES, family_tasks
+from neuroshard.measured.calibrate import Calibration
 from neuroshard.search.api import shard
 
 HELD_OUT = ("criteo-kaggle", "criteo-terabyte", "dlrm-2021")

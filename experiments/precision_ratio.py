@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from neuroshard.measured.collect import sample_shard_set
 from neuroshard.constants import MEASURED_BATCH_SIZE
 from neuroshard.costmodels.measure.kernel import KernelBenchmark
 from neuroshard.costmodels.measure.store import cpu_model
 from neuroshard.costmodels.precision import SCALING_FILE
 from neuroshard.datasets.synthetic import generate
+from neuroshard.measured.collect import sample_shard_set
 
 PRECISIONS = ("fp32", "fp16")
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from neuroshard.launch import launch, step_progress
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.evaluate import evaluate
-from neuroshard.launch import launch, step_progress
 from neuroshard.tables import Table, TableSet
 
 log = logging.getLogger("runtime_benchmark")
@@ -76,7 +76,8 @@ def torchrec_worker(wctx, plan: Plan, tables: list[Table], batch_size: int, step
     from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-    from neuroshard.runtime.model import build_dense, local_slice, loss_sum, make_batch
+    from neuroshard.dense import build_dense
+    from neuroshard.runtime.model import local_slice, loss_sum, make_batch
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))

@@ -28,15 +28,15 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from neuroshard.constraints import check_capacity
 from neuroshard.costmodels import load_cost_models
 from neuroshard.datasets.augment import benchmark_tables, sample_tasks
 from neuroshard.datasets.synthetic import generate
 from neuroshard.errors import NeuroShardError
 from neuroshard.search import Simulator, search_placement
 from neuroshard.search.registry import GREEDY_ALGORITHMS, SIMULATED_ALGORITHMS
-from neuroshard.constraints import check_capacity
-from neuroshard.torchrec.guard import torchrec_available
 from neuroshard.tables import TableSet
+from neuroshard.torchrec.guard import torchrec_available
 from neuroshard.units import parse_bytes
 
 log = logging.getLogger("search_benchmark")

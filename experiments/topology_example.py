@@ -30,12 +30,12 @@ from pathlib import Path
 import pandas as pd
 
 import neuroshard
+from neuroshard.constants import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS
 from neuroshard.costmodels import load_cost_models
 from neuroshard.datasets.synthetic import generate
 from neuroshard.optimizers import shard_bytes
 from neuroshard.plan import Plan
 from neuroshard.torchrec.export import torchrec_sharding
-from neuroshard.constants import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS
 
 HOSTS = {"1 host x 8": 8, "2 hosts x 4": 4}
 OPTIMIZERS = ("sgd", "adam")

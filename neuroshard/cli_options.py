@@ -146,3 +146,17 @@ def tier_options(args: argparse.Namespace) -> dict:
     """The memory-tier flags as ``topology.TIER_KEYS`` (None where not given)."""
     return {"host_memory_bytes": args.host_memory, "ssd_bytes": args.ssd, "host_link_gbps": args.host_link_gbps,
             "ssd_gbps": args.ssd_gbps, "ssd_iops": args.ssd_iops}
+
+
+def add_model_option(p: argparse.ArgumentParser, what: str = "the dense part to train") -> None:
+    """``--model MODEL.json``: the DLRM's dense part (``neuroshard.model/v1``), one wording for
+    every command that takes it (train, evaluate, search, estimate)."""
+    p.add_argument("--model", default=None, metavar="MODEL.json",
+                   help=f"{what} (neuroshard.model/v1: dense features, bottom and top MLP widths, dot or cat "
+                        "interaction; default: 13 dense features, MLPs of 64, dot)")
+
+
+def model_option(args: argparse.Namespace):
+    """The ``--model`` file read (a one-line FormatError when it is wrong), or the default DLRM."""
+    from .model_spec import DEFAULT_MODEL, ModelSpec
+    return ModelSpec.read(args.model) if getattr(args, "model", None) is not None else DEFAULT_MODEL

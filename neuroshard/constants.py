@@ -118,3 +118,27 @@ CALIBRATION_SETS = 200
 MIN_CALIBRATION_SETS, MAX_CALIBRATION_SETS = 8, 100000
 #: where ``collect compute`` draws shard sets from: random augmented sets, or devices of searched plans
 COLLECT_SET_SOURCES = ("random", "plans")
+
+#: the terms of one training iteration, per rank, in the order the included runtime runs them
+#: (issue 31): ``neuroshard estimate`` predicts them, ``neuroshard evaluate -o`` measures them, so
+#: prediction and measurement line up term by term; ``iteration_ms`` is the step-to-step wall period
+ITERATION_TERMS = {
+    "input_ms": "data loading: the batch's lookups sampled and turned into the kernel's inputs (cache moves "
+                "included), host-side work before the step starts",
+    "sync_ms": "the barrier that starts the step together: waiting for the slowest rank's input, and the "
+               "barrier's own latency",
+    "emb_fwd_ms": "embedding forward of the rank's shards (one fused kernel), wall time",
+    "fwd_comm_ms": "forward all-to-all of the pooled embeddings, waiting for the slowest sender included",
+    "dense_fwd_ms": "the dense model's forward (bottom MLP, interaction, top MLP) and the loss",
+    "dense_bwd_ms": "the dense model's backward, the all-reduce excluded",
+    "dense_allreduce_ms": "all-reduce of the dense gradients (data-parallel MLPs), wall time from launch to done",
+    "optimizer_ms": "the dense optimizer's step (and zeroing the gradients)",
+    "bwd_comm_ms": "backward all-to-all of the embedding gradients, wall time",
+    "emb_bwd_ms": "embedding backward and the fused update of the rank's shards, wall time",
+    "allreduce_ms": "all-reduce of replicated (data-parallel) tables' gradients (only when the plan has some)",
+    "other_ms": "the rest of the period: host-side work between the terms (Python, bookkeeping)",
+}
+
+#: what ``shard`` ranks plans by: the embedding cost (the slowest device's compute and exchange,
+#: the default) or the predicted training iteration (``search.iteration``, dense part included)
+OBJECTIVES = ("embedding", "iteration")

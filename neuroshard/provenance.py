@@ -37,6 +37,7 @@ class Provenance(MutableMapping):
     data_parallel: dict | None = None         # what data_parallel="auto" replicated, and why
     tiers: dict | None = None                 # memory tiers chosen and how they were costed (revision 9)
     comm_model: str | None = None             # which model costed the all-to-all, in words (revision 9)
+    objective: dict | None = None             # objective "iteration": every candidate's predicted step (revision 10)
     fallback: dict | None = None              # the search could not pack: a baseline's plan, and why
     refine: dict | None = None                # the measured loop that chose the plan (revision 4)
     source: str | None = None                 # an imported plan's file

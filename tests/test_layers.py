@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "neuroshard"
 
 #: the layers, bottom first: a module's layer is the first prefix that matches its name
 LAYERS: list[tuple[str, ...]] = [
-    ("version", "errors", "units", "constants", "on_first_use", "validate", "io", "access_spec", "optimizers", "tiers", "model_spec", "faults", "launch",
+    ("version", "errors", "units", "constants", "on_first_use", "validate", "io", "access_spec", "optimizers", "tiers", "model_spec", "dense", "faults", "launch",
      "types", "constraints", "tables", "topology", "kernels", "exchange", "provenance", "plan", "exporters"),
     ("datasets",),
     ("costmodels",),

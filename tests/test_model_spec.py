@@ -9,9 +9,10 @@ import pytest
 import torch
 from conftest import run_cli
 
+from neuroshard.dense import build_dense
 from neuroshard.errors import FormatError
 from neuroshard.model_spec import DEFAULT_MODEL, ModelSpec
-from neuroshard.runtime.model import build_dense, train_reference
+from neuroshard.runtime.model import train_reference
 from neuroshard.runtime.trainer import RunConfig, run
 
 STEPS, BATCH, LR = 6, 48, 0.5

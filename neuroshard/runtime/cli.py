@@ -9,7 +9,7 @@ import argparse
 import logging
 
 from ..cli_options import add_input, add_output, help_table
-from ..constants import EVALUATE_COLUMNS, TIMING_PASSES, TIMING_REPEATS, TIMING_WARMUP_PASSES
+from ..constants import EVALUATE_COLUMNS, ITERATION_TERMS, TIMING_PASSES, TIMING_REPEATS, TIMING_WARMUP_PASSES
 from ..kernels import DEFAULT_MAX_ROWS, kernel_names
 from ..validate import batch_size_int, device_count, float_in, nonneg_int, positive_float, positive_int, seed_int
 
@@ -131,7 +131,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Run training iterations of a plan and report per device the measured "
                                    "embedding compute, forward and backward communication and their total "
                                    "(medians after warm-up), and the max over devices.",
-                       epilog=help_table("columns (medians over the measured iterations, ms):", EVALUATE_COLUMNS))
+                       epilog=help_table("columns (medians over the measured iterations, ms):", EVALUATE_COLUMNS)
+                       + "\n\n" + help_table("iteration terms (ms, per rank over its typical steps; NAME_ms in "
+                                              "the last table and in the JSON's breakdown):",
+                                              {name.removesuffix("_ms"): text for name, text in ITERATION_TERMS.items()}))
     _common(p)
     p.add_argument("--iterations", type=positive_int, default=20, help="measured iterations (default: 20)")
     p.add_argument("--warmup", type=nonneg_int, default=3, help="warm-up iterations, not measured (default: 3)")

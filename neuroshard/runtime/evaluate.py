@@ -9,7 +9,12 @@ compare; ``compute_wall_ms`` is its wall-clock figure.
 A plan with cached shards (rows in host memory or on SSD) also gets, per cached table, its
 cache's measured miss rate and the time of its miss path on this CPU (``cache``, over the
 second half of the plan's steps: ``runtime.cached``); the miss path is not part of
-``total_ms`` (the tier's cost model, ``costmodels.tiers``, estimates it apart)."""
+``total_ms`` (the tier's cost model, ``costmodels.tiers``, estimates it apart).
+
+The whole training iteration is measured too: ``iteration_ms``, the median over the
+measured steps of the slowest rank's period (step to step, wall clock), and per rank its
+breakdown into the terms of ``constants.ITERATION_TERMS`` (``trainer``), the terms that
+``neuroshard estimate`` predicts, averaged over its typical steps (``iteration_terms``)."""
 from __future__ import annotations
 
 import json
@@ -21,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..constants import ITERATION_TERMS
 from ..errors import NeuroShardError
 from ..io import atomic_write_text
 from ..plan import Plan
@@ -47,6 +53,8 @@ class Measurement:
     kernel: str = ""
     clock: str = ""
     cache: dict = field(default_factory=dict)  # per cached table (``cached.cache_summary``); empty without
+    iteration_ms: float | None = None  # median over the steps of the slowest rank's period
+    breakdown: list[dict] = field(default_factory=list)  # per rank: its typical iteration (``iteration_terms``)
 
     @property
     def per_device_cost_ms(self) -> list[float]:
@@ -58,7 +66,10 @@ class Measurement:
 
     @property
     def iterations_per_s(self) -> float:
-        """Training iterations per second (the slowest device's median step)."""
+        """Training iterations per second: ``1000 / iteration_ms`` (the whole period, input and
+        barrier included); without a measured period, the slowest device's median ``step_ms``."""
+        if self.iteration_ms:
+            return 1e3 / self.iteration_ms
         return 1e3 / max(d["step_ms"] for d in self.per_device)
 
     def table(self):
@@ -69,11 +80,20 @@ class Measurement:
         top.update({c: float(df[c].max()) for c in df.columns if c.endswith("_ms")})
         return pd.concat([df, pd.DataFrame([top])], ignore_index=True)
 
+    def terms_table(self):
+        """One row per iteration term, then the period; one column per rank (pandas DataFrame,
+        milliseconds): each column adds up to its period."""
+        import pandas as pd
+        df = pd.DataFrame(self.breakdown).T
+        df.columns = [f"rank {rank}" for rank in df.columns]
+        return df
+
     def format(self) -> str:
-        """The table as text, with a header and the plan's estimate beside it when it has one."""
+        """The table as text, with a header and the plan's estimate beside it when it has one,
+        then the iteration time and each rank's terms (when measured)."""
         head = (f"measured plan for '{self.plan.tables_name}' on {len(self.per_device)} devices ({self.backend}, "
                 f"kernel {self.kernel}, compute on the {self.clock} clock): batch {self.batch_size}, median of {self.iterations} iterations "
-                f"after {self.warmup} warm-up; {self.iterations_per_s:.2f} iterations/s")
+                f"after {self.warmup} warm-up")
         estimate = self.plan.estimate or {}
         est = estimate.get("max_device_cost_ms")
         tail = f"\nmax device cost: {self.max_device_cost_ms:.3f} ms measured at batch {self.batch_size:,}"
@@ -85,29 +105,54 @@ class Measurement:
             if at and int(at) != self.batch_size:  # like with like: the estimate scaled linearly to this batch
                 tail += f" ({float(est) * self.batch_size / int(at):.3f} ms at batch {self.batch_size:,}, linearly)"
         cache = ("\n" + format_cache(self.cache)) if self.cache else ""
-        return head + "\n" + self.table().round(3).to_string(index=False) + cache + tail
+        iteration = ""
+        if self.iteration_ms is not None:
+            iteration = (f"\niteration: {self.iteration_ms:.3f} ms per step (median after warm-up), "
+                         f"{1e3 / self.iteration_ms:.2f} iterations/s\n"
+                         + self.terms_table().round(3).to_string())
+        return head + "\n" + self.table().round(3).to_string(index=False) + cache + tail + iteration
 
     def to_dict(self) -> dict:
         return {"tables_name": self.plan.tables_name, "num_devices": len(self.per_device),
                 "backend": self.backend, "kernel": self.kernel, "clock": self.clock, "batch_size": self.batch_size, "iterations": self.iterations,
                 "warmup": self.warmup, "max_device_cost_ms": self.max_device_cost_ms,
                 "per_device_cost_ms": self.per_device_cost_ms, "iterations_per_s": self.iterations_per_s,
-                "per_device": self.per_device, "estimate": self.plan.estimate,
+                "per_device": self.per_device, "iteration_ms": self.iteration_ms,
+                "breakdown": {"per_rank": self.breakdown,
+                              "terms": [t for t in ITERATION_TERMS if self.breakdown and t in self.breakdown[0]]},
+                "estimate": self.plan.estimate,
                 **({"cache": self.cache} if self.cache else {})}
 
     def write_json(self, path: str | Path) -> Path:
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
 
+def iteration_terms(kept: Sequence[dict]) -> dict:
+    """One rank's iteration terms (those of ``ITERATION_TERMS`` its records have) and its
+    ``period_ms``, each the mean over its typical steps: the middle half of ``kept`` by period
+    (the first to the third quartile; all of them when fewer than 4). Means over the same steps
+    add up as the steps do, so the terms sum to the period exactly; medians taken term by term
+    would not: a shared machine's slow spells land on one term or another, and what the terms'
+    medians leave of the median period (milliseconds on a busy CPU) is noise, not work."""
+    by_period = sorted(kept, key=lambda r: r["period_ms"])
+    quarter = len(by_period) // 4
+    typical = by_period[quarter:len(by_period) - quarter]
+    names = [t for t in ITERATION_TERMS if t in kept[0]] + ["period_ms"]
+    return {name: statistics.fmean(r[name] for r in typical) for name in names}
+
+
 def summarize(plan: Plan, result: RunResult, warmup: int, batch_size: int, which: int = 0) -> Measurement:
     """Medians per device over the steps of plan number ``which`` after its first
     ``warmup`` (each device's total is the median of its per-step totals, not the sum
-    of medians)."""
-    per_device, steps = [], 0
+    of medians); the iteration time (the median of the per-step max over ranks of the
+    period) and each rank's iteration terms."""
+    per_device, breakdown, kept_by_rank = [], [], []
     for rank, records in enumerate(result.records):
         mine = [r for r in records if r.get("plan", 0) == which]
         kept = mine[warmup:] or mine
         steps = len(mine)
+        kept_by_rank.append(kept)
+        breakdown.append(iteration_terms(kept))
         row: dict = {"device": rank, "shards": len(plan.shards_on(rank))}
         phases = PHASES + (("allreduce_ms",) if "allreduce_ms" in kept[0] else ())  # data-parallel tables
         for phase in phases:
@@ -117,9 +162,11 @@ def summarize(plan: Plan, result: RunResult, warmup: int, batch_size: int, which
         row["dense_ms"] = statistics.median(r["dense_ms"] for r in kept)
         row["step_ms"] = statistics.median(r["step_ms"] for r in kept)
         per_device.append(row)
+    iteration_ms = statistics.median(max(r["period_ms"] for r in step) for step in zip(*kept_by_rank))
     used_warmup = warmup if steps > warmup else 0
     return Measurement(plan, per_device, steps - used_warmup, used_warmup, batch_size, result.backend,
-                       result.kernel, result.clock, cache_summary(plan, result.records, which))
+                       result.kernel, result.clock, cache_summary(plan, result.records, which), iteration_ms,
+                       breakdown)
 
 
 def evaluate(plan: Plan, tables: TableSet, devices: int | None = None, iterations: int = 20,

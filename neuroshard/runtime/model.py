@@ -16,9 +16,9 @@ from typing import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..datasets.sampler import draw_lookups
+from ..dense import build_dense
 from ..exchange import batch_shares
 from ..kernels import FusedEmbedding, local_lookups
 from ..model_spec import DEFAULT_MODEL, ModelSpec
@@ -101,60 +101,6 @@ def local_slice(batch_size: int, world_size: int, rank: int) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------- dense part
-def _mlp(sizes: Sequence[int], last_relu: bool) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers.append(nn.Linear(a, b))
-        if last_relu or i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
-class DenseArch(nn.Module):
-    """Bottom MLP over dense features, the interaction with the pooled embeddings, top
-    MLP to one logit, as ``spec`` says (``model_spec``; default: today's DLRM).
-
-    ``dot``: tables whose width differs from the interaction width get a linear projection
-    (dense, data-parallel) so every feature can be dotted with every other; ``cat``: the
-    bottom output and the pooled embeddings side by side."""
-
-    def __init__(self, table_dims: Sequence[int], spec: ModelSpec = DEFAULT_MODEL) -> None:
-        super().__init__()
-        self.table_dims = list(table_dims)
-        self.interaction = spec.interaction
-        self.feature_dim = max(self.table_dims)
-        self.bottom = _mlp([spec.dense_features, *spec.bottom_mlp, self.feature_dim], last_relu=True)
-        n = len(self.table_dims) + 1
-        if self.interaction == "dot":
-            self.projections = nn.ModuleList(
-                nn.Identity() if d == self.feature_dim else nn.Linear(d, self.feature_dim, bias=False)
-                for d in self.table_dims)
-            top_in = self.feature_dim + n * (n - 1) // 2
-        else:
-            top_in = self.feature_dim + sum(self.table_dims)
-        self.top = _mlp([top_in, *spec.top_mlp, 1], last_relu=False)
-        rows, cols = torch.tril_indices(n, n, offset=-1)
-        self.register_buffer("_pairs", rows * n + cols, persistent=False)
-
-    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        """Logits (batch,) from dense features (batch, dense_features) and the pooled
-        embeddings of all tables side by side (batch, sum of table widths)."""
-        x = self.bottom(dense)
-        if self.interaction == "cat":
-            return self.top(torch.cat([x, pooled], dim=1)).squeeze(1)
-        parts = torch.split(pooled, self.table_dims, dim=1)
-        features = torch.stack([x] + [p(e) for p, e in zip(self.projections, parts)], dim=1)
-        dots = torch.bmm(features, features.transpose(1, 2)).flatten(1)[:, self._pairs]
-        return self.top(torch.cat([x, dots], dim=1)).squeeze(1)
-
-
-def build_dense(tables: Sequence[Table], seed: int, spec: ModelSpec = DEFAULT_MODEL) -> DenseArch:
-    """The dense part, initialised from ``seed`` (the same on every process)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return DenseArch([t.embedding_dim for t in tables], spec)
-
-
 def loss_sum(logits: torch.Tensor, labels: torch.Tensor, global_batch_size: int) -> torch.Tensor:
     """This process's share of the global mean BCE loss (summed over processes it is the mean)."""
     return F.binary_cross_entropy_with_logits(logits, labels, reduction="sum") / global_batch_size

@@ -32,6 +32,22 @@ steps (``cached.cache_summary``).
 Gradients are summed, not averaged, across ranks (each rank's loss is its share
 of the global mean), so a sharded run reproduces the unsharded one exactly.
 
+Each step's record also splits the iteration into the terms of ``constants.ITERATION_TERMS``
+(wall clock, ms; ``neuroshard estimate`` predicts the same terms). The period of step ``s``
+(``period_ms``, the iteration time) runs from the top of its loop iteration to the top of the
+next one (for the last step: to the end of its loop iteration), so every term of step ``s`` lies
+inside it, its own input and barrier included: ``input_ms`` (the batch sampled and prepared,
+moved to the device), ``sync_ms`` (the barrier), ``emb_fwd_ms``, ``fwd_comm_ms``,
+``dense_fwd_ms`` (DDP forward and the loss), ``dense_bwd_ms`` (the backward's wall time less the
+dense gradients' all-reduce), ``dense_allreduce_ms`` (launch to completion of that all-reduce,
+noted by the DDP comm hook; buckets in flight together count once), ``optimizer_ms``
+(zeroing and the step), ``bwd_comm_ms``, ``emb_bwd_ms`` (embedding backward and update, less
+the backward exchange and the replicated all-reduce), ``allreduce_ms`` (replicated tables only),
+and ``other_ms``, the rest of the period (bookkeeping between the terms), so the terms add up to
+the period exactly. Cutting periods at the top of the loop keeps each step's input with its own
+plan in an A/B run. Each rank keeps its own share of the loss; rank 0 sums the shares after the
+run (no collective per step beyond those of training itself).
+
 ``RunConfig.alternates`` (other plans of the same tables) turns a run into an A/B
 measurement: every rank holds the embeddings of every plan and step ``s`` runs
 plan ``s % (1 + len(alternates))``, the dense part shared. A slow spell of a shared
@@ -50,6 +66,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..constants import ITERATION_TERMS
+from ..dense import build_dense
 from ..errors import InvalidPlanError, NeuroShardError
 from ..faults import Fault, training_fault
 from ..kernels import DEFAULT_MAX_ROWS, check_trainable_optimizer, resolve_kernel
@@ -70,7 +88,7 @@ from ..plan import Plan
 from ..tables import Table, TableSet
 from ..validate import MAX_STEPS, check_batch_size, check_devices, check_int, check_number, check_seed
 from .cached import cache_summary, check_cached_plan
-from .model import build_dense, local_slice, loss_sum, make_batch
+from .model import local_slice, loss_sum, make_batch
 from .sharded import PhaseTimes, ShardedEmbeddings, synchronize
 
 log = logging.getLogger(__name__)
@@ -192,10 +210,39 @@ def _pick_device(backend: str) -> tuple[str, torch.device]:
     return backend, torch.device("cpu")
 
 
-def _allreduce_sum(state, bucket):
-    """DDP communication hook: sum gradients across ranks (the default averages)."""
+@dataclass
+class AllreduceSpans:
+    """State of the DDP comm hook: (launch, completion) ``perf_counter`` times of each
+    bucket's all-reduce of the dense gradients in this step."""
+
+    spans: list[tuple[float, float]] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.spans.clear()
+
+    def wall(self, start: float, end: float) -> float:
+        """Seconds of [start, end] during which some all-reduce was in flight (buckets that
+        overlap count once, so this never exceeds the window)."""
+        total, reach = 0.0, start
+        for launched, done in sorted(self.spans):
+            launched, done = max(launched, reach), min(done, end)
+            if done > launched:
+                total += done - launched
+                reach = done
+        return total
+
+
+def _allreduce_sum(state: AllreduceSpans, bucket):
+    """DDP communication hook: sum gradients across ranks (the default averages), noting in
+    ``state`` when the all-reduce was launched and when it completed."""
+    launched = time.perf_counter()
     work = dist.all_reduce(bucket.buffer(), async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
+
+    def completed(fut):
+        state.spans.append((launched, time.perf_counter()))
+        return fut.value()[0]
+
+    return work.get_future().then(completed)
 
 
 def run_worker(wctx: WorkerContext, config: RunConfig) -> RunResult | None:
@@ -238,25 +285,30 @@ def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: t
     cpu_clock = time.perf_counter if clock_name == "wall" else time.thread_time
     dense = build_dense(tables, config.seed, config.model).to(device)
     ddp = DDP(dense, device_ids=[device.index] if device.type == "cuda" else None)
-    ddp.register_comm_hook(None, _allreduce_sum)
+    dense_allreduce = AllreduceSpans()
+    ddp.register_comm_hook(dense_allreduce, _allreduce_sum)
     opt = torch.optim.SGD(ddp.parameters(), lr=config.lr)
     held = [t for t in tables if any(t.name in emb.table_names for emb in embs)]
     start, end = local_slice(batch_size, world, rank)
-    losses, records = [], []
+    shares, records = [], []  # this rank's share of each step's loss, its timings
     wctx.heartbeat(BUILT)
+    period_start = time.perf_counter()
     for step in range(config.steps):
         wctx.heartbeat(step_progress(step, INPUTS))
         if fault is not None:
             fault.inject(rank, step)
         which = step % len(embs)
         emb = embs[which]
+        ti = time.perf_counter()
         batch = make_batch(held, batch_size, step, config.seed, config.model.dense_features)
         inputs = emb.prepare(batch.lookups)
         dense_x, labels = batch.dense[start:end].to(device), batch.labels[start:end].to(device)
         emb.times.reset()
+        dense_allreduce.reset()
+        synchronize(device)
+        tb = time.perf_counter()
         # Start the step together (input sampling differs per rank); no barrier inside
         # the phases, so waiting for a slower rank shows up in forward communication.
-        synchronize(device)
         dist.barrier()
         t0, c0 = time.perf_counter(), cpu_clock()
         pooled = emb.lookup(inputs)
@@ -267,8 +319,13 @@ def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: t
         t2 = time.perf_counter()
         leaf = features.detach().requires_grad_()
         loss = loss_sum(ddp(dense_x, leaf), labels, batch_size)
+        synchronize(device)
+        tf = time.perf_counter()
         opt.zero_grad()
+        tz = time.perf_counter()
         loss.backward()
+        synchronize(device)
+        tw = time.perf_counter()
         opt.step()
         synchronize(device)
         t3, c3 = time.perf_counter(), cpu_clock()
@@ -283,26 +340,37 @@ def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: t
         compute_wall = (t1 - t0) + (t4 - t3 - times.bwd_comm - times.allreduce)
         compute = compute_wall if clock_name == "wall" else (c1 - c0) + (c4 - c3 - times.bwd_comm_thread
                                                                          - times.allreduce_thread)
-        records.append({"compute_ms": 1e3 * compute, "compute_wall_ms": 1e3 * compute_wall,
-                        "fwd_comm_ms": 1e3 * times.fwd_comm, "bwd_comm_ms": 1e3 * times.bwd_comm,
-                        "dense_ms": 1e3 * (t3 - t2), "step_ms": 1e3 * (t4 - t0), "plan": which})
+        reduced = dense_allreduce.wall(tz, tw)
+        record = {"compute_ms": 1e3 * compute, "compute_wall_ms": 1e3 * compute_wall,
+                  "fwd_comm_ms": 1e3 * times.fwd_comm, "bwd_comm_ms": 1e3 * times.bwd_comm,
+                  "dense_ms": 1e3 * (t3 - t2), "step_ms": 1e3 * (t4 - t0), "plan": which,
+                  "input_ms": 1e3 * (tb - ti), "sync_ms": 1e3 * (t0 - tb), "emb_fwd_ms": 1e3 * (t1 - t0),
+                  "dense_fwd_ms": 1e3 * (tf - t2), "dense_bwd_ms": 1e3 * (tw - tz - reduced),
+                  "dense_allreduce_ms": 1e3 * reduced, "optimizer_ms": 1e3 * ((tz - tf) + (t3 - tw)),
+                  "emb_bwd_ms": 1e3 * (t4 - t3 - times.bwd_comm - times.allreduce)}
         if emb.replicated is not None:  # data-parallel tables: their gradient all-reduce
-            records[-1]["allreduce_ms"] = 1e3 * times.allreduce
+            record["allreduce_ms"] = 1e3 * times.allreduce
         if emb.cached is not None:  # cached shards: this batch's counts, the miss path's time
             counts = {name: list(c) for name, c in emb.cache_counts.items()}
-            records[-1]["cache"] = counts
-            records[-1]["cache_ms"] = 1e3 * sum(c[2] for c in counts.values())
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        losses.append(float(total))
-        log.info("rank %d step %d loss %.6f", rank, step, losses[-1])
+            record["cache"] = counts
+            record["cache_ms"] = 1e3 * sum(c[2] for c in counts.values())
+        records.append(record)
+        shares.append(float(loss.detach()))
+        period_end = time.perf_counter()
+        record["period_ms"] = 1e3 * (period_end - period_start)
+        record["other_ms"] = record["period_ms"] - sum(record[t] for t in ITERATION_TERMS
+                                                       if t != "other_ms" and t in record)
+        period_start = period_end
     wctx.heartbeat(step_progress(config.steps))
 
     weights = embs[0].shard_weights() if config.collect_weights else []
     gathered = [None] * world if rank == 0 else None
-    dist.gather_object((records, weights), gathered, dst=0)
+    dist.gather_object((records, weights, shares), gathered, dst=0)
     if rank != 0:
         return None
+    losses = [sum(g[2][step] for g in gathered) for step in range(config.steps)]  # the shares, in rank order
+    for step, loss in enumerate(losses):
+        log.info("step %d loss %.6f", step, loss)
     result = RunResult(losses, [g[0] for g in gathered], world, backend, kernel, clock_name)
     result.cache = cache_summary(config.plan, result.records)
     if config.collect_weights:

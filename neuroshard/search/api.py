@@ -8,13 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..constants import DEFAULT_DATA_PARALLEL, FP32_BYTES
+from ..constants import DEFAULT_DATA_PARALLEL, FP32_BYTES, OBJECTIVES
 from ..constraints import check_capacity
 from ..constraints import check_feasible as check_constraints_feasible
 from ..costmodels import CostModels, resolve_cost_models
+from ..costmodels.dense import OperatorModels, load_operator_models
 from ..costmodels.measure.tiers import as_measurement
 from ..errors import NeuroShardError
 from ..kernels import precision_of
+from ..model_spec import DEFAULT_MODEL, ModelSpec
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes
 from ..plan import Plan
 from ..tables import Table, TableSet
@@ -30,7 +32,8 @@ from ..validate import (
     check_seed,
 )
 from ..version import __version__
-from .registry import REPLICATING_ALGORITHMS, get_algorithm, get_trait, make_params
+from .iteration import estimate_iteration
+from .registry import REPLICATING_ALGORITHMS, get_algorithm, get_trait, make_params, with_trait
 from .replicate import check_data_parallel, forced_tables, search_with_replication
 from .rowwise import runnable_row_splits
 from .simulator import Simulator, replicated_bytes
@@ -151,6 +154,9 @@ class Task:
     params: dict
     forced: list[str]           # tables allowed only data_parallel (never pieces)
     tier_costs: Any = None      # a measured miss path (``TierMeasurement``) the tiers are costed with; None: analytic
+    objective: str = "embedding"  # what the plans are ranked by: ``OBJECTIVES``
+    model: Any = None           # the dense part (``ModelSpec``) the iteration objective prices; None: the default DLRM
+    operator_costs: Any = None  # operator cost models of the iteration objective (``OperatorModels`` or a path); None: shipped
 
     @property
     def replicating(self) -> bool:
@@ -163,7 +169,9 @@ class Task:
         positional ones), e.g. to search the same task again with other models."""
         return dict(optimizer=self.optimizer, data_parallel=self.data_parallel, topology=self.topology,
                     comm_precision=self.comm_precision, **self.params,
-                    **({} if self.tier_costs is None else {"tier_costs": self.tier_costs}))
+                    **({} if self.tier_costs is None else {"tier_costs": self.tier_costs}),
+                    **({} if self.objective == "embedding" else {"objective": self.objective, "model": self.model,
+                                                                "operator_costs": self.operator_costs}))
 
 
 def _replicating(data_parallel: str, algorithm: str) -> bool:
@@ -188,7 +196,8 @@ def check_tier_costs(tier_costs: Any) -> Any:
 def check_task(tables: TableSet | list[Table], devices: int, memory: int | str | list | None,
                algorithm: str = "neuroshard", bytes_per_element: int = FP32_BYTES, seed: int = 0, *,
                optimizer: str = DEFAULT_OPTIMIZER, data_parallel: str = DEFAULT_DATA_PARALLEL, topology: Any = None,
-               comm_precision: str = "fp32", tier_costs: Any = None, **params: Any) -> Task:
+               comm_precision: str = "fp32", tier_costs: Any = None, objective: str = "embedding", model: Any = None,
+               operator_costs: Any = None, **params: Any) -> Task:
     """Every argument of ``shard`` checked, and the task refused (one line) when no plan can
     exist, before any work: the measured loop calls this before minutes of timing."""
     tables = as_table_set(tables)
@@ -199,6 +208,12 @@ def check_task(tables: TableSet | list[Table], devices: int, memory: int | str |
     data_parallel = check_data_parallel(data_parallel)
     comm_precision = check_comm_precision(comm_precision)
     tier_costs = check_tier_costs(tier_costs)
+    if objective not in OBJECTIVES:
+        raise NeuroShardError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}"[:200])
+    if objective == "iteration":  # a bad model or operator-costs file fails before any work
+        model = _model_spec(model)
+        operator_costs = operator_costs if isinstance(operator_costs, OperatorModels) else \
+            load_operator_models(operator_costs)
     get_algorithm(algorithm)  # an unknown name fails before any work
     forced = forced_tables(tables)
     if forced and not _replicating(data_parallel, algorithm):
@@ -219,7 +234,17 @@ def check_task(tables: TableSet | list[Table], devices: int, memory: int | str |
         log.info("a large task (%d tables on %d devices): the neuroshard search splits the heaviest tables up "
                  "front instead of its beam (parameter large_task); other algorithms as usual", len(tables), devices)
     return Task(tables, devices, memory, memory_bytes, limits, algorithm, bytes_per_element, seed, optimizer,
-                data_parallel, topology, comm_precision, dict(params), forced, tier_costs)
+                data_parallel, topology, comm_precision, dict(params), forced, tier_costs, objective, model,
+                operator_costs)
+
+
+def _model_spec(model: Any) -> ModelSpec:
+    """``model`` as a ``ModelSpec``: one, a model file's path or its dict, or None (the default DLRM)."""
+    if model is None or isinstance(model, ModelSpec):
+        return model or DEFAULT_MODEL
+    if isinstance(model, (str, Path)):
+        return ModelSpec.read(model)
+    return ModelSpec.from_dict(model)
 
 
 def search_task(task: Task, models: CostModels) -> Plan:
@@ -248,7 +273,32 @@ def search_task(task: Task, models: CostModels) -> Plan:
     elapsed = time.perf_counter() - start
     log.info("%s: %d shards, simulated %.4f ms, %.2f s", task.algorithm, len(placement.pieces), placement.cost_ms,
              elapsed)
-    return make_plan(sim, placement, task.memory_bytes, task.algorithm, elapsed)
+    plan = make_plan(sim, placement, task.memory_bytes, task.algorithm, elapsed)
+    return plan if task.objective == "embedding" else _fastest_iteration(task, sim, models, plan)
+
+
+def _fastest_iteration(task: Task, sim: Simulator, models: CostModels, plan: Plan) -> Plan:
+    """``objective="iteration"``: the plan of ``task.algorithm`` and the greedy baselines'
+    (but random), each priced by the iteration-time model (``search.iteration``) for the task's
+    dense model, and the fastest written, its provenance listing every candidate's predicted
+    iteration. The baselines are searched on the same simulator (tiers and replicas as chosen)."""
+    candidates = {task.algorithm: plan}
+    for name in with_trait("greedy_baseline"):
+        if name in candidates or name == "random":
+            continue
+        start = time.perf_counter()
+        placement = search_placement(sim, task.limits, name, task.seed)
+        candidates[name] = make_plan(sim, placement, task.memory_bytes, name, time.perf_counter() - start)
+    predicted = {name: estimate_iteration(p, task.tables, models, task.operator_costs, task.model)
+                 for name, p in candidates.items()}
+    chosen = min(predicted, key=lambda name: (predicted[name].iteration_ms, name != task.algorithm))
+    best = candidates[chosen]
+    best.estimate = {**(best.estimate or {}), "iteration_ms": round(predicted[chosen].iteration_ms, 6)}
+    best.provenance["objective"] = {
+        "name": "iteration", "model": task.model.to_dict(), "chosen": chosen,
+        "operators": task.operator_costs.hardware_.get("cpu_model", "unknown hardware"),
+        "predicted_iteration_ms": {name: round(e.iteration_ms, 6) for name, e in predicted.items()}}
+    return best
 
 
 def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list | None, algorithm: str = "neuroshard",

@@ -8,6 +8,7 @@ from ..cli_options import (
     STDOUT,
     add_comm_precision,
     add_input,
+    add_model_option,
     add_output,
     add_tier_options,
     add_topology_options,
@@ -23,12 +24,15 @@ from ..constants import (
     DEFAULT_DATA_PARALLEL,
     MAX_CALIBRATION_SETS,
     MIN_CALIBRATION_SETS,
+    OBJECTIVES,
 )
+from ..errors import NeuroShardError
 from ..exporters import exporter_names
 from ..optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS
 from ..topology import memory_list
 from ..validate import (
     MAX_DEVICES,
+    batch_size_int,
     bytes_per_element_int,
     device_count,
     float_in,
@@ -58,6 +62,18 @@ def _param(text: str) -> tuple[str, object]:
         return key.strip(), value
 
 
+def _objective_options(args: argparse.Namespace) -> dict:
+    """``shard``'s objective keywords from the flags (none for the default objective; a model or
+    operator-costs file without ``--objective iteration`` is refused: it would be ignored)."""
+    if args.objective == "embedding":
+        if args.model is not None or args.operator_costs is not None:
+            raise NeuroShardError("--model and --operator-costs price the training iteration: give them with "
+                                  "--objective iteration")
+        return {}
+    from ..cli_options import model_option
+    return {"objective": args.objective, "model": model_option(args), "operator_costs": args.operator_costs}
+
+
 def _search(args: argparse.Namespace) -> int:
     from ..measured.api import shard
     from ..tables import TableSet
@@ -72,7 +88,7 @@ def _search(args: argparse.Namespace) -> int:
                  calibrate=args.calibrate, cost_models=args.cost_model, bytes_per_element=args.bytes_per_element,
                  seed=args.seed, optimizer=args.optimizer, data_parallel=args.data_parallel,
                  comm_precision=args.comm_precision, topology=topology, refine=args.refine,
-                 tier_costs=args.tier_costs, **dict(args.param or []))
+                 tier_costs=args.tier_costs, **_objective_options(args), **dict(args.param or []))
     say = write_output(args.output, json.dumps(plan.validate().to_dict(), indent=1) + "\n")
     say(plan.format_summary())
     prov = plan.provenance or {}
@@ -107,6 +123,11 @@ def _search(args: argparse.Namespace) -> int:
     measured_on = prov.get("parameters", {}).get("measured_on")
     if measured_on:
         say(f"{args.algorithm} timed the tables on this machine ({measured_on}): the plan is for this hardware")
+    objective = prov.get("objective")
+    if objective:
+        say(f"objective iteration ({objective['model']['name']}, operators measured on {objective['operators']}): "
+            + ", ".join(f"{name} {ms:.3f} ms" for name, ms in objective["predicted_iteration_ms"].items())
+            + f" predicted per step; written: {objective['chosen']}'s plan")
     say(f"searched in {prov.get('search_time_s', float('nan')):.2f} s with cost model "
           f"'{prov.get('cost_model')}'; wrote {args.output}")
     return 0
@@ -154,8 +175,55 @@ def _capacity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _estimate(args: argparse.Namespace) -> int:
+    from ..cli_options import model_option
+    from ..costmodels import resolve_cost_models
+    from ..costmodels.dense import load_operator_models
+    from ..plan import Plan
+    from ..tables import TableSet
+    from ..validate import check_output
+    from .iteration import estimate_iteration
+    if args.output:
+        check_output(args.output, [args.plan, args.tables, args.cost_model, args.operator_costs, args.model], "estimate")
+    tables = TableSet.read(args.tables)
+    plan = Plan.read(args.plan)
+    plan.check_matches(tables)
+    estimate = estimate_iteration(plan, tables, resolve_cost_models(args.cost_model),
+                                  load_operator_models(args.operator_costs), model_option(args),
+                                  batch_size=args.batch_size)
+    print(estimate.format())
+    print(f"sources: {estimate.sources['embedding']}; operators measured on {estimate.sources['operators']}; "
+          f"GPU terms {estimate.sources['gpu_terms']}")
+    if args.output:
+        from ..io import atomic_write_text
+        atomic_write_text(args.output, json.dumps(estimate.to_dict(), indent=1) + "\n")
+        print(f"wrote {args.output}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this stage's subcommands."""
+    p = sub.add_parser("estimate", help="predict one training iteration of a plan, term by term",
+                       description="Predict what one training step of a plan takes on the included runtime: per "
+                                   "rank, every term (data loading, embedding forward and backward, the two "
+                                   "all-to-alls with their waiting, the dense model's forward, backward, "
+                                   "all-reduce and optimizer step, the barrier), the iteration time on the "
+                                   "critical path and which rank and operators form it. `neuroshard evaluate "
+                                   "-o` measures the same terms.")
+    add_input(p, "plan", "plan file (neuroshard.plan/v1, JSON; `plan import` reads a TorchRec plan)")
+    p.add_argument("--tables", required=True, help="tables file the plan is for (JSON, neuroshard.tables/v1)")
+    add_model_option(p, "the dense part being trained")
+    p.add_argument("--batch-size", type=batch_size_int, default=None,
+                   help="global batch of one step (default: the tables file's)")
+    p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
+                   help="embedding cost-model checkpoint (default: the shipped one)")
+    p.add_argument("--operator-costs", default=None, metavar="OPS.json",
+                   help="operator cost models of the dense part and overheads (`collect dense`; default: the "
+                        "shipped ones, measured on this repository's CPU VM)")
+    add_output(p, "JSON to write: {\"iteration_ms\": ..., \"breakdown\": {...}, \"critical_path\": [...]}",
+               metavar="OUT.json")
+    p.set_defaults(func=_estimate)
+
     p = sub.add_parser("search", help="search a sharding plan for a tables file",
                        description="Search a sharding plan against the cost models and write a "
                                    "neuroshard.plan/v1 file with its estimate and provenance.")
@@ -195,6 +263,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "topology's link and SSD figures, for GPUs (default); measured: the included runtime's "
                         "miss path timed on this machine now (host memory and a memory-mapped file, a few "
                         "seconds), for plans that train on this machine's CPUs")
+    p.add_argument("--objective", choices=OBJECTIVES, default="embedding",
+                   help="what plans are ranked by: embedding (the slowest device's embedding compute and exchange, "
+                        "default) or iteration (the whole training step predicted by `neuroshard estimate`, dense "
+                        "part and data loading included: the algorithm's plan and the greedy baselines' are "
+                        "priced and the fastest written)")
+    add_model_option(p, "the dense part being trained, for --objective iteration")
+    p.add_argument("--operator-costs", default=None, metavar="OPS.json",
+                   help="operator cost models for --objective iteration (`collect dense`; default: the shipped ones)")
     p.add_argument("--seed", type=seed_int, default=0)
     p.epilog = help_table("--param keys per algorithm (default values):",
                           {name: describe_params(name) for name in ALGORITHMS})

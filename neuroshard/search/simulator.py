@@ -499,6 +499,23 @@ class Simulator:
         return Estimate(compute * self.scale, fwd * self.scale, bwd * self.scale, reduce * self.scale, allreduce,
                         intra, inter)
 
+    def exchange_ms(self, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+        """(D,) forward and (D,) backward all-to-all ms of ``plan``'s exchange, without
+        waiting for other devices (the iteration model, ``search.iteration``, adds the
+        waiting on its own critical path), at the tables' batch size; with hosts, the
+        row-wise reduce-scatter is part of the forward."""
+        pieces, devices = self.pieces_of_plan(plan)
+        widths, reduce_bytes = self._exchange_widths(self.piece_ids(pieces), devices)
+        if self.hosts_stated:
+            intra, inter = self._exchange_ms(widths[None, :])
+            bwd = (intra + inter)[0]
+            fwd = bwd + reduce_bytes / self._bytes_per_ms(self.network.intra_host_gbps)
+        else:
+            sent = widths[None, :] * (self._comm_element_bytes() / 4)
+            bwd = self.comm.predict_backward(sent)[0]
+            fwd = self.comm.predict_forward(sent, np.zeros_like(sent))[0]
+        return fwd * self.scale, bwd * self.scale
+
     # ------------------------------------------------- exchange over hosts
     def _comm_element_bytes(self) -> int:
         return COMM_ELEMENT_BYTES[self.comm_precision]

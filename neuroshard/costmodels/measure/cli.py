@@ -81,8 +81,16 @@ def _comm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dense(args: argparse.Namespace) -> int:
+    from .dense import collect_dense
+    models = collect_dense(args.out, args.size, progress=lambda part: print(f"measuring {part} ...", flush=True))
+    print(models.format_metrics())
+    print(f"wrote {args.out}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``collect compute``, ``collect comm`` and ``collect merge``."""
+    """Add ``collect compute``, ``collect comm``, ``collect dense`` and ``collect merge``."""
     collect = sub.add_parser("collect", help="measure kernel and communication costs",
                              description="Measure real costs into a cost-data folder (resumable: rerun the "
                                          "same command to finish an interrupted run).")
@@ -164,3 +172,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     "merged file is safely written. Readers merge parts anyway: this only tidies.")
     p.add_argument("folder", metavar="DIR", help="cost-data folder")
     p.set_defaults(func=_merge)
+
+    p = csub.add_parser("dense", help="time the dense part of a training step and its overheads",
+                        description="Time the operators of a training step besides the embeddings on this "
+                                    "machine (linear layers, interactions, loss, optimizer step, data loading, "
+                                    "gloo all-reduce and barrier between 2-4 processes, the embedding kernel's "
+                                    "forward share) and fit the operator cost models the iteration-time model "
+                                    "uses (`neuroshard estimate --operator-costs`). About 5 minutes; rerunning "
+                                    "an interrupted run measures only the parts the file lacks.")
+    add_output(p, "operator-costs file to write (OPS.json)", dest="out", aliases=("--out",), required=True,
+               metavar="OPS.json")
+    p.add_argument("--size", choices=("full", "quick"), default="full",
+                   help="samples per part: full (default) or quick (a smoke test, under a minute)")
+    p.set_defaults(func=_dense)

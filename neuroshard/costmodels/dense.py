@@ -1,0 +1,279 @@
+"""Operator cost models: the dense part of a training step and its overheads (issue 31).
+
+Lin et al. predict a DLRM step from per-operator performance models plus overheads; this
+module holds the operator models of the included runtime's step, fitted on samples that
+``collect dense`` measures on the machine (``costmodels.measure.dense``). One
+``OperatorModels`` is a scikit-learn estimator: hyper-parameters in ``__init__``, ``fit``
+sets ``models_`` (one regression per operator kind and target) and ``metrics_`` (each one's
+held-out error, from ``folds``-fold cross-validation over the samples' shapes).
+
+Forms, per kind (``FORMS``):
+
+* ``log``: log ms as a polynomial (``degree``) of the log shape, ridge-regularised
+  (scikit-learn ``PolynomialFeatures`` + ``Ridge``). Outside the measured shapes the
+  shape is clipped to the measured range and the time scaled by the work (``WORK``) the
+  clipping removed: cost beyond the range grows with the work, not with the polynomial's
+  tail. Used for the layers (``linear``, ``interaction_dot``, ``interaction_cat``, ``loss``)
+  and the ``optimizer``.
+* ``linear``: ms as non-negative constants times the terms of ``LINEAR_TERMS`` (a
+  physically shaped law, fitted by NNLS on relative error): ``input`` (a rank's data
+  loading: per call, per table sampled, per lookup drawn, per shard, per lookup kept),
+  ``allreduce`` (per call, per peer, per byte a ring moves), ``barrier`` (per call, per peer).
+* ``share``: a constant fraction, the median of the samples': ``embedding_split``, the
+  forward's share of a fused embedding kernel's forward + backward.
+
+The file (``neuroshard.operator-costs/v1``, docs/formats.md) keeps the samples, the
+hyper-parameters, the hardware and the metrics; reading it refits (milliseconds), so the
+file holds measurements, not a pickled estimator.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from scipy.optimize import nnls
+from sklearn.base import BaseEstimator
+from sklearn.linear_model import Ridge
+from sklearn.model_selection import KFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import PolynomialFeatures, StandardScaler
+
+from ..errors import FormatError, NeuroShardError
+from ..io import atomic_write_text
+from ..validate import read_json
+
+OPERATOR_COSTS_FORMAT = "neuroshard.operator-costs/v1"
+
+#: each kind's shape, in the order ``Operator.features`` and the samples give it
+FEATURES: dict[str, tuple[str, ...]] = {
+    "linear": ("batch", "in", "out", "relu"),
+    "interaction_dot": ("batch", "features", "width"),
+    "interaction_cat": ("batch", "width"),
+    "loss": ("batch",),
+    "optimizer": ("parameters", "tensors"),
+    "input": ("tables", "lookups_drawn", "shards", "lookups_kept"),
+    "allreduce": ("bytes", "ranks"),
+    "barrier": ("ranks",),
+    "embedding_split": ("shards",),
+}
+#: the targets of each kind: layers have a forward and a backward time
+TARGETS: dict[str, tuple[str, ...]] = {
+    **{k: ("fwd_ms", "bwd_ms") for k in ("linear", "interaction_dot", "interaction_cat", "loss")},
+    **{k: ("ms",) for k in ("optimizer", "input", "allreduce", "barrier")},
+    "embedding_split": ("fwd_share",),
+}
+FORMS: dict[str, str] = {
+    **{k: "log" for k in ("linear", "interaction_dot", "interaction_cat", "loss", "optimizer")},
+    **{k: "linear" for k in ("input", "allreduce", "barrier")},
+    "embedding_split": "share",
+}
+
+
+def _work(kind: str, x: np.ndarray) -> np.ndarray:
+    """The work of ``log`` kinds' shapes ``x`` (N, F): what their time grows with beyond the
+    measured range."""
+    if kind == "linear":
+        return x[:, 0] * x[:, 1] * x[:, 2]
+    if kind == "interaction_dot":
+        return x[:, 0] * x[:, 1] * x[:, 1] * x[:, 2]
+    if kind == "interaction_cat":
+        return x[:, 0] * x[:, 1]
+    return x[:, 0]  # loss: batch; optimizer: parameters
+
+
+def _linear_terms(kind: str, x: np.ndarray) -> np.ndarray:
+    """The terms (N, T) a ``linear`` kind's time is a non-negative combination of."""
+    ones = np.ones(len(x))
+    if kind == "input":
+        return np.column_stack([ones, x[:, 0], x[:, 1], x[:, 2], x[:, 3]])
+    if kind == "allreduce":
+        peers = x[:, 1] - 1
+        return np.column_stack([ones, peers, 2.0 * peers / x[:, 1] * x[:, 0]])
+    return np.column_stack([ones, x[:, 0] - 1])  # barrier
+
+
+class _LogModel:
+    """``log`` form for one kind and target (see the module docstring)."""
+
+    def __init__(self, kind: str, degree: int, alpha: float) -> None:
+        self.kind, self.degree, self.alpha = kind, degree, alpha
+
+    def _inputs(self, x: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(x, 1.0)) if self.kind != "linear" else np.column_stack(
+            [np.log(np.maximum(x[:, :3], 1.0)), x[:, 3]])
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> "_LogModel":
+        self.low_, self.high_ = x.min(axis=0), x.max(axis=0)
+        self.pipe_ = make_pipeline(StandardScaler(), PolynomialFeatures(self.degree), Ridge(alpha=self.alpha))
+        self.pipe_.fit(self._inputs(x), np.log(np.maximum(y, 1e-6)))
+        return self
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        clipped = np.clip(x, self.low_, self.high_)
+        ms = np.exp(self.pipe_.predict(self._inputs(clipped)))
+        return ms * _work(self.kind, x) / np.maximum(_work(self.kind, clipped), 1e-12)
+
+
+class _LinearModel:
+    """``linear`` form (see the module docstring)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> "_LinearModel":
+        terms = _linear_terms(self.kind, x)
+        weight = 1.0 / np.maximum(y, 1e-6)  # relative error: small calls count as much as big ones
+        self.coef_, _ = nnls(terms * weight[:, None], y * weight)
+        return self
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return _linear_terms(self.kind, x) @ self.coef_
+
+
+class _ShareModel:
+    """``share`` form: the median of the samples' values."""
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> "_ShareModel":
+        self.value_ = float(np.median(y))
+        return self
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return np.full(len(x), self.value_)
+
+
+def _arrays(samples: Sequence[Mapping], kind: str, target: str) -> tuple[np.ndarray, np.ndarray]:
+    rows = [s for s in samples if s["kind"] == kind]
+    x = np.array([s["features"] for s in rows], dtype=np.float64).reshape(len(rows), len(FEATURES[kind]))
+    if target == "fwd_share":
+        y = np.array([s["fwd_ms"] / s["ms"] for s in rows], dtype=np.float64)
+    else:
+        y = np.array([s[target] for s in rows], dtype=np.float64)
+    return x, y
+
+
+def gmae(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """Geometric mean absolute error: exp(mean |log(predicted / measured)|) - 1."""
+    ratio = np.maximum(np.asarray(predicted, dtype=np.float64), 1e-9) / np.maximum(measured, 1e-9)
+    return float(np.exp(np.abs(np.log(ratio)).mean()) - 1.0)
+
+
+class OperatorModels(BaseEstimator):
+    """The operator cost models of one machine (see the module docstring)."""
+
+    def __init__(self, degree: int = 3, alpha: float = 1e-3, folds: int = 5, seed: int = 0) -> None:
+        self.degree = degree
+        self.alpha = alpha
+        self.folds = folds
+        self.seed = seed
+
+    def _model(self, kind: str):
+        form = FORMS[kind]
+        if form == "log":
+            return _LogModel(kind, self.degree, self.alpha)
+        return _LinearModel(kind) if form == "linear" else _ShareModel()
+
+    def fit(self, samples: Sequence[Mapping], hardware: Mapping | None = None) -> "OperatorModels":
+        """Fit every kind the samples have; the held-out error of each from cross-validation."""
+        self.samples_ = [dict(s) for s in samples]
+        self.hardware_ = dict(hardware or {})
+        self.models_: dict[tuple[str, str], Any] = {}
+        self.metrics_: dict[str, dict] = {}
+        for kind in FEATURES:
+            for target in TARGETS[kind]:
+                x, y = _arrays(self.samples_, kind, target)
+                if len(y) == 0:
+                    continue
+                self.models_[(kind, target)] = self._model(kind).fit(x, y)
+                if len(y) >= 2 * self.folds and FORMS[kind] != "share":
+                    errors = []
+                    for train, test in KFold(self.folds, shuffle=True, random_state=self.seed).split(x):
+                        model = self._model(kind).fit(x[train], y[train])
+                        errors.append(np.abs(np.log(np.maximum(model.predict(x[test]), 1e-9) / y[test])))
+                    err = np.concatenate(errors)
+                    self.metrics_[f"{kind}.{target}"] = {"samples": int(len(y)),
+                                                         "held_out_gmae": round(float(np.exp(err.mean()) - 1), 4),
+                                                         "held_out_p95": round(float(np.exp(np.percentile(err, 95)) - 1), 4)}
+                elif FORMS[kind] == "share":
+                    self.metrics_[f"{kind}.{target}"] = {"samples": int(len(y)), "value": round(float(np.median(y)), 4),
+                                                         "spread_iqr": round(float(np.subtract(*np.percentile(y, [75, 25]))), 4)}
+        return self
+
+    @property
+    def kinds(self) -> set[str]:
+        return {kind for kind, _ in self.models_}
+
+    def predict(self, kind: str, features: Sequence[Sequence[float]] | np.ndarray, target: str = "ms") -> np.ndarray:
+        """ms (or the share) of ``kind`` at each shape of ``features`` (N, F)."""
+        if (kind, target) not in self.models_:
+            raise NeuroShardError(f"the operator cost models have no '{kind}' {target} (measured kinds: "
+                                  f"{', '.join(sorted(self.kinds)) or 'none'}); run `neuroshard collect dense`")
+        x = np.asarray(features, dtype=np.float64).reshape(-1, len(FEATURES[kind]))
+        return np.maximum(self.models_[(kind, target)].predict(x), 0.0)
+
+    def one(self, kind: str, features: Sequence[float], target: str = "ms") -> float:
+        return float(self.predict(kind, [features], target)[0])
+
+    # --------------------------------------------------------------- the file
+    def to_dict(self) -> dict:
+        return {"format": OPERATOR_COSTS_FORMAT, "hardware": self.hardware_, "params": self.get_params(),
+                "metrics": self.metrics_, "samples": self.samples_}
+
+    def save(self, path: str | Path) -> Path:
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=None, separators=(",", ":")) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "operator costs") -> "OperatorModels":
+        if not isinstance(data, Mapping) or data.get("format") != OPERATOR_COSTS_FORMAT:
+            found = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise FormatError(f"{source}: not an operator-costs file (format {found!r}, expected "
+                              f"{OPERATOR_COSTS_FORMAT!r}); `neuroshard collect dense` writes one")
+        samples = data.get("samples")
+        if not isinstance(samples, list) or not samples:
+            raise FormatError(f"{source}: field 'samples' must be a non-empty list")
+        for i, s in enumerate(samples):
+            kind = s.get("kind") if isinstance(s, Mapping) else None
+            if kind not in FEATURES:
+                raise FormatError(f"{source}: samples[{i}]: unknown kind {kind!r}")
+            feats = s.get("features")
+            if not (isinstance(feats, list) and len(feats) == len(FEATURES[kind])
+                    and all(isinstance(v, (int, float)) and np.isfinite(v) and v >= 0 for v in feats)):
+                raise FormatError(f"{source}: samples[{i}]: field 'features' must be {len(FEATURES[kind])} "
+                                  f"non-negative numbers ({', '.join(FEATURES[kind])})")
+            needed = ("fwd_ms", "bwd_ms", "ms") if TARGETS[kind][0] == "fwd_ms" or kind == "embedding_split" else ("ms",)
+            for key in needed:
+                v = s.get(key)
+                if not (isinstance(v, (int, float)) and np.isfinite(v) and v >= 0):
+                    raise FormatError(f"{source}: samples[{i}]: field '{key}' must be a non-negative number of ms")
+        params = data.get("params", {})
+        if not isinstance(params, Mapping) or set(params) - set(cls().get_params()):
+            raise FormatError(f"{source}: field 'params' must hold only {', '.join(cls().get_params())}")
+        return cls(**params).fit(samples, data.get("hardware"))
+
+    @classmethod
+    def read(cls, path: str | Path) -> "OperatorModels":
+        return cls.from_dict(read_json(Path(path), "operator costs"), str(path))
+
+    def format_metrics(self) -> str:
+        """One line per kind and target: samples and held-out error."""
+        lines = []
+        for key, m in self.metrics_.items():
+            if "held_out_gmae" in m:
+                lines.append(f"  {key:28s} {m['samples']:4d} samples  held-out GMAE {100 * m['held_out_gmae']:5.1f}%"
+                             f"  p95 {100 * m['held_out_p95']:5.1f}%")
+            else:
+                lines.append(f"  {key:28s} {m['samples']:4d} samples  {m['value']:.3f} (IQR {m['spread_iqr']:.3f})")
+        return "\n".join(lines)
+
+
+#: the shipped operator models: this repository's CPU VM (``collect dense``, see its README)
+SHIPPED_OPERATOR_COSTS = Path(__file__).resolve().parent.parent / "checkpoints" / "cpu-operators.json"
+
+
+def load_operator_models(path: str | Path | None = None) -> OperatorModels:
+    """The operator models of ``path``, or the shipped ones."""
+    path = Path(path) if path is not None else SHIPPED_OPERATOR_COSTS
+    if not path.exists():
+        raise NeuroShardError(f"operator costs {path} not found; `neuroshard collect dense -o {path.name}` measures them")
+    return OperatorModels.read(path)

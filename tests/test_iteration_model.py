@@ -1,0 +1,148 @@
+"""The iteration-time model (issue 31, items 2-4): the dense part's operators, the operator
+cost models fitted on real timings of this machine, the critical path, and `neuroshard
+estimate`."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from neuroshard.costmodels.dense import OperatorModels, gmae, load_operator_models
+from neuroshard.costmodels.measure.dense import collect_dense
+from neuroshard.dense import build_dense, dense_operators, dense_parameters
+from neuroshard.errors import FormatError
+from neuroshard.model_spec import DEFAULT_MODEL, ModelSpec
+from neuroshard.search.iteration import STEP_CHAIN, critical_path, estimate_iteration
+from neuroshard.tables import TableSet
+
+SPECS = [DEFAULT_MODEL, ModelSpec(5, (32, 16), (24,), "cat", "small-cat"), ModelSpec(7, (), (8, 8), "dot", "flat")]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+@pytest.mark.parametrize("dims", [[16, 8], [16, 16, 32, 4], [8]])
+def test_the_operator_list_counts_what_the_module_holds(spec, dims):
+    module = build_dense([type("T", (), {"embedding_dim": d})() for d in dims], 0, spec)
+    params = list(module.parameters())
+    assert dense_parameters(spec, dims) == (sum(p.numel() for p in params), len(params))
+    ops = dense_operators(spec, dims, 100)
+    linears = [m for m in module.modules() if m.__class__.__name__ == "Linear"]
+    assert [op.features[1:3] for op in ops if op.kind == "linear"] == [(m.in_features, m.out_features) for m in linears]
+    assert sum(op.kind == f"interaction_{spec.interaction}" for op in ops) == 1
+    assert ops[-1].kind == "optimizer" and ops[-1].features[0] == sum(p.numel() for p in params)
+
+
+def _law_samples(rng, n=60):
+    """Samples following known laws, with 3% noise: what the fit must recover."""
+    out = []
+    for _ in range(n):
+        b, i, o = (int(2 ** rng.uniform(5, 12)) for _ in range(3))
+        fwd = 0.01 + 2e-8 * b * i * o
+        out.append({"kind": "linear", "features": [b, i, o, 1], "fwd_ms": fwd * rng.normal(1, 0.03),
+                    "bwd_ms": 2 * fwd * rng.normal(1, 0.03), "ms": 3 * fwd})
+        size, ranks = float(2 ** rng.uniform(2, 24)), float(rng.choice([2, 3, 4]))
+        out.append({"kind": "allreduce", "features": [size, ranks],
+                    "ms": (0.1 + 0.05 * (ranks - 1) + 1e-6 * 2 * (ranks - 1) / ranks * size) * rng.normal(1, 0.03)})
+    return out
+
+
+def test_operator_models_recover_known_laws_and_extrapolate_by_work(tmp_path):
+    rng = np.random.default_rng(0)
+    models = OperatorModels().fit(_law_samples(rng))
+    assert models.metrics_["linear.fwd_ms"]["held_out_gmae"] < 0.08
+    assert models.metrics_["allreduce.ms"]["held_out_gmae"] < 0.06
+    x = np.array([[512, 512, 512, 1], [256, 128, 64, 1]])
+    assert gmae(models.predict("linear", x, "fwd_ms"), 0.01 + 2e-8 * x[:, :3].prod(axis=1)) < 0.1
+    # beyond the measured shapes the time grows with the work (here 64x the largest measured)
+    big = models.one("linear", [2**14, 2**14, 2**14, 1], "fwd_ms")
+    assert big == pytest.approx(2e-8 * 2**42, rel=0.3)
+    # the file keeps the samples and refits to the same predictions
+    path = models.save(tmp_path / "ops.json")
+    again = OperatorModels.read(path)
+    assert np.allclose(again.predict("linear", x, "fwd_ms"), models.predict("linear", x, "fwd_ms"))
+    with pytest.raises(Exception, match="no 'loss'"):
+        models.one("loss", [64.0], "fwd_ms")
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"format": "neuroshard.model/v1"}, "not an operator-costs file"),
+    ({"format": "neuroshard.operator-costs/v1", "samples": []}, "'samples'"),
+    ({"format": "neuroshard.operator-costs/v1", "samples": [{"kind": "gemm", "features": [1], "ms": 1}]},
+     r"samples\[0\]: unknown kind 'gemm'"),
+    ({"format": "neuroshard.operator-costs/v1", "samples": [{"kind": "barrier", "features": [2, 3], "ms": 1}]},
+     r"samples\[0\]: field 'features'"),
+    ({"format": "neuroshard.operator-costs/v1", "samples": [{"kind": "barrier", "features": [2], "ms": -1}]},
+     r"samples\[0\]: field 'ms'"),
+])
+def test_a_bad_operator_costs_file_is_refused_in_one_line(tmp_path, data, message):
+    path = tmp_path / "ops.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(FormatError, match=message):
+        OperatorModels.read(path)
+
+
+def test_the_critical_path_waits_for_the_last_rank_at_each_collective():
+    durations = [{t: 0.0 for t, _ in STEP_CHAIN if t != "allreduce_ms"} for _ in range(2)]
+    durations[0].update(emb_fwd_ms=5.0, fwd_comm_ms=1.0, dense_fwd_ms=2.0, emb_bwd_ms=1.0, input_ms=1.0, sync_ms=0.5)
+    durations[1].update(emb_fwd_ms=2.0, fwd_comm_ms=1.0, dense_fwd_ms=2.5, emb_bwd_ms=4.0, input_ms=1.0, sync_ms=0.5)
+    terms, path, period = critical_path(durations)
+    # rank 1 waits 3 ms for rank 0 in the forward exchange; rank 0 waits 3 ms for rank 1 at the barrier (+0.5 of its own)
+    assert terms[1]["fwd_comm_ms"] == pytest.approx(4.0) and terms[0]["sync_ms"] == pytest.approx(3.5)
+    assert period == pytest.approx(5 + 1 + 2.5 + 4 + 1 + 0.5)
+    for row in terms:
+        assert sum(row.values()) == pytest.approx(period)
+    on_path = [(r, t) for r, t, ms in path if ms > 0]
+    assert on_path == [(0, "emb_fwd_ms"), (0, "fwd_comm_ms"), (1, "dense_fwd_ms"), (1, "emb_bwd_ms"),
+                       (1, "input_ms"), (1, "sync_ms")]
+
+
+@pytest.mark.gloo
+def test_collect_dense_measures_every_part_and_resumes(tmp_path):
+    tiny = {"layers": {"count": 6, "rounds": 1, "min_ms": 0.1}, "optimizer": {"count": 10, "rounds": 1, "min_ms": 0.1},
+            "input": {"count": 10, "rounds": 1, "batch_sizes": (64,)},
+            "collectives": {"ranks": (2,), "rounds": 1, "sizes": [4, 4096, 2**20]},
+            "embedding_split": {"count": 2, "batch_size": 256}}
+    path = tmp_path / "ops.json"
+    parts = []
+    models = collect_dense(path, tiny, progress=parts.append)
+    assert parts == ["layers", "optimizer", "input", "collectives", "embedding_split"]
+    assert {"linear", "optimizer", "input", "allreduce", "barrier", "embedding_split"} <= models.kinds
+    assert all(s["ms"] > 0 for s in models.samples_)
+    assert 0.05 < models.one("embedding_split", [1], "fwd_share") < 0.95
+    # an interrupted run keeps its parts: drop two, rerun, and only those are measured
+    data = json.loads(path.read_text())
+    data["samples"] = [s for s in data["samples"] if s["part"] not in ("input", "embedding_split")]
+    path.write_text(json.dumps(data))
+    parts.clear()
+    collect_dense(path, tiny, progress=parts.append)
+    assert parts == ["input", "embedding_split"]
+
+
+def test_estimate_predicts_every_term_and_they_add_up_to_the_iteration(tmp_path, runtime_plan, runtime_tables,
+                                                                     shipped_models):
+    plan = runtime_plan("mixed", 2)
+    tables = TableSet("rt", runtime_tables, batch_size=256)
+    ops = load_operator_models()
+    small = estimate_iteration(plan, tables, shipped_models, ops, DEFAULT_MODEL)
+    big = estimate_iteration(plan, tables, shipped_models, ops, ModelSpec(13, (512, 256), (1024, 512, 256)))
+    for est in (small, big):
+        for row in est.per_rank:
+            assert sum(row.values()) == pytest.approx(est.iteration_ms)
+            assert all(v >= 0 for v in row.values())
+        assert [t for _, t, _ in est.critical_path][:2] == ["emb_fwd_ms", "fwd_comm_ms"]
+    assert big.per_rank[0]["dense_fwd_ms"] > 5 * small.per_rank[0]["dense_fwd_ms"]
+    assert big.iteration_ms > small.iteration_ms
+    # the command: a table, and the JSON the issue asks for
+    tables.write(tmp_path / "t.json")
+    plan.write(tmp_path / "p.json")
+    (tmp_path / "m.json").write_text(json.dumps(SPECS[1].to_dict()))
+    out = run_cli("estimate", tmp_path / "p.json", "--tables", tmp_path / "t.json", "--model", tmp_path / "m.json",
+                  "-o", tmp_path / "e.json")
+    assert out.returncode == 0, out.stderr
+    assert "critical path:" in out.stdout and "not measured here" in out.stdout
+    doc = json.loads((tmp_path / "e.json").read_text())
+    assert doc["iteration_ms"] > 0 and len(doc["breakdown"]["per_rank"]) == 2
+    assert doc["model"]["interaction"] == "cat" and doc["critical_path"]
+    bad = run_cli("estimate", tmp_path / "p.json", "--tables", tmp_path / "t.json", "--model", tmp_path / "t.json")
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "t.json" in bad.stderr
