@@ -25,9 +25,30 @@ def _pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_operators(path) -> int:
+    """``costmodel show OPS.json``: an operator-costs file's hardware, each model's held-out
+    error and the overheads of real runs."""
+    from .dense import OperatorModels
+    ops = OperatorModels.read(path)
+    hw = ops.hardware_
+    print(f"{path}: operator cost models ({len(ops.samples_)} timed shapes) measured on {hw.get('cpu_model', '?')}, "
+          f"{hw.get('cpu_count', '?')} cores")
+    print(ops.format_metrics())
+    if ops.overheads_:
+        runs = len({p.get("run") for p in ops.overhead_points_})
+        print(f"  overheads of real runs ({runs} runs; measured = fixed + scale x predicted, per term and ranks):")
+        for term, per in ops.overheads_.items():
+            print(f"    {term:20s} " + "  ".join(f"{r} ranks: +{a:.3f} ms, x{b:.2f}" for r, (a, b) in sorted(per.items())))
+    else:
+        print("  no overheads of real runs (`neuroshard collect overheads` measures them)")
+    return 0
+
+
 def _show(args: argparse.Namespace) -> int:
     from .base import CostModels
     from .checkpoint import read_checkpoint, shipped_checkpoint
+    if args.model.suffix == ".json":
+        return _show_operators(args.model)
     payload = read_checkpoint(args.model)
     CostModels.load(args.model, payload)  # a checkpoint whose models do not load is refused, not shown
     print(f"{shipped_checkpoint(args.model)}: {payload['name']}, batch size {payload['batch_size']}, feature schema "
@@ -103,5 +124,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     cm = sub.add_parser("costmodel", help="inspect cost-model checkpoints", description="Inspect checkpoints.")
     cm_sub = cm.add_subparsers(dest="costmodel_command", required=True, metavar="ACTION")
     p = cm_sub.add_parser("show", help="print a checkpoint's hardware, data and metrics")
-    p.add_argument("model", type=Path, help="checkpoint (MODEL.pt)")
+    p.add_argument("model", type=Path, help="checkpoint (MODEL.pt), or operator cost models (OPS.json, "
+                                            "`collect dense`)")
     p.set_defaults(func=_show)

@@ -9,16 +9,19 @@ held-out error, from ``folds``-fold cross-validation over the samples' shapes).
 
 Forms, per kind (``FORMS``):
 
-* ``log``: log ms as a polynomial (``degree``) of the log shape, ridge-regularised
-  (scikit-learn ``PolynomialFeatures`` + ``Ridge``). Outside the measured shapes the
-  shape is clipped to the measured range and the time scaled by the work (``WORK``) the
-  clipping removed: cost beyond the range grows with the work, not with the polynomial's
-  tail. Used for the layers (``linear``, ``interaction_dot``, ``interaction_cat``, ``loss``)
-  and the ``optimizer``.
-* ``linear``: ms as non-negative constants times the terms of ``LINEAR_TERMS`` (a
-  physically shaped law, fitted by NNLS on relative error): ``input`` (a rank's data
-  loading: per call, per table sampled, per lookup drawn, per shard, per lookup kept),
-  ``allreduce`` (per call, per peer, per byte a ring moves), ``barrier`` (per call, per peer).
+* ``log``: log ms as a polynomial (``DEGREES``: 3 for linear layers and all-reduces, 2
+  for the rest) of the log shape, ridge-regularised (scikit-learn ``PolynomialFeatures`` +
+  ``Ridge``). Outside the measured shapes the shape is clipped to the measured range and
+  the time scaled by the work (``_work``) the clipping removed: cost beyond the range grows
+  with the work, not with the polynomial's tail. Used for the layers (``linear``,
+  ``interaction_dot``, ``interaction_cat``, ``loss``) and ``allreduce``
+  (by bytes and ranks: on a CPU shared by more processes than cores its latency is not
+  linear in the ranks).
+* ``linear``: ms as non-negative constants times the terms of ``_linear_terms`` (a
+  physically shaped law, fitted by NNLS on relative error): ``optimizer`` (per call, per
+  parameter, per tensor), ``input`` (a rank's data loading: per call, per table sampled,
+  per lookup drawn from a reuse histogram, per lookup drawn otherwise (zipf, uniform: another
+  sampler), per shard, per lookup kept) and ``barrier`` (per call, per peer).
 * ``share``: a constant fraction, the median of the samples': ``embedding_split``, the
   forward's share of a fused embedding kernel's forward + backward.
 
@@ -40,11 +43,14 @@ from sklearn.model_selection import KFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 
+from ..constants import ITERATION_TERMS
 from ..errors import FormatError, NeuroShardError
 from ..io import atomic_write_text
-from ..validate import read_json
+from ..validate import is_int, read_json
 
 OPERATOR_COSTS_FORMAT = "neuroshard.operator-costs/v1"
+#: the overhead points' name for the whole period (``with_period``), beside the terms' names
+ITERATION_KEY = "iteration_ms"
 
 #: each kind's shape, in the order ``Operator.features`` and the samples give it
 FEATURES: dict[str, tuple[str, ...]] = {
@@ -53,7 +59,7 @@ FEATURES: dict[str, tuple[str, ...]] = {
     "interaction_cat": ("batch", "width"),
     "loss": ("batch",),
     "optimizer": ("parameters", "tensors"),
-    "input": ("tables", "lookups_drawn", "shards", "lookups_kept"),
+    "input": ("tables", "lookups_histogram", "lookups_other", "shards", "lookups_kept"),
     "allreduce": ("bytes", "ranks"),
     "barrier": ("ranks",),
     "embedding_split": ("shards",),
@@ -65,8 +71,8 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "embedding_split": ("fwd_share",),
 }
 FORMS: dict[str, str] = {
-    **{k: "log" for k in ("linear", "interaction_dot", "interaction_cat", "loss", "optimizer")},
-    **{k: "linear" for k in ("input", "allreduce", "barrier")},
+    **{k: "log" for k in ("linear", "interaction_dot", "interaction_cat", "loss", "allreduce")},
+    **{k: "linear" for k in ("optimizer", "input", "barrier")},
     "embedding_split": "share",
 }
 
@@ -80,18 +86,21 @@ def _work(kind: str, x: np.ndarray) -> np.ndarray:
         return x[:, 0] * x[:, 1] * x[:, 1] * x[:, 2]
     if kind == "interaction_cat":
         return x[:, 0] * x[:, 1]
-    return x[:, 0]  # loss: batch; optimizer: parameters
+    return x[:, 0]  # loss: batch; allreduce: bytes
 
 
 def _linear_terms(kind: str, x: np.ndarray) -> np.ndarray:
     """The terms (N, T) a ``linear`` kind's time is a non-negative combination of."""
     ones = np.ones(len(x))
     if kind == "input":
-        return np.column_stack([ones, x[:, 0], x[:, 1], x[:, 2], x[:, 3]])
-    if kind == "allreduce":
-        peers = x[:, 1] - 1
-        return np.column_stack([ones, peers, 2.0 * peers / x[:, 1] * x[:, 0]])
+        return np.column_stack([ones, x[:, 0], x[:, 1], x[:, 2], x[:, 3], x[:, 4]])
+    if kind == "optimizer":  # per call, per parameter, per tensor
+        return np.column_stack([ones, x[:, 0], x[:, 1]])
     return np.column_stack([ones, x[:, 0] - 1])  # barrier
+
+
+#: the ``log`` form's polynomial degree per kind (the shapes with most samples and curvature get 3)
+DEGREES = {"linear": 3, "allreduce": 3, "interaction_dot": 2, "interaction_cat": 3, "loss": 2}
 
 
 class _LogModel:
@@ -101,8 +110,18 @@ class _LogModel:
         self.kind, self.degree, self.alpha = kind, degree, alpha
 
     def _inputs(self, x: np.ndarray) -> np.ndarray:
-        return np.log(np.maximum(x, 1.0)) if self.kind != "linear" else np.column_stack(
-            [np.log(np.maximum(x[:, :3], 1.0)), x[:, 3]])
+        """The log shape, and for the layers the log of their work and bytes (GEMM and copy
+        efficiency change with them: the polynomial then needs fewer terms to follow it)."""
+        logs = np.log(np.maximum(x, 1.0))
+        if self.kind == "linear":
+            b, i, o = x[:, 0], x[:, 1], x[:, 2]
+            return np.column_stack([logs[:, :3], x[:, 3], np.log(b * i * o), np.log(b * i + i * o + b * o)])
+        if self.kind == "interaction_dot":
+            b, n, w = x[:, 0], x[:, 1], x[:, 2]
+            return np.column_stack([logs, np.log(b * n * n * w), np.log(b * n * w)])
+        if self.kind == "interaction_cat":
+            return np.column_stack([logs, np.log(x[:, 0] * x[:, 1])])
+        return logs
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> "_LogModel":
         self.low_, self.high_ = x.min(axis=0), x.max(axis=0)
@@ -162,8 +181,8 @@ def gmae(predicted: np.ndarray, measured: np.ndarray) -> float:
 class OperatorModels(BaseEstimator):
     """The operator cost models of one machine (see the module docstring)."""
 
-    def __init__(self, degree: int = 3, alpha: float = 1e-3, folds: int = 5, seed: int = 0) -> None:
-        self.degree = degree
+    def __init__(self, extra_degree: int = 0, alpha: float = 1.0, folds: int = 5, seed: int = 0) -> None:
+        self.extra_degree = extra_degree  # added to every kind's ``DEGREES`` (0: as measured best)
         self.alpha = alpha
         self.folds = folds
         self.seed = seed
@@ -171,13 +190,17 @@ class OperatorModels(BaseEstimator):
     def _model(self, kind: str):
         form = FORMS[kind]
         if form == "log":
-            return _LogModel(kind, self.degree, self.alpha)
+            return _LogModel(kind, DEGREES[kind] + self.extra_degree, self.alpha)
         return _LinearModel(kind) if form == "linear" else _ShareModel()
 
-    def fit(self, samples: Sequence[Mapping], hardware: Mapping | None = None) -> "OperatorModels":
-        """Fit every kind the samples have; the held-out error of each from cross-validation."""
+    def fit(self, samples: Sequence[Mapping], hardware: Mapping | None = None,
+            overhead_points: Sequence[Mapping] = ()) -> "OperatorModels":
+        """Fit every kind the samples have, the held-out error of each from cross-validation,
+        and the overheads of real runs (``overhead_points``, see ``with_overheads``)."""
         self.samples_ = [dict(s) for s in samples]
         self.hardware_ = dict(hardware or {})
+        self.overhead_points_ = [dict(p) for p in overhead_points]
+        self.overheads_ = fit_overheads(self.overhead_points_)
         self.models_: dict[tuple[str, str], Any] = {}
         self.metrics_: dict[str, dict] = {}
         for kind in FEATURES:
@@ -215,10 +238,48 @@ class OperatorModels(BaseEstimator):
     def one(self, kind: str, features: Sequence[float], target: str = "ms") -> float:
         return float(self.predict(kind, [features], target)[0])
 
+    def with_overheads(self, durations: Sequence[Mapping[str, float]]) -> tuple[list[dict[str, float]], str]:
+        """Each rank's term durations as real runs of the included runtime take them: per term,
+        ``fixed + scale x duration``, fitted on real runs at the nearest measured rank count
+        (``fit_overheads``); and where they come from, in words. Without overheads, as given."""
+        ranks = len(durations)
+        if not any(t != ITERATION_KEY for t in self.overheads_):
+            return [dict(d) for d in durations], "none (the operators alone: `neuroshard collect overheads` measures them)"
+        out = [dict(d) for d in durations]
+        counts = set()
+        for term, per_ranks in self.overheads_.items():
+            if term == ITERATION_KEY:
+                continue
+            nearest = min(per_ranks, key=lambda r: (abs(r - ranks), r))
+            counts.add(nearest)
+            fixed, scale = per_ranks[nearest]
+            for row in out:
+                if term in row:
+                    row[term] = fixed + scale * row[term]
+        measured = sorted({r for per in self.overheads_.values() for r in per})
+        return out, (f"measured in {len({p.get('run') for p in self.overhead_points_})} real runs at "
+                     f"{', '.join(map(str, measured))} ranks" + ("" if ranks in counts else
+                                                                 f" (this plan's {ranks} ranks: not measured, "
+                                                                 f"the nearest used)"))
+
+    def with_period(self, period_ms: float, ranks: int) -> float:
+        """The period real runs take for a critical path of ``period_ms`` on ``ranks`` ranks:
+        ``fixed + scale x period`` fitted at the nearest measured rank count (``fit_overheads``),
+        or the path itself without such points. On a machine with fewer cores than ranks the
+        ranks take turns on the cores, which stretches the period beyond every term's own figure."""
+        per_ranks = self.overheads_.get(ITERATION_KEY)
+        if not per_ranks:
+            return period_ms
+        fixed, scale = per_ranks[min(per_ranks, key=lambda r: (abs(r - ranks), r))]
+        return max(period_ms, fixed + scale * period_ms)
+
     # --------------------------------------------------------------- the file
     def to_dict(self) -> dict:
         return {"format": OPERATOR_COSTS_FORMAT, "hardware": self.hardware_, "params": self.get_params(),
-                "metrics": self.metrics_, "samples": self.samples_}
+                "metrics": self.metrics_, "overheads": {"fitted": {t: {str(r): list(v) for r, v in per.items()}
+                                                                   for t, per in self.overheads_.items()},
+                                                        "points": self.overhead_points_},
+                "samples": self.samples_}
 
     def save(self, path: str | Path) -> Path:
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=None, separators=(",", ":")) + "\n")
@@ -249,7 +310,16 @@ class OperatorModels(BaseEstimator):
         params = data.get("params", {})
         if not isinstance(params, Mapping) or set(params) - set(cls().get_params()):
             raise FormatError(f"{source}: field 'params' must hold only {', '.join(cls().get_params())}")
-        return cls(**params).fit(samples, data.get("hardware"))
+        overheads = data.get("overheads") or {}
+        points = overheads.get("points", []) if isinstance(overheads, Mapping) else None
+        if not isinstance(points, list) or not all(
+                isinstance(p, Mapping) and (p.get("term") in ITERATION_TERMS or p.get("term") == ITERATION_KEY)
+                and is_int(p.get("ranks"))
+                and all(isinstance(p.get(k), (int, float)) and np.isfinite(p[k]) and p[k] >= 0
+                        for k in ("predicted_ms", "measured_ms")) for p in points):
+            raise FormatError(f"{source}: field 'overheads.points' must list {{term, ranks, predicted_ms, "
+                              f"measured_ms}} objects (terms of constants.ITERATION_TERMS)")
+        return cls(**params).fit(samples, data.get("hardware"), points)
 
     @classmethod
     def read(cls, path: str | Path) -> "OperatorModels":
@@ -265,6 +335,31 @@ class OperatorModels(BaseEstimator):
             else:
                 lines.append(f"  {key:28s} {m['samples']:4d} samples  {m['value']:.3f} (IQR {m['spread_iqr']:.3f})")
         return "\n".join(lines)
+
+
+def fit_overheads(points: Sequence[Mapping]) -> dict[str, dict[int, tuple[float, float]]]:
+    """Per term and rank count, ``(fixed ms, scale)`` with ``measured = fixed + scale x
+    predicted`` over real runs' points (NNLS on relative error; a term predicted 0 everywhere,
+    ``other_ms``, gets its median as ``fixed``). These are Lin et al.'s overheads on this
+    runtime: what each term costs per step beyond its operators' isolated timings (dispatch
+    and framework work around the dense operators, per-collective latency, data loading's
+    host work, the bookkeeping between terms) and the slowdown of sharing cores with the
+    other ranks."""
+    out: dict[str, dict[int, tuple[float, float]]] = {}
+    groups: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for p in points:
+        groups.setdefault((p["term"], int(p["ranks"])), []).append((float(p["predicted_ms"]), float(p["measured_ms"])))
+    for (term, ranks), pairs in groups.items():
+        pred, meas = np.array(pairs).T
+        if len(pairs) < 3:
+            continue
+        if pred.max() <= 0:
+            out.setdefault(term, {})[ranks] = (float(np.median(meas)), 0.0)
+            continue
+        weight = 1.0 / np.maximum(meas, 1e-3)
+        coef, _ = nnls(np.column_stack([np.ones_like(pred), pred]) * weight[:, None], meas * weight)
+        out.setdefault(term, {})[ranks] = (float(coef[0]), float(coef[1]))
+    return out
 
 
 #: the shipped operator models: this repository's CPU VM (``collect dense``, see its README)

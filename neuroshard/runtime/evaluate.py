@@ -12,7 +12,7 @@ second half of the plan's steps: ``runtime.cached``); the miss path is not part 
 ``total_ms`` (the tier's cost model, ``costmodels.tiers``, estimates it apart).
 
 The whole training iteration is measured too: ``iteration_ms``, the median over the
-measured steps of the slowest rank's period (step to step, wall clock), and per rank its
+measured steps of the ranks' mean period (step to step, wall clock), and per rank its
 breakdown into the terms of ``constants.ITERATION_TERMS`` (``trainer``), the terms that
 ``neuroshard estimate`` predicts, averaged over its typical steps (``iteration_terms``)."""
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Measurement:
     kernel: str = ""
     clock: str = ""
     cache: dict = field(default_factory=dict)  # per cached table (``cached.cache_summary``); empty without
-    iteration_ms: float | None = None  # median over the steps of the slowest rank's period
+    iteration_ms: float | None = None  # median over the steps of the ranks' mean period
     breakdown: list[dict] = field(default_factory=list)  # per rank: its typical iteration (``iteration_terms``)
 
     @property
@@ -162,7 +162,9 @@ def summarize(plan: Plan, result: RunResult, warmup: int, batch_size: int, which
         row["dense_ms"] = statistics.median(r["dense_ms"] for r in kept)
         row["step_ms"] = statistics.median(r["step_ms"] for r in kept)
         per_device.append(row)
-    iteration_ms = statistics.median(max(r["period_ms"] for r in step) for step in zip(*kept_by_rank))
+    # every rank passes the same barriers, so their periods differ only by where each one's
+    # loop top falls; the slowest rank's would add scheduling jitter (the max of noisy figures)
+    iteration_ms = statistics.median(statistics.fmean(r["period_ms"] for r in step) for step in zip(*kept_by_rank))
     used_warmup = warmup if steps > warmup else 0
     return Measurement(plan, per_device, steps - used_warmup, used_warmup, batch_size, result.backend,
                        result.kernel, result.clock, cache_summary(plan, result.records, which), iteration_ms,

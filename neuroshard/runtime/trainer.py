@@ -288,7 +288,9 @@ def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: t
     dense_allreduce = AllreduceSpans()
     ddp.register_comm_hook(dense_allreduce, _allreduce_sum)
     opt = torch.optim.SGD(ddp.parameters(), lr=config.lr)
-    held = [t for t in tables if any(t.name in emb.table_names for emb in embs)]
+    # the tables each plan's shards on this rank look up: a step samples only its plan's (an A/B
+    # run must not charge one plan's data loading with another's tables)
+    held = [[t for t in tables if t.name in emb.table_names] for emb in embs]
     start, end = local_slice(batch_size, world, rank)
     shares, records = [], []  # this rank's share of each step's loss, its timings
     wctx.heartbeat(BUILT)
@@ -300,7 +302,7 @@ def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: t
         which = step % len(embs)
         emb = embs[which]
         ti = time.perf_counter()
-        batch = make_batch(held, batch_size, step, config.seed, config.model.dense_features)
+        batch = make_batch(held[which], batch_size, step, config.seed, config.model.dense_features)
         inputs = emb.prepare(batch.lookups)
         dense_x, labels = batch.dense[start:end].to(device), batch.labels[start:end].to(device)
         emb.times.reset()

@@ -103,21 +103,23 @@ class IterationEstimate:
 
 def input_features(plan: Plan, tables: TableSet, rank: int, batch_size: int) -> list[float]:
     """The ``input`` operator's shape for ``rank``: (tables sampled, lookups drawn for the
-    global batch, shards, lookups kept by the shards)."""
+    global batch from reuse histograms, lookups drawn otherwise, shards, lookups kept by the
+    shards)."""
     by_name = {t.name: t for t in tables}
     held = {s.table for s in plan.shards_on(rank)} | set(plan.data_parallel_tables)
-    drawn = sum(float(by_name[n].pooling_factor) * batch_size for n in held)
+    hist = sum(float(by_name[n].pooling_factor) * batch_size for n in held if "reuse_histogram" in by_name[n].access)
+    other = sum(float(by_name[n].pooling_factor) * batch_size for n in held) - hist
     shards = plan.shards_on(rank)
     kept = sum(float(by_name[s.table].pooling_factor) * batch_size * s.num_rows / by_name[s.table].num_embeddings
                for s in shards)
-    return [float(len(held)), drawn, float(len(shards)), kept]
+    return [float(len(held)), hist, other, float(len(shards)), kept]
 
 
-def estimate_iteration(plan: Plan, tables: TableSet, cost_models: CostModels, operators: OperatorModels,
-                       model: ModelSpec = DEFAULT_MODEL, batch_size: int | None = None) -> IterationEstimate:
-    """The predicted step of ``plan`` training ``model`` at ``batch_size`` (default: the
-    tables' batch) on the included runtime (module docstring)."""
-    batch = int(batch_size or tables.batch_size)
+def operator_durations(plan: Plan, tables: TableSet, cost_models: CostModels, operators: OperatorModels,
+                       model: ModelSpec = DEFAULT_MODEL, batch: int | None = None) -> tuple[list[dict[str, float]], Simulator]:
+    """Per rank, each term's own duration from the operator and embedding models alone (no
+    waiting, no overheads; module docstring), and the simulator that priced the embeddings."""
+    batch = int(batch or tables.batch_size)
     sim = Simulator.from_plan(plan, cost_models, tables, batch_size=batch)
     ranks = plan.num_devices
     compute = sim.evaluate_plan(plan).compute_ms[0]
@@ -129,7 +131,6 @@ def estimate_iteration(plan: Plan, tables: TableSet, cost_models: CostModels, op
     allreduce = buckets * operators.one("allreduce", [4.0 * params / buckets, float(ranks)]) if ranks > 1 else 0.0
     barrier = operators.one("barrier", [float(ranks)]) if ranks > 1 else 0.0
     replicated = float(sim.replicated_ms()[1]) if plan.data_parallel_tables else None
-    overhead = operators.one("step_overhead", [float(ranks)]) if "step_overhead" in operators.kinds else 0.0
     durations = []
     for rank, local in enumerate(batch_shares(batch, ranks)):
         fwd = bwd = step = 0.0
@@ -143,13 +144,28 @@ def estimate_iteration(plan: Plan, tables: TableSet, cost_models: CostModels, op
                "dense_bwd_ms": bwd, "dense_allreduce_ms": allreduce, "optimizer_ms": step,
                "bwd_comm_ms": float(bwd_x[rank]), "emb_bwd_ms": (1.0 - share) * compute[rank],
                "input_ms": operators.one("input", input_features(plan, tables, rank, batch)),
-               "sync_ms": barrier, "other_ms": overhead}
+               "sync_ms": barrier, "other_ms": 0.0}
         if replicated is not None:
             row["allreduce_ms"] = replicated
         durations.append(row)
-    per_rank, path, period = critical_path(durations)
+    return durations, sim
+
+
+def estimate_iteration(plan: Plan, tables: TableSet, cost_models: CostModels, operators: OperatorModels,
+                       model: ModelSpec = DEFAULT_MODEL, batch_size: int | None = None) -> IterationEstimate:
+    """The predicted step of ``plan`` training ``model`` at ``batch_size`` (default: the
+    tables' batch) on the included runtime (module docstring): the operators' durations, the
+    overheads measured in real runs added (``OperatorModels.with_overheads``), the critical path."""
+    batch = int(batch_size or tables.batch_size)
+    durations, sim = operator_durations(plan, tables, cost_models, operators, model, batch)
+    durations, overheads = operators.with_overheads(durations)
+    per_rank, path, path_ms = critical_path(durations)
+    period = operators.with_period(path_ms, plan.num_devices)
+    for row in per_rank:  # the stretch of ranks taking turns on the cores is waiting at the barrier
+        row["sync_ms"] += period - path_ms
     sources = {"embedding": f"{cost_models.name} ({sim.comm_source})",
                "operators": operators.hardware_.get("cpu_model", "unknown hardware"),
+               "overheads": overheads,
                "gpu_terms": "not measured here (kernel launches, CUDA streams): the included runtime runs on CPU"}
     return IterationEstimate(period, per_rank, path, batch, model, sources)
 

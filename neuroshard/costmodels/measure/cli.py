@@ -89,6 +89,24 @@ def _dense(args: argparse.Namespace) -> int:
     return 0
 
 
+def _overheads(args: argparse.Namespace) -> int:
+    from ...runtime.overheads import CALIBRATION_CONFIGS, calibrate_overheads
+    from ...validate import check_output
+    from .. import resolve_cost_models
+    from ..dense import load_operator_models
+    check_output(args.out, [args.cost_model], "operator-costs file")  # the --operator-costs file may be rewritten
+    operators = load_operator_models(args.operator_costs)
+    fitted = calibrate_overheads(
+        resolve_cost_models(args.cost_model), operators, CALIBRATION_CONFIGS, iterations=args.iterations,
+        progress=lambda c: print(f"training {c[0]} x{c[1]}, {c[3].name}, batch {c[4]} on {c[5]} processes ...",
+                                 flush=True))
+    for term, per in fitted.overheads_.items():
+        print(f"  {term:20s} " + "  ".join(f"{r} ranks: +{a:.3f} ms, x{b:.2f}" for r, (a, b) in sorted(per.items())))
+    fitted.save(args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``collect compute``, ``collect comm``, ``collect dense`` and ``collect merge``."""
     collect = sub.add_parser("collect", help="measure kernel and communication costs",
@@ -185,3 +203,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--size", choices=("full", "quick"), default="full",
                    help="samples per part: full (default) or quick (a smoke test, under a minute)")
     p.set_defaults(func=_dense)
+
+    p = csub.add_parser("overheads", help="measure the runtime's overheads beyond its operators in real runs",
+                        description="Train a few small configurations (their own tables, dense models and "
+                                    "batches) on 2 and 3 real processes, compare each term of the iteration "
+                                    "with the operator models' prediction, and fit per term and process count "
+                                    "the overhead (fixed ms per step) and slowdown (scale) that real runs add. "
+                                    "Writes the operator-costs file with them; `neuroshard estimate` applies "
+                                    "them. About 3 minutes; run it after `collect dense`.")
+    p.add_argument("--operator-costs", default=None, metavar="OPS.json",
+                   help="operator cost models to add the overheads to (default: the shipped ones)")
+    p.add_argument("--cost-model", default=None, metavar="MODEL.pt", help="embedding cost-model checkpoint "
+                                                                          "(default: the shipped one)")
+    p.add_argument("--iterations", type=int_in(4, 1000, "an iteration count"), default=12,
+                   help="measured iterations per plan (default 12)")
+    add_output(p, "operator-costs file to write (may be the --operator-costs file)", dest="out",
+               aliases=("--out",), required=True, metavar="OPS.json")
+    p.set_defaults(func=_overheads)

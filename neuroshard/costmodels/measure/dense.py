@@ -13,8 +13,9 @@ thread, as the runtime's processes run:
   ``(parameters, tensors)``;
 * ``input``: a rank's data loading (each held table's lookups sampled for the global
   batch, made local to each shard, laid out for the fused kernel: what the runtime's
-  ``make_batch`` and ``ShardedEmbeddings.prepare`` run), by ``(tables, lookups drawn,
-  shards, lookups kept)``;
+  ``make_batch`` and ``ShardedEmbeddings.prepare`` run) on tables of several families,
+  by ``(tables, lookups drawn from reuse histograms, lookups drawn otherwise, shards,
+  lookups kept)``;
 * ``allreduce``, ``barrier``: gloo collectives between real processes (spawned here), by
   ``(bytes, ranks)`` and ``(ranks,)``.
 
@@ -36,10 +37,11 @@ import numpy as np
 
 from ...constants import MEASURED_BATCH_SIZE
 from ...datasets.augment import benchmark_tables
+from ...datasets.families import generate
 from ...datasets.sampler import draw_lookups
 from ...dense import Interaction, mlp
 from ...kernels import FusedEmbedding, local_lookups
-from ...launch import WorkerContext, launch
+from ...launch import WorkerContext, launch, step_progress
 from ..base import few_threads
 from ..dense import OperatorModels
 from .kernel import KernelBenchmark
@@ -47,6 +49,8 @@ from .store import hardware_info
 
 log = logging.getLogger(__name__)
 
+#: table families a rank's data loading is timed on (their samplers differ: reuse histograms, zipf)
+INPUT_FAMILIES = ("dlrm-2021", "criteo-kaggle", "broad", "hot-few")
 #: process counts the collectives are timed at
 COLLECTIVE_RANKS = (2, 3, 4)
 #: largest batch x in x out of a timed linear layer (about 4 GFLOP forward and backward)
@@ -98,6 +102,13 @@ def _log_uniform(rng: np.random.Generator, low: float, high: float) -> int:
     return int(round(2 ** rng.uniform(np.log2(low), np.log2(high))))
 
 
+def _width(rng: np.random.Generator, low: float, high: float) -> int:
+    """A layer width as models have them: any below 32, a multiple of 8 above (odd widths
+    take other GEMM kernels, a few times slower, which no model width uses)."""
+    w = _log_uniform(rng, low, high)
+    return w if w < 32 else 8 * round(w / 8)
+
+
 def layer_samples(count: int = 120, rounds: int = 5, min_ms: float = 2.0, seed: int = 0) -> list[dict]:
     """Linear layers, interactions and the loss at random shapes (local batches of 32-4,096)."""
     import torch
@@ -105,9 +116,9 @@ def layer_samples(count: int = 120, rounds: int = 5, min_ms: float = 2.0, seed: 
     shapes, jobs = [], []
     with few_threads(1):
         for _ in range(count):
-            b, i, o = _log_uniform(rng, 32, 4096), _log_uniform(rng, 4, 2048), _log_uniform(rng, 1, 2048)
+            b, i, o = _log_uniform(rng, 32, 4096), _width(rng, 4, 2048), _width(rng, 1, 2048)
             while b * i * o > MAX_LAYER_WORK:  # a few seconds per timing otherwise: beyond, cost scales with work
-                b, i, o = _log_uniform(rng, 32, 4096), _log_uniform(rng, 4, 2048), _log_uniform(rng, 1, 2048)
+                b, i, o = _log_uniform(rng, 32, 4096), _width(rng, 4, 2048), _width(rng, 1, 2048)
             relu = int(rng.random() < 0.75)
             layer = mlp([i, o], last_relu=bool(relu))
             shapes.append(("linear", (b, i, o, relu)))
@@ -160,7 +171,7 @@ def optimizer_samples(count: int = 40, rounds: int = 5, min_ms: float = 2.0, see
     shapes, jobs = [], []
     with few_threads(1):
         for _ in range(count):
-            widths = [_log_uniform(rng, 4, 2048) for _ in range(int(rng.integers(2, 9)))]
+            widths = [_width(rng, 4, 2048) for _ in range(int(rng.integers(2, 9)))]
             model = mlp(widths, last_relu=False)
             params = list(model.parameters())
             for p in params:
@@ -183,8 +194,7 @@ def input_samples(count: int = 40, rounds: int = 3, seed: int = 2,
     """A rank's data loading for random sets of tables and shards (see the module docstring)."""
     import torch
     rng = np.random.default_rng(seed)
-    train, test = benchmark_tables("dlrm-2021")
-    pool = list(train) + list(test)
+    pool = [t for family in INPUT_FAMILIES for t in generate(family, num_tables=40, seed=seed)]
     shapes, jobs = [], []
     with few_threads(1):
         for sample in range(count):
@@ -192,13 +202,15 @@ def input_samples(count: int = 40, rounds: int = 3, seed: int = 2,
             batch = int(rng.choice(batch_sizes))
             shards = []  # (table, row offset, rows): some tables split in row blocks
             for t in tables:  # a rank holds some row blocks of a split table (one at least)
-                blocks = int(rng.choice([1, 1, 1, 2, 4]))
+                blocks = min(int(rng.choice([1, 1, 1, 2, 4])), t.num_embeddings)
                 size = t.num_embeddings // blocks
                 held = [k for k in range(blocks) if rng.random() < 0.5] or [int(rng.integers(blocks))]
                 shards += [(t, k * size, size if k < blocks - 1 else t.num_embeddings - k * size) for k in held]
             rows_cap = 100_000
-            fused = FusedEmbedding([(min(r, rows_cap), t.embedding_dim) for t, _, r in shards], "auto", "cpu")
-            drawn = sum(float(t.pooling_factor) * batch for t in tables)
+            # laying out inputs does not depend on the widths: narrow weights keep 60 samples' kernels small
+            fused = FusedEmbedding([(min(r, rows_cap), 4) for t, _, r in shards], "auto", "cpu")
+            hist = sum(float(t.pooling_factor) * batch for t in tables if "reuse_histogram" in t.access)
+            other = sum(float(t.pooling_factor) * batch for t in tables) - hist
             kept = sum(float(t.pooling_factor) * batch * r / t.num_embeddings for t, _, r in shards)
 
             def load(tables=tables, shards=shards, batch=batch, fused=fused, sample=sample):
@@ -207,7 +219,7 @@ def input_samples(count: int = 40, rounds: int = 3, seed: int = 2,
                 per_shard = [local_lookups(*lookups[t.name], off, r, t.num_embeddings, min(r, rows_cap))
                              for t, off, r in shards]
                 fused.prepare(per_shard)
-            shapes.append((len(tables), drawn, len(shards), kept))
+            shapes.append((len(tables), hist, other, len(shards), kept))
             jobs.append(lambda load=load: {"ms": _repeat_time(load, 1.0)})
         results = _round_robin(jobs, rounds)
     return [{"kind": "input", "features": [float(x) for x in f], "ms": statistics.median(r["ms"] for r in runs)}
@@ -241,7 +253,8 @@ def _collective_worker(wctx: WorkerContext, sizes: Sequence[int], rounds: int) -
         tensors = [torch.ones(max(1, s // 4)) for s in sizes]
         times: dict[int, list[float]] = {s: [] for s in sizes}
         barrier: list[float] = []
-        for _ in range(rounds):
+        for r in range(rounds):
+            wctx.heartbeat(step_progress(r))  # the launcher stops ranks silent for its timeout
             for s, x in zip(sizes, tensors):
                 dist.barrier()
                 times[s].append(_collective_time(lambda x=x: dist.all_reduce(x), _collective_repeats(s)))
@@ -263,8 +276,9 @@ def _collective_worker(wctx: WorkerContext, sizes: Sequence[int], rounds: int) -
 
 def collective_samples(ranks: Sequence[int] = COLLECTIVE_RANKS, rounds: int = 5,
                        sizes: Sequence[int] | None = None, timeout_s: float = 300.0) -> list[dict]:
-    """gloo all-reduces of 4 bytes to 64 MiB and barriers, between ``ranks`` real processes."""
-    sizes = list(sizes) if sizes is not None else [int(2 ** e) for e in np.arange(2, 26.5, 1.5)]
+    """gloo all-reduces of 1 KiB to 32 MiB (a dense model's gradients) and barriers, between ``ranks``
+    real processes."""
+    sizes = list(sizes) if sizes is not None else [int(2 ** e) for e in np.arange(10, 25.5, 1.0)]
     out: list[dict] = []
     for world in ranks:
         out += launch(_collective_worker, (sizes, rounds), world, timeout_s)[0]
@@ -299,7 +313,7 @@ PARTS: dict[str, Callable[..., list[dict]]] = {
 
 #: sample counts per part: ``full`` for a machine's models (a few minutes), ``quick`` for a smoke test
 SIZES: dict[str, dict[str, dict]] = {
-    "full": {"layers": {"count": 120}, "optimizer": {"count": 40}, "input": {"count": 40},
+    "full": {"layers": {"count": 240}, "optimizer": {"count": 40}, "input": {"count": 60},
              "collectives": {}, "embedding_split": {"count": 30}},
     "quick": {"layers": {"count": 24, "rounds": 2, "min_ms": 0.5}, "optimizer": {"count": 12, "rounds": 2},
               "input": {"count": 12, "rounds": 1}, "collectives": {"ranks": (2,), "rounds": 2},
@@ -313,7 +327,9 @@ def collect_dense(path, size: str | dict = "full", progress: Callable[[str], Non
     interrupted run keeps what it finished; a rerun measures only the parts the file lacks.
     Returns the models."""
     path = Path(path)
-    samples = OperatorModels.read(path).samples_ if path.exists() else []
+    existing = OperatorModels.read(path) if path.exists() else None
+    samples = existing.samples_ if existing is not None else []
+    points = existing.overhead_points_ if existing is not None else []  # kept: `collect overheads` measured them
     done = {s.get("part") for s in samples}
     hardware = hardware_info("cpu")
     sizes = SIZES[size] if isinstance(size, str) else size
@@ -323,5 +339,5 @@ def collect_dense(path, size: str | dict = "full", progress: Callable[[str], Non
         if progress is not None:
             progress(part)
         samples += [{**s, "part": part} for s in measure(**sizes[part])]
-        OperatorModels().fit(samples, hardware).save(path)
+        OperatorModels().fit(samples, hardware, points).save(path)
     return OperatorModels.read(path)

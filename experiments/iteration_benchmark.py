@@ -1,0 +1,184 @@
+"""Predicted against measured training iterations of the included runtime (issue 31).
+
+For each configuration (tables, dense model, global batch, processes), the candidate plans
+of one configuration (NeuroShard's search and the greedy baselines, as `search --objective
+iteration` compares them) are
+
+* predicted by the iteration-time model (`neuroshard estimate`: `search.iteration`), and
+* measured by the included runtime in one run with their steps interleaved (`evaluate`'s
+  `iteration_ms` and breakdown), twice: the second run is the A/A control.
+
+It prints and writes (`--out`): per configuration and plan the predicted and measured
+iteration (the mean of the two runs), the A/A ratio, the GMAE of prediction against
+measurement over all (configuration, plan) pairs, the per-term errors, and the ranking
+result (is the plan predicted fastest the one measured fastest? sets whose two fastest
+plans differ by less than the A/A noise count as ties, reported apart), and whether the
+iteration objective picks another plan than the embedding objective, and which one trains
+faster.
+
+    python experiments/iteration_benchmark.py --out experiments/results/iteration
+
+The operator models are fitted on random layer shapes, collectives and data loads
+(`collect dense`), never on these configurations' plans.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from neuroshard.constants import ITERATION_TERMS
+from neuroshard.costmodels import resolve_cost_models
+from neuroshard.costmodels.dense import gmae, load_operator_models
+from neuroshard.datasets.families import generate
+from neuroshard.model_spec import DEFAULT_MODEL, ModelSpec
+from neuroshard.runtime.evaluate import evaluate_together
+from neuroshard.search.api import shard
+from neuroshard.search.iteration import estimate_iteration
+from neuroshard.search.registry import with_trait
+
+log = logging.getLogger("iteration_benchmark")
+
+MEDIUM = ModelSpec(13, (256, 64), (256, 128), "dot", "medium-dot")
+LARGE = ModelSpec(13, (512, 256), (1024, 512, 256), "dot", "large-dot")
+CAT = ModelSpec(32, (128,), (512, 128), "cat", "medium-cat")
+#: (family, tables, seed, model, global batch, processes)
+CONFIGS = [
+    ("dlrm-2021", 8, 11, DEFAULT_MODEL, 512, 2),
+    ("dlrm-2021", 12, 12, MEDIUM, 1024, 2),
+    ("criteo-kaggle", 26, 13, LARGE, 2048, 2),
+    ("hot-few", 10, 14, CAT, 1024, 2),
+    ("dlrm-2021", 16, 15, LARGE, 512, 2),
+    ("dlrm-2022", 10, 16, CAT, 2048, 2),
+    ("dlrm-2021", 9, 21, MEDIUM, 768, 3),
+    ("criteo-kaggle", 26, 22, DEFAULT_MODEL, 1536, 3),
+    ("hot-few", 12, 23, LARGE, 1536, 3),
+    ("dlrm-2022", 12, 24, CAT, 768, 3),
+]
+
+
+def plans_of(tables, devices: int, models, with_random: bool = False) -> dict:
+    """NeuroShard's plan and the greedy baselines' (random only ``with_random``), 64 GiB per device."""
+    out = {"neuroshard": shard(tables, devices, "64GiB", "neuroshard", cost_models=models)}
+    for name in with_trait("greedy_baseline"):
+        if name != "random" or with_random:
+            out[name] = shard(tables, devices, "64GiB", name, cost_models=models)
+    unique, seen = {}, set()
+    for name, plan in out.items():  # the same plan twice would be one candidate measured twice
+        key = tuple(sorted((s.table, s.row_offset, s.num_rows, s.col_offset, s.num_cols, s.device) for s in plan.shards))
+        if key not in seen:
+            seen.add(key)
+            unique[name] = plan
+    return unique
+
+
+def run_config(config, models, ops, iterations: int, warmup: int, with_random: bool = False) -> dict:
+    family, count, seed, model, batch, devices = config
+    tables = generate(family, num_tables=count, seed=seed)
+    tables.batch_size = batch
+    plans = plans_of(tables, devices, models, with_random)
+    names = list(plans)
+    predicted = {n: estimate_iteration(p, tables, models, ops, model, batch) for n, p in plans.items()}
+    runs = []
+    for order in (names, names[::-1]):  # the A/A control: the same plans again, in the other order
+        measured = evaluate_together([plans[n] for n in order], tables, devices, iterations=iterations,
+                                     warmup=warmup, batch_size=batch, model=model)
+        runs.append({n: m for n, m in zip(order, measured)})
+    rows = []
+    for n in names:
+        a, b = runs[0][n], runs[1][n]
+        mean = 0.5 * (a.iteration_ms + b.iteration_ms)
+        terms_pred = {t: float(np.mean([row.get(t, 0.0) for row in predicted[n].per_rank])) for t in ITERATION_TERMS}
+        terms_meas = {t: float(np.mean([0.5 * (ra.get(t, 0.0) + rb.get(t, 0.0))
+                                        for ra, rb in zip(a.breakdown, b.breakdown)])) for t in ITERATION_TERMS}
+        rows.append({"plan": n, "predicted_ms": predicted[n].iteration_ms, "measured_ms": mean,
+                     "run1_ms": a.iteration_ms, "run2_ms": b.iteration_ms,
+                     "terms_predicted": terms_pred, "terms_measured": terms_meas})
+    return {"family": family, "tables": count, "seed": seed, "model": model.name, "batch": batch,
+            "devices": devices, "plans": rows}
+
+
+def summarize(results: list[dict]) -> dict:
+    pred = np.array([r["predicted_ms"] for c in results for r in c["plans"]])
+    meas = np.array([r["measured_ms"] for c in results for r in c["plans"]])
+    run1 = np.array([r["run1_ms"] for c in results for r in c["plans"]])
+    run2 = np.array([r["run2_ms"] for c in results for r in c["plans"]])
+    aa = gmae(run1, run2)
+    terms = {}
+    for t in ITERATION_TERMS:
+        p = np.array([r["terms_predicted"][t] for c in results for r in c["plans"]])
+        m = np.array([r["terms_measured"][t] for c in results for r in c["plans"]])
+        if m.sum() > 0:
+            terms[t] = {"predicted_ms": round(float(p.mean()), 3), "measured_ms": round(float(m.mean()), 3),
+                        "gmae": round(gmae(np.maximum(p, 1e-3), np.maximum(m, 1e-3)), 3)}
+    right = ties = wrong = 0
+    objective = []
+    for c in results:
+        by_meas = sorted(c["plans"], key=lambda r: r["measured_ms"])
+        fastest_pred = min(c["plans"], key=lambda r: r["predicted_ms"])
+        noise = float(np.median([abs(np.log(r["run1_ms"] / r["run2_ms"])) for r in c["plans"]]))
+        if len(by_meas) > 1 and np.log(by_meas[1]["measured_ms"] / by_meas[0]["measured_ms"]) < noise:
+            ties += 1
+        elif fastest_pred["plan"] == by_meas[0]["plan"]:
+            right += 1
+        else:
+            wrong += 1
+        emb = next(r for r in c["plans"] if r["plan"] == "neuroshard")
+        pick = min((r for r in c["plans"] if r["plan"] != "random"), key=lambda r: r["predicted_ms"])  # as search does
+        objective.append({"config": f"{c['family']} x{c['tables']} {c['model']} b{c['batch']} p{c['devices']}",
+                          "embedding_pick": "neuroshard", "iteration_pick": pick["plan"],
+                          "measured_ratio_iteration_to_embedding": round(pick["measured_ms"] / emb["measured_ms"], 4)})
+    return {"points": int(len(pred)), "gmae": round(gmae(pred, meas), 4), "aa_gmae": round(aa, 4),
+            "per_configuration_gmae": [round(gmae(np.array([r["predicted_ms"] for r in c["plans"]]),
+                                                  np.array([r["measured_ms"] for r in c["plans"]])), 4) for c in results],
+            "terms": terms, "ranking": {"right": right, "wrong": wrong, "ties": ties,
+                                        "right_share_of_decided": round(right / max(1, right + wrong), 3)},
+            "objective": objective}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("out/iteration_benchmark"))
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--configs", type=int, nargs="*", default=None, help="indices of CONFIGS to run (default: all)")
+    ap.add_argument("--operator-costs", default=None, help="operator cost models (default: the shipped ones)")
+    ap.add_argument("--with-random", action="store_true",
+                    help="add the random baseline's plan to each set (plans that differ more: rankings decidable)")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    args.out.mkdir(parents=True, exist_ok=True)
+    models, ops = resolve_cost_models(None), load_operator_models(args.operator_costs)
+    results = []
+    done = args.out / "configs.jsonl"
+    if done.exists():  # resumable: finished configurations are kept
+        results = [json.loads(line) for line in done.read_text().splitlines() if line.strip()]
+    chosen = [CONFIGS[i] for i in (args.configs if args.configs is not None else range(len(CONFIGS)))]
+    for config in chosen:
+        key = (config[0], config[1], config[2], config[3].name, config[4], config[5])
+        if any((r["family"], r["tables"], r["seed"], r["model"], r["batch"], r["devices"]) == key for r in results):
+            continue
+        start = time.perf_counter()
+        result = run_config(config, models, ops, args.iterations, args.warmup, args.with_random)
+        results.append(result)
+        with done.open("a") as f:
+            f.write(json.dumps(result) + "\n")
+        print(f"{key}: " + ", ".join(f"{r['plan']} {r['predicted_ms']:.1f}/{r['measured_ms']:.1f}" for r in result["plans"])
+              + f" ms predicted/measured ({time.perf_counter() - start:.0f} s)", flush=True)
+    summary = summarize(results)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"\n{summary['points']} plans: predicted vs measured iteration GMAE {100 * summary['gmae']:.1f}% "
+          f"(A/A {100 * summary['aa_gmae']:.1f}%)")
+    for t, e in summary["terms"].items():
+        print(f"  {t:20s} predicted {e['predicted_ms']:8.3f}  measured {e['measured_ms']:8.3f}  GMAE {100 * e['gmae']:6.1f}%")
+    print(f"ranking: {summary['ranking']}")
+    for o in summary["objective"]:
+        print(f"  {o}")
+
+
+if __name__ == "__main__":
+    main()
