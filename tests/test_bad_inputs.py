@@ -703,7 +703,7 @@ def test_a_worker_whose_parent_is_gone_exits_at_once():
 
 
 # --------------------------------------------------------------------- fuzz
-FUZZ_CASES = int(os.environ.get("NEUROSHARD_FUZZ_CASES", "40"))
+FUZZ_CASES = int(os.environ.get("NEUROSHARD_FUZZ_CASES", "24"))
 
 
 @pytest.mark.slow

@@ -47,7 +47,15 @@ def _show_operators(path) -> int:
 def _show(args: argparse.Namespace) -> int:
     from .base import CostModels
     from .checkpoint import read_checkpoint, shipped_checkpoint
-    if args.model.suffix == ".json":
+    if args.model.suffix == ".json":  # operator cost models (`collect dense`), or a file that is neither
+        from ..errors import NeuroShardError
+        from ..validate import read_json
+        from .dense import OPERATOR_COSTS_FORMAT
+        data = read_json(args.model, "cost-model file")
+        if not (isinstance(data, dict) and data.get("format") == OPERATOR_COSTS_FORMAT):
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise NeuroShardError(f"{args.model}: not a cost-model checkpoint (MODEL.pt) nor an operator-costs file "
+                                  f"(format {found!r})"[:300])
         return _show_operators(args.model)
     payload = read_checkpoint(args.model)
     CostModels.load(args.model, payload)  # a checkpoint whose models do not load is refused, not shown

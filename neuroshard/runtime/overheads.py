@@ -56,16 +56,17 @@ CALIBRATION_CONFIGS: tuple[tuple[str, int, int, ModelSpec, int, int], ...] = (
 CALIBRATION_ALGORITHMS = ("neuroshard", "size-lookup", "size", "dim")
 
 
-def calibration_run(config: tuple, cost_models: CostModels, iterations: int = 12, warmup: int = 3) -> list[tuple]:
-    """Train one calibration configuration's plans interleaved: ``(name, plan, tables, model,
-    batch, measurement)`` per plan."""
+def calibration_run(config: tuple, cost_models: CostModels, iterations: int = 12, warmup: int = 3,
+                    algorithms: Sequence[str] = CALIBRATION_ALGORITHMS) -> list[tuple]:
+    """Train one calibration configuration's plans (one per algorithm) interleaved: ``(name,
+    plan, tables, model, batch, measurement)`` per plan."""
     family, count, seed, model, batch, devices = config
     tables = generate(family, num_tables=count, seed=seed)
     tables.batch_size = batch
-    plans = [shard(tables, devices, "64GiB", name, cost_models=cost_models) for name in CALIBRATION_ALGORITHMS]
+    plans = [shard(tables, devices, "64GiB", name, cost_models=cost_models) for name in algorithms]
     measured = evaluate_together(plans, tables, devices, iterations=iterations, warmup=warmup, batch_size=batch,
                                  model=model)
-    return [(name, plan, tables, model, batch, m) for name, plan, m in zip(CALIBRATION_ALGORITHMS, plans, measured)]
+    return [(name, plan, tables, model, batch, m) for name, plan, m in zip(algorithms, plans, measured)]
 
 
 def overhead_points(config: tuple, runs: list[tuple], cost_models: CostModels, operators: OperatorModels,
@@ -89,14 +90,14 @@ def overhead_points(config: tuple, runs: list[tuple], cost_models: CostModels, o
 
 def calibrate_overheads(cost_models: CostModels, operators: OperatorModels,
                         configs: Sequence[tuple] = CALIBRATION_CONFIGS, iterations: int = 12,
-                        progress=None) -> OperatorModels:
+                        progress=None, algorithms: Sequence[str] = CALIBRATION_ALGORITHMS) -> OperatorModels:
     """``operators`` with the overheads of real runs of ``configs`` (module docstring)."""
     points: list[dict] = []
     runs = []
     for run, config in enumerate(configs):
         if progress is not None:
             progress(config)
-        runs.append(calibration_run(config, cost_models, iterations))
+        runs.append(calibration_run(config, cost_models, iterations, algorithms=algorithms))
         points += overhead_points(config, runs[-1], cost_models, operators, run=run)
     terms = OperatorModels(**operators.get_params()).fit(operators.samples_, operators.hardware_, points)
     # then the period: with more ranks than cores the ranks take turns on them, which no term's
