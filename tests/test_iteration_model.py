@@ -175,3 +175,23 @@ def test_overheads_are_measured_in_real_runs_and_written_to_the_file(tmp_path, s
     path = fitted.save(tmp_path / "ops.json")
     again = OperatorModels.read(path)
     assert again.overheads_ == fitted.overheads_ and "dense_fwd_ms" in again.overheads_
+
+
+def test_search_by_the_iteration_objective_writes_the_fastest_predicted_step(tmp_path, runtime_tables):
+    TableSet("rt", runtime_tables, batch_size=512).write(tmp_path / "t.json")
+    (tmp_path / "m.json").write_text(json.dumps(SPECS[1].to_dict()))
+    out = run_cli("search", tmp_path / "t.json", "-d", "2", "-m", "1GiB", "--objective", "iteration",
+                  "--model", tmp_path / "m.json", "-o", tmp_path / "p.json")
+    assert out.returncode == 0, out.stderr
+    assert "objective iteration (small-cat" in out.stdout
+    plan = json.loads((tmp_path / "p.json").read_text())
+    objective = plan["provenance"]["objective"]
+    predicted = objective["predicted_iteration_ms"]
+    assert {"neuroshard", "size", "dim", "lookup", "size-lookup"} <= set(predicted) and "random" not in predicted
+    assert objective["chosen"] == min(predicted, key=predicted.get) == plan["provenance"]["algorithm"]
+    assert plan["estimate"]["iteration_ms"] == pytest.approx(predicted[objective["chosen"]])
+    assert objective["model"]["interaction"] == "cat"
+    # a model file without the iteration objective would be ignored: refused, one line
+    bad = run_cli("search", tmp_path / "t.json", "-d", "2", "-m", "1GiB", "--model", tmp_path / "m.json",
+                  "-o", tmp_path / "q.json")
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "--objective iteration" in bad.stderr

@@ -26,12 +26,16 @@ up to it. Every term is per rank and in ms at the run's batch:
   making them local to each shard, laying them out), ``sync_ms`` (the barrier, waiting
   included);
 * ``allreduce_ms``: the replicated tables' gradient all-reduce (``Simulator``), when any;
-* ``other_ms``: the host-side work between operators that no operator model covers, the
-  measured per-step overhead when the operator models carry one (kind ``step_overhead``),
-  else 0.
+* ``other_ms``: the host-side work between operators that no operator model covers (0
+  from the operators; the overheads below give it its measured size).
 
-The predicted iteration is the period; the critical path walks back from its end through
-each collective to the rank that arrived last. GPU-only terms (kernel launches, CUDA
+These are the operators' own figures (``operator_durations``). Real runs add overheads
+(dispatch and DDP's hooks around the dense operators, collective latency, data loading's
+host work, ranks sharing cores): ``OperatorModels.with_overheads`` adds, per term, what
+``collect overheads`` measured (``runtime.overheads``). The predicted iteration is then the
+critical path's period, stretched as measured when ranks take turns on fewer cores
+(``OperatorModels.with_period``; the stretch is waiting, charged to ``sync_ms``). The
+critical path walks back from the end through each collective to the rank that arrived last. GPU-only terms (kernel launches, CUDA
 streams) are not in this model: the included runtime measured here runs on CPU, and a
 figure for a GPU says so ("not measured here") until a GPU measures it.
 """
