@@ -27,7 +27,6 @@ operators are not clock noise. Samples are plain dicts (``{"kind", "features", "
 """
 from __future__ import annotations
 
-import logging
 import statistics
 import time
 from pathlib import Path
@@ -46,8 +45,6 @@ from ..base import few_threads
 from ..dense import OperatorModels
 from .kernel import KernelBenchmark
 from .store import hardware_info
-
-log = logging.getLogger(__name__)
 
 #: table families a rank's data loading is timed on (their samplers differ: reuse histograms, zipf)
 INPUT_FAMILIES = ("dlrm-2021", "criteo-kaggle", "broad", "hot-few")
