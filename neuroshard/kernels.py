@@ -423,7 +423,11 @@ class EmbeddingBagKernel(EmbeddingKernel):
                 bag = torch.nn.EmbeddingBag(base, width, mode="sum", sparse=True, _weight=shared)
                 self._bags.append(bag)
                 continue
-            bag = torch.nn.EmbeddingBag(base, width, mode="sum", sparse=True).to(self.device, self.dtype)
+            # built on its device from an uninitialised tensor: nn.EmbeddingBag would otherwise draw
+            # normal weights on the CPU first (minutes for the GBs of a GPU device, seen on an H200),
+            # and every weight is written just below anyway
+            weight = torch.empty(base, width, device=self.device, dtype=self.dtype)
+            bag = torch.nn.EmbeddingBag(base, width, mode="sum", sparse=True, _weight=weight)
             with torch.no_grad():
                 if isinstance(init, (int, float)):
                     bag.weight.fill_(float(init))

@@ -110,3 +110,29 @@ def test_set_size_correction_learns_a_crowding_curve_and_survives_a_checkpoint(e
     np.testing.assert_allclose(loaded.predict(sets[:20]), model.predict(sets[:20]), rtol=1e-5)
     model.fine_tune(sets[:40], crowded[:40], sets[40:50], crowded[40:50], epochs=2)
     assert model.set_size_coef_ is None  # new members: the old correction no longer applies
+
+
+def test_shard_correction_gives_each_table_its_own_error_and_survives_a_checkpoint(ensemble, data, tmp_path):
+    """Tables timed alone teach each table's own error: a set of one table then predicts what
+    it measured, a table's column strip takes its table's correction, the set-size fit on top
+    decides how much of it a fused set carries, and a checkpoint keeps all of it."""
+    sets, _ = data
+    model = copy.deepcopy(ensemble)
+    sim = Simulator(TABLES, 1, load_cost_models())
+    wholes = whole_pieces(TABLES)
+    singles = np.concatenate([sim.features_of(sim.piece_ids([p])) for p in wholes])
+    truth = np.where(np.arange(len(wholes)) % 2 == 0, 3.0, 0.5)  # half the tables 3x slower, half 2x faster
+    measured = model.predict([row[None] for row in singles]) * truth
+    model.fit_shard_correction(singles, measured, knee_bytes=1 << 20, row_cap=1_000_000)
+    model.fit_set_size_correction([row[None] for row in singles], measured)
+    np.testing.assert_allclose(model.predict([row[None] for row in singles]), measured, rtol=0.05)
+    strips = [wholes[i].halve_cols()[0] for i in range(len(wholes)) if wholes[i].can_halve_cols()]
+    strip_sets = [sim.features_of(sim.piece_ids([p])) for p in strips]
+    ratio = model.predict(strip_sets) / ensemble.predict(strip_sets)
+    slow = np.array([truth[p.table] > 1 for p in strips])
+    assert slow.any() and (~slow).any() and ratio[slow].min() > ratio[~slow].max()
+    bundle = CostModels(model, load_cost_models().comm, 4096, name="with-shard-correction")
+    loaded = CostModels.load(bundle.save(tmp_path / "s.pt")).compute
+    np.testing.assert_allclose(loaded.predict(sets[:20]), model.predict(sets[:20]), rtol=1e-5)
+    model.fine_tune(sets[:40], measured[:1].repeat(40), sets[40:50], measured[:1].repeat(10), epochs=2)
+    assert model.shard_refs_ is None and model.set_size_coef_ is None  # new members: corrections refitted

@@ -236,3 +236,24 @@ def test_local_search_relieves_the_device_with_the_most_compute(analytic_models)
     assert with_swaps.cost_ms <= moved.cost_ms * (1 + 1e-9)
     after = sim.evaluate(pieces, moved.devices[None, :]).compute_ms[0]
     assert after.max() < start.compute_ms[0].max()
+
+
+def test_tables_heavier_than_the_mean_device_are_split_at_once(shipped_models):
+    """The beam splits one table a step; while other tables heavier than the mean device
+    remain, the slowest device does not change and the beam sees no gain. The search also
+    tries every such table split at once ("heavy-split"): with the beam off it is what finds
+    the split plan, kept because it is simulated cheaper by more than the split margin."""
+    from neuroshard.search.neuroshard import search
+    from neuroshard.search.params import NeuroShardParams
+    from neuroshard.topology import Topology
+    hot = [Table(f"hot{i}", 4_000_000, 128, 150.0, {"zipf_alpha": 1.05}) for i in range(3)]
+    small = [Table(f"s{i}", 20_000 + 1000 * i, 32, 2.0 + i % 3, {"zipf_alpha": 1.1}) for i in range(13)]
+    tables = TableSet("heavy", hot + small, 4096)
+    sim = Simulator(tables, 8, shipped_models, topology=Topology(8, local_world_size=8))
+    params = NeuroShardParams(depth=0)
+    placement = search(sim, 64 << 30, params)
+    assert placement.details["local_search_from"] == "heavy-split"
+    assert len(placement.pieces) > len(tables) and placement.details["split_gain"] > params.split_margin
+    split_tables = {p.table for p in placement.pieces
+                    if p.num_cols < tables[p.table].embedding_dim or p.num_rows < tables[p.table].num_embeddings}
+    assert split_tables <= {0, 1, 2}  # only the hot tables were cut

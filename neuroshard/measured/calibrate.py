@@ -14,9 +14,10 @@ All are timed with ``neuroshard measure``'s protocol (``costmodels.measure.timin
 at the cost models' batch size, and described with the features the simulator gives
 the same pieces, so the calibrated model predicts exactly what the search will ask.
 
-**What is fitted.** By default only the ensemble's set-size correction
-(``costmodels.ensemble``): this machine's level and how a set's cost grows with its number
-of shards, three numbers, on top of the pre-trained members. With ``fine_tune=True`` the
+**What is fitted.** By default the ensemble's two corrections (``costmodels.ensemble``), on
+top of the pre-trained members: the shard correction (each table's own error, from the
+tables timed alone; a row block or strip takes its table's) and the set-size correction
+(this machine's level and how a set's cost grows with its number of shards). With ``fine_tune=True`` the
 members' weights are fine-tuned on the measurements first (universal first, specific
 second), as refine rounds do. Measured on held-out tasks (criteo-terabyte, criteo-kaggle,
 dlrm-2021, 4 and 8 devices, one interleaved run each): both calibrations cut the error on
@@ -50,6 +51,7 @@ import torch
 
 from ..constants import CALIBRATION_SETS, FP32_BYTES, MIN_CALIBRATION_SETS
 from ..costmodels.base import CostModels
+from ..costmodels.measure.kernel import llc_bytes
 from ..costmodels.measure.store import cpu_model
 from ..costmodels.measure.timing import MEMORY_SHARE, available_memory_bytes, time_devices
 from ..costmodels.metrics import gmae
@@ -64,8 +66,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SETS = CALIBRATION_SETS
 #: what a calibration does, in the cache key: 2 adds the set-size correction, 3 fits only it by
-#: default (no fine-tuning), so models cached by an earlier recipe are calibrated again rather than reused
-CALIBRATION_RECIPE = 3
+#: default (no fine-tuning), 4 adds the shard correction from the tables timed alone, so models
+#: cached by an earlier recipe are calibrated again rather than reused
+CALIBRATION_RECIPE = 4
 #: most weight bytes (rows capped) one measured set may take
 MAX_SET_BYTES = 3 << 30
 
@@ -210,6 +213,10 @@ class Calibration:
         if fine_tune:
             compute.fine_tune([features[i] for i in train], costs[train], [features[i] for i in val], costs[val],
                               epochs=self.epochs)
+        singles = [i for i in train if len(features[i]) == 1]  # the tables alone, above all
+        if singles and hasattr(compute, "fit_shard_correction"):  # each table's own error (``ensemble``)
+            compute.fit_shard_correction(np.concatenate([features[i] for i in singles]), costs[singles],
+                                         knee_bytes=llc_bytes(), row_cap=self.row_cap)
         if hasattr(compute, "fit_set_size_correction"):  # the crowding the pooled members miss (``ensemble``)
             compute.fit_set_size_correction([features[i] for i in train], costs[train])
         after = gmae(compute.predict([features[i] for i in test]), costs[test])

@@ -61,9 +61,12 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
         start = split_heaviest(sim, start, params)
         # each local-search step relieves one device: let every few devices have one
         params = replace(params, depth=0, local_search_steps=max(params.local_search_steps, sim.num_devices // 4))
-    best = place_with_splits(start, lambda pieces: place_many(sim, [pieces], memory_bytes, params)[0],
-                             sim.footprint, params.row_splits, num_devices=sim.num_devices,
-                             local_world_size=sim.local_world_size, allowed=sim.allowed)
+    def place(pieces: list[Piece]) -> Placement:
+        return place_with_splits(pieces, lambda p: place_many(sim, [p], memory_bytes, params)[0],
+                                 sim.footprint, params.row_splits, num_devices=sim.num_devices,
+                                 local_world_size=sim.local_world_size, allowed=sim.allowed)
+
+    best = place(start)
     least_split = best  # the state before any split the beam adds (tables too big for a device are cut)
     beam, seen, stale = [best], {tuple(best.pieces)}, 0
     for step in range(params.depth):
@@ -98,11 +101,35 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
             unsplit, origin = seeds[key], f"greedy-{key}"
     unsplit, moves = local_search(sim, unsplit, memory_bytes, params.local_search_steps, params.local_search_swaps)
     chosen, gain = unsplit, 0.0
-    if len(best.pieces) > len(least_split.pieces):  # the beam split tables: does it pay by more than the margin?
-        split, split_moves = local_search(sim, best, memory_bytes, params.local_search_steps, params.local_search_swaps)
-        gain = 1.0 - split.cost_ms / unsplit.cost_ms if unsplit.cost_ms > 0 else 0.0
-        if gain > params.split_margin:
-            chosen, origin, moves = split, "beam-split", split_moves
+    splits = []  # split states, each kept only when it pays by more than the margin
+    if len(best.pieces) > len(least_split.pieces):  # the beam split tables
+        splits.append(("beam-split", best))
+    if not large:
+        # every table costlier alone than the balanced bound, split at once: the beam splits one
+        # table a step, and while other such tables remain the slowest device does not change,
+        # so the beam sees no gain and stops (patience) before the split that would pay
+        mean_device = float(sim.evaluate(unsplit.pieces, unsplit.devices[None, :], risk=0.0).compute_ms.mean())
+        heavy = split_heaviest(sim, start, params, bound=mean_device)
+        if len(heavy) > len(start) and tuple(heavy) not in seen:
+            try:
+                splits.append(("heavy-split", place(heavy)))
+            except InfeasibleError:
+                pass
+    for name, state in splits:
+        split, split_moves = local_search(sim, state, memory_bytes, params.local_search_steps,
+                                          params.local_search_swaps)
+        split_gain = 1.0 - split.cost_ms / unsplit.cost_ms if unsplit.cost_ms > 0 else 0.0
+        log.debug("%s: %d pieces, simulated %.4f ms against %.4f unsplit", name, len(split.pieces), split.cost_ms,
+                  unsplit.cost_ms)
+        if log.isEnabledFor(logging.DEBUG):
+            for tag, pl in (("unsplit", unsplit), (name, split)):
+                e = sim.evaluate(pl.pieces, pl.devices[None, :], risk=0.0)
+                r = sim.evaluate(pl.pieces, pl.devices[None, :])
+                log.debug("%s compute (risk 0): %s; with risk: %s", tag, np.round(e.compute_ms[0], 1),
+                          np.round(r.compute_ms[0], 1))
+        if split_gain > max(gain, params.split_margin):
+            chosen, origin, moves = split, name, split_moves
+        gain = max(gain, split_gain)
     chosen.details = {"parameters": asdict(params), "shards": len(chosen.pieces), "states_evaluated": len(seen),
                       "local_search_from": origin, "local_search_moves": moves, "split_gain": round(gain, 5),
                       "simulated_cost_ms": chosen.cost_ms}
@@ -203,16 +230,20 @@ def _swap_candidates(sim: Simulator, ids: np.ndarray, devices: np.ndarray, slowe
 
 
 def split_heaviest(sim: Simulator, pieces: list[Piece], params: NeuroShardParams,
-                   max_rounds: int = 64) -> list[Piece]:
+                   max_rounds: int = 64, bound: float | None = None) -> list[Piece]:
     """The pieces with every table whose piece costs more than the balanced bound (alone, by
     the compute model) split until none does or nothing splits further: its column strip
     halved, else (``row_splits``) re-cut into the row blocks TorchRec runs. What the beam
     search finds one split at a time on small tasks, in a few batched rounds: a piece
-    costlier than the bound keeps its device above it whatever the placement."""
+    costlier than the bound keeps its device above it whatever the placement. ``bound``
+    (ms): a fixed bound, e.g. the mean device of a placement (fused sets cost less than
+    their shards alone, so the pieces' costs alone over the devices overstate it); None:
+    the pieces' costs alone, summed and spread evenly, in every round."""
     valid = sorted({sim.local_world_size, sim.num_devices})
+    fixed = bound
     for _ in range(max_rounds):
         costs = sim.single_costs_ms(pieces)
-        bound = float(costs.sum()) / sim.num_devices
+        bound = float(costs.sum()) / sim.num_devices if fixed is None else fixed
         heavy = [pieces[int(i)] for i in np.argsort(-costs, kind="stable") if costs[i] > HEAVY_SHARE * bound]
         if not heavy:
             break
