@@ -121,8 +121,7 @@ class EnsembleComputeModel(ComputeCostModel):
         costs_ms = np.asarray(costs_ms, dtype=np.float64)
         keep = costs_ms > 0
         sets = [s for s, k in zip(sets, keep) if k]
-        members = np.log(np.maximum(self.predict_members(sets), 1e-9)).mean(axis=0)
-        residual = np.log(costs_ms[keep]) - members
+        residual = np.log(costs_ms[keep]) - self._members_logs(sets).mean(axis=0)
         basis = self._set_basis(sets)
         penalty = SET_SIZE_RIDGE * np.eye(basis.shape[1])
         penalty[0, 0] = 0.0  # the level, and (with a shard correction) the share of a table's error it keeps alone
@@ -164,9 +163,9 @@ class EnsembleComputeModel(ComputeCostModel):
         if keep.sum() < 1:
             return self
         singles, costs_ms = singles[keep], costs_ms[keep]
-        base = np.exp(np.log(np.maximum(self.predict_members([row[None] for row in singles]), 1e-9)).mean(axis=0))
+        base = self._members_logs([row[None] for row in singles]).mean(axis=0)
         self.shard_refs_ = singles.tolist()
-        self.shard_residuals_ = (np.log(costs_ms) - np.log(np.maximum(base, 1e-9))).tolist()
+        self.shard_residuals_ = (np.log(costs_ms) - base).tolist()
         self._neighbours = None
         return self
 
@@ -188,7 +187,7 @@ class EnsembleComputeModel(ComputeCostModel):
         todo = list({k: i for i, k in enumerate(keys) if k not in cache}.values())
         if todo:
             new = rows[todo].astype(np.float64)
-            alone = np.exp(np.log(np.maximum(self.predict_members([r[None] for r in new]), 1e-9)).mean(axis=0))
+            alone = np.exp(self._members_logs([r[None] for r in new]).mean(axis=0))
             factor = np.exp(self._neighbours.predict(new[:, SHARD_MATCH]))
             cache.update((keys[i], (float(a), float(f))) for i, a, f in zip(todo, alone, factor))
         weight, factor = np.array([cache[k] for k in keys]).T
@@ -206,16 +205,17 @@ class EnsembleComputeModel(ComputeCostModel):
         self._check()
         return np.stack([m.predict(sets) for m in self.members_])
 
+    def _members_logs(self, sets: Sequence[np.ndarray]) -> np.ndarray:
+        """(members, sets) log of the predicted ms; their mean over members is the uncorrected log mean."""
+        return np.log(np.maximum(self.predict_members(sets), 1e-9))
+
     def predict_with_spread(self, sets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """(geometric-mean ms, standard deviation of the members' log ms) of each set."""
-        logs = np.log(np.maximum(self.predict_members(sets), 1e-9))
+        logs = self._members_logs(sets)
         mean = logs.mean(axis=0)
         coef = getattr(self, "set_size_coef_", None)
-        if coef is not None:
-            basis = set_size_basis(np.array([len(s) for s in sets]))
-            if len(coef) > basis.shape[1]:  # fitted with the shard correction (``_set_basis``)
-                basis = self._set_basis(sets)
-            mean = mean + basis @ np.asarray(coef)
+        if coef is not None:  # ``_set_basis`` has the columns the coefficients were fitted on
+            mean = mean + self._set_basis(sets) @ np.asarray(coef)
         return np.exp(mean), logs.std(axis=0)
 
     def predict(self, sets: Sequence[np.ndarray]) -> np.ndarray:

@@ -121,12 +121,6 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
         split_gain = 1.0 - split.cost_ms / unsplit.cost_ms if unsplit.cost_ms > 0 else 0.0
         log.debug("%s: %d pieces, simulated %.4f ms against %.4f unsplit", name, len(split.pieces), split.cost_ms,
                   unsplit.cost_ms)
-        if log.isEnabledFor(logging.DEBUG):
-            for tag, pl in (("unsplit", unsplit), (name, split)):
-                e = sim.evaluate(pl.pieces, pl.devices[None, :], risk=0.0)
-                r = sim.evaluate(pl.pieces, pl.devices[None, :])
-                log.debug("%s compute (risk 0): %s; with risk: %s", tag, np.round(e.compute_ms[0], 1),
-                          np.round(r.compute_ms[0], 1))
         if split_gain > max(gain, params.split_margin):
             chosen, origin, moves = split, name, split_moves
         gain = max(gain, split_gain)
