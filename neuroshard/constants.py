@@ -79,12 +79,17 @@ KERNEL_REPEATS = 7
 #: ... and at most while the runs still vary more than the target coefficient of variation
 KERNEL_MAX_REPEATS = 15
 #: an interleaved timing run of devices (``measure``, calibration, refine): timed passes over all
-#: devices (a device's figure is its median over them) ...
+#: devices (a device's figure is its fastest pass, ``costmodels.measure.timing.device_time``) ...
 TIMING_PASSES = 5
 #: ... whole passes run first and not counted (each kernel also runs once, untimed, when it is built) ...
 TIMING_WARMUP_PASSES = 0
-#: ... and timed runs per device and pass (the pass's figure is their median)
+#: ... and timed runs per device and pass (the pass's figure is their median), at least; ...
 TIMING_REPEATS = 3
+#: ... a device whose first pass took less than this (ms) runs more, up to TIMING_MAX_REPEATS, so that
+#: a pass's runs add up to about this much (a 3 ms device's fastest of 5 passes of 3 runs moved 3-13%
+#: between copies of one plan, experiments/timing_noise.py)
+TIMING_MIN_PASS_MS = 30.0
+TIMING_MAX_REPEATS = 12
 
 #: TorchRec's compute kernels (``EmbeddingComputeKernel`` values) a training plan's shards may run:
 #: device memory (``fused``, ``dense``), host memory (``fused_uvm``), host memory behind a device

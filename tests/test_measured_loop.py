@@ -140,3 +140,30 @@ def test_calibration_without_fine_tuning_keeps_the_pretrained_members():
     alone = [calibration.features[i] for i in range(len(TABLES))]  # the tables alone, as measured
     np.testing.assert_allclose(models.compute.predict(alone), calibration.costs[:len(TABLES)], rtol=0.1)
     assert models.compute.shard_refs_ is not None and report.sets_measured == len(TABLES) + 16
+
+
+def test_polish_gives_half_of_a_table_too_heavy_to_move():
+    """The slowest device holds one heavy table: moving it overshoots, swapping it too, but
+    its column halves split over the two devices even them out; polish times that and keeps
+    it, and the plan stays valid (every column of the table placed once)."""
+    from dataclasses import replace
+
+    from neuroshard.measured.refine import polish
+    from neuroshard.search.api import shard
+
+    tables = TableSet("heavy", [Table("heavy", 4_000, 128, 10.0, {"zipf_alpha": 0.9})]
+                      + [Table(f"s{i}", 1_000, 8, 1.0, {"zipf_alpha": 0.9}) for i in range(4)], 4096)
+    calibration = start_calibration(tables, load_cost_models(), devices=2, sets=8, seed=0, timer=FakeTimer(),
+                                    epochs=5)
+    models, _ = calibration.fit()
+    plan = shard(tables, 2, "64MiB", algorithm="size", cost_models=models)
+    lopsided = replace(plan, shards=[replace(s, device=0 if s.table == "heavy" else 1) for s in plan.shards],
+                       estimate=None)
+    measured = np.array([device_ms(lopsided.shards_on(d), tables) for d in range(2)])
+    polished, record = polish(lopsided, tables, calibration, models, measured, steps=4)
+    assert record["accepted"] >= 1 and record["splits"] == 1
+    heavy = sorted((s.col_offset, s.num_cols, s.device) for s in polished.shards if s.table == "heavy")
+    assert [(c, w) for c, w, _ in heavy] == [(0, 64), (64, 64)] and {d for *_, d in heavy} == {0, 1}
+    assert not polished.problems()
+    after = max(device_ms(polished.shards_on(d), tables) for d in range(2))
+    assert after < 0.8 * measured.max()

@@ -15,7 +15,10 @@ The plan of the last round's models is searched too. All rounds' plans, the same
 plan against the pre-trained models (``<algorithm>-pretrained``: a model fine-tuned on a
 few hundred sets can be worse where the search goes), and the plans of the baselines a
 user would otherwise run (``compare``: measured-greedy, size-lookup, ...), are timed
-again together in one interleaved run (this machine's speed drifts between runs),
+again together in one interleaved run (this machine's speed drifts between runs) with
+``neuroshard measure``'s protocol (``COMPARE_PASSES`` passes of ``COMPARE_REPEATS`` runs,
+each device's fastest pass: one run per pass, as the rounds time, left the max device of
+16 small devices 5-7% apart between two copies of the same plan),
 and the plan kept is the one whose measured cost is lowest: each device's measured
 compute plus the modelled communication (the simulator's total, with the measured compute
 in place of the estimate). The plans within ``FINALIST_MARGIN`` of the cheapest are timed
@@ -40,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from ..costmodels.metrics import gmae
+from ..constants import TIMING_PASSES, TIMING_REPEATS
 from ..errors import NeuroShardError
 from ..plan import Plan
 from ..search.api import shard
@@ -51,8 +55,13 @@ from ..validate import check_int
 log = logging.getLogger(__name__)
 
 DEFAULT_ROUNDS = 2
-#: runs per device set when a plan's devices are timed (median)
+#: passes per device set when a round's plan is timed (one run each; the fastest counts) ...
 REFINE_PASSES = 3
+#: ... and when plans are compared at the end and in ``polish``: measure's protocol, the instrument
+#: plans are judged with (experiments/timing_noise.py: the max device of two copies of a plan agreed
+#: within 0.4-2% with it, 3-7% with 3-5 single runs)
+COMPARE_PASSES = TIMING_PASSES
+COMPARE_REPEATS = TIMING_REPEATS
 #: measured local-search steps after the rounds (``polish``): at least this many, and 2 per device
 #: (the slowest device changes with each accepted step; 16 devices need more steps than 4)
 POLISH_STEPS = 12
@@ -137,7 +146,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     # the plans are compared in ONE interleaved run of all their devices (see _time_plans)
     distinct = {tuple(p.shards): i for i, p in reversed(list(enumerate(plans)))}  # the first of each plan
     candidates = sorted(distinct.values())
-    finals = _time_plans(plans, candidates, tables, calibration, models, timing_passes)
+    finals = _time_plans(plans, candidates, tables, calibration, models)
     for cost, i, _ in finals:
         entries[i]["final_measured_cost_ms"] = round(cost, 4)
     # the cheapest of ~10 plans timed once is partly the luckiest: the finalists (within
@@ -146,7 +155,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     finalists = sorted(f for f in finals if f[0] <= top * (1 + FINALIST_MARGIN))[:MAX_FINALISTS]
     if len(finalists) > 1:
         again = {i: (c, comp) for c, i, comp in _time_plans(plans, [f[1] for f in finalists], tables, calibration,
-                                                            models, timing_passes)}
+                                                            models)}
         means = [(i, (compute + again[i][1]) / 2) for _, i, compute in finalists]  # each device's mean of both runs
         finalists = [(_measured_cost(plans[i], mean, tables, models, batch), i, mean) for i, mean in means]
         for cost, i, _ in finalists:
@@ -156,24 +165,26 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     chosen = plans[best]
     record = {"rounds": history, "chosen_round": best if best < len(history) else None,
               "chosen": f"round {best}" if best < len(history) else entries[best]["algorithm"],
-              "compared": compared, "timing_passes": timing_passes, "batch_size": batch,
+              "compared": compared, "timing_passes": timing_passes,
+              "compare_timing": {"passes": COMPARE_PASSES, "repeats": COMPARE_REPEATS, "statistic": "fastest pass"},
+              "batch_size": batch,
               "hardware": calibration.config.get("hardware", "")}
     if polish_steps is None:
         polish_steps = max(POLISH_STEPS, POLISH_STEPS_PER_DEVICE * devices)
     if polish_steps:
-        chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps, timing_passes)
+        chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps)
     chosen.provenance["refine"] = record
     return chosen
 
 
 def _time_plans(plans: list[Plan], which: list[int], tables: TableSet, calibration: Any, models: Any,
-                passes: int) -> list[tuple[float, int, np.ndarray]]:
+                passes: int = COMPARE_PASSES, repeats: int = COMPARE_REPEATS) -> list[tuple[float, int, np.ndarray]]:
     """``(measured cost, index, measured compute per device)`` of the plans ``which``, all
     their devices timed in ONE interleaved run (this machine's speed drifts between runs
     minutes apart: 15% seen on 10 ms sets); the cost is the simulator's total with the
     measured compute in place of the estimate."""
     every = [s for i in which for s in calibration.sim.device_sets(plans[i])]
-    times = _per_set(every, calibration.time(every, passes, f"timing {len(which)} plans together"))
+    times = _per_set(every, calibration.time(every, passes, f"timing {len(which)} plans together", repeats))
     out, first = [], 0
     for i in which:
         compute = times[first:first + plans[i].num_devices]
@@ -196,12 +207,12 @@ def _per_set(sets: list[list], values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _time_change(sets: list[list], calibration: Any, passes: int, record: dict) -> np.ndarray | None:
+def _time_change(sets: list[list], calibration: Any, passes: int, repeats: int, record: dict) -> np.ndarray | None:
     """``sets`` (a change's devices before and after) timed in one interleaved run; None, with
     ``record["stopped"]`` saying why, when they cannot be timed now (e.g. no memory for them):
     polish then keeps what it gained so far."""
     try:
-        return _per_set(sets, calibration.time(sets, passes, "polish: timing a change"))
+        return _per_set(sets, calibration.time(sets, passes, "polish: timing a change", repeats))
     except NeuroShardError as exc:
         log.warning("polish stopped: %s", exc)
         record["stopped"] = str(exc).splitlines()[0]
@@ -209,27 +220,29 @@ def _time_change(sets: list[list], calibration: Any, passes: int, record: dict) 
 
 
 def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured_ms: np.ndarray,
-           steps: int = POLISH_STEPS, timing_passes: int = REFINE_PASSES) -> tuple[Plan, dict]:
+           steps: int = POLISH_STEPS, timing_passes: int = COMPARE_PASSES,
+           timing_repeats: int = COMPARE_REPEATS) -> tuple[Plan, dict]:
     """A measured local search from ``plan`` whose devices measured ``measured_ms`` (at the
-    models' batch size): each step proposes the move of one shard off the slowest device, or
-    its swap with a shard of another device, that the models predict best (each device's
-    prediction scaled by its measured/predicted ratio), times the two devices before and
-    after the change in one interleaved run (the machine's speed drifts between runs; the
-    other devices' times are scaled by that drift), and keeps the change only when the
-    plan's measured cost (measured compute plus modelled communication) drops by more than
-    ``MIN_GAIN`` in that run, drops again in a second run, and by more than ``MIN_GAIN`` on
-    the mean of both. Row
-    blocks stay where they are (TorchRec runs them in rank order). Stops after ``steps``
-    steps or when no change is predicted to help."""
-    record = {"steps": 0, "accepted": 0}
+    models' batch size): each step proposes the change off the slowest device that the
+    models predict best (each device's prediction scaled by its measured/predicted ratio):
+    the move of one shard to another device, its swap with a shard there, or (a whole
+    table whose width halves) its split into column halves, one moving to another device:
+    a shard too heavy to move without overshooting can still give away half. The step
+    times the two devices before and after the change in one interleaved run (the machine's
+    speed drifts between runs; the other devices' times are scaled by that drift), and
+    keeps the change only when the plan's measured cost (measured compute plus modelled
+    communication) drops by more than ``MIN_GAIN`` in that run, drops again in a second
+    run, and by more than ``MIN_GAIN`` on the mean of both. Row blocks stay where they are
+    (TorchRec runs them in rank order), tables with constraints are not split, and pinned
+    tables stay on their devices. Stops after ``steps`` steps or when no change is
+    predicted to help."""
+    record = {"steps": 0, "accepted": 0, "splits": 0}
     if plan.data_parallel_tables:
         record["skipped"] = "replicated tables"
         return plan, record
     batch = calibration.models.batch_size
     sim = Simulator.from_plan(plan, models, tables, batch)
     pieces, where = sim.pieces_of_plan(plan)
-    movable = np.array([p.row_offset == 0 and p.num_rows == tables[p.table].num_embeddings for p in pieces])
-    sizes = sim.sizes_bytes(pieces)  # device bytes (a cached table's cache)
     limits = np.array(plan.memory_limits(), dtype=np.float64)
     devices = plan.num_devices
     measured = np.asarray(measured_ms, dtype=np.float64).copy()
@@ -237,47 +250,65 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     record["measured_cost_before_ms"] = round(cost, 4)
     tried: set = set()
     for _ in range(steps):
+        movable = np.array([p.row_offset == 0 and p.num_rows == tables[p.table].num_embeddings for p in pieces])
+        splittable = np.array([movable[k] and p.num_cols == tables[p.table].embedding_dim and p.can_halve_cols()
+                               and not (sim.constraints is not None and sim.constraints[p.table].any)
+                               for k, p in enumerate(pieces)])
+        sizes = sim.sizes_bytes(pieces)  # device bytes (a cached table's cache)
+        mask = sim.device_mask(pieces)  # pinned tables
         members = [np.flatnonzero(where == d) for d in range(devices)]
         ratio = np.ones(devices)
         busy = [d for d in range(devices) if len(members[d])]
         ratio[busy] = measured[busy] / calibration.predict([[pieces[i] for i in members[d]] for d in busy], models)
         hot = int(np.argmax(measured))
         used = np.bincount(where, weights=sizes, minlength=devices)
-        changes = []  # (device a, device b, pieces leaving a for b, pieces leaving b for a)
+
+        def may(i: int, d: int) -> bool:
+            return mask is None or bool(mask[i, d])
+
+        changes = []  # (device a, device b, what, pieces after, devices after): a is the slowest device
         for i in members[hot][movable[members[hot]]]:
+            halves = pieces[i].halve_cols() if splittable[i] else None
+            half_bytes = float(sim.sizes_bytes([halves[1]])[0]) if halves else 0.0
             for d in range(devices):
-                if d != hot and used[d] + sizes[i] <= limits[d]:
-                    changes.append((hot, d, (i,), ()))
-                for j in members[d][movable[members[d]]] if d != hot else ():
-                    if used[d] - sizes[j] + sizes[i] <= limits[d] and used[hot] - sizes[i] + sizes[j] <= limits[hot]:
-                        changes.append((hot, d, (i,), (j,)))
-        changes = [c for c in changes if (c[2], c[3], c[1]) not in tried]
+                if d == hot or not may(i, d):
+                    continue
+                if used[d] + sizes[i] <= limits[d] and ("move", pieces[i], d) not in tried:
+                    moved = where.copy()
+                    moved[i] = d
+                    changes.append((hot, d, ("move", pieces[i], d), pieces, moved))
+                for j in members[d][movable[members[d]]]:
+                    if (used[d] - sizes[j] + sizes[i] <= limits[d] and used[hot] - sizes[i] + sizes[j] <= limits[hot]
+                            and may(j, hot) and ("swap", pieces[i], pieces[j], d) not in tried):
+                        moved = where.copy()
+                        moved[i], moved[j] = d, hot
+                        changes.append((hot, d, ("swap", pieces[i], pieces[j], d), pieces, moved))
+                if halves and used[d] + half_bytes <= limits[d] and ("split", pieces[i], d) not in tried:
+                    rest = [k for k in range(len(pieces)) if k != i]
+                    changes.append((hot, d, ("split", pieces[i], d), [pieces[k] for k in rest] + list(halves),
+                                    np.append(where[rest], [hot, d])))
         if not changes:
             break
-        new_sets, candidates = [], []
-        for a, b, out, back in changes:
-            moved = where.copy()
-            moved[list(out)], moved[list(back)] = b, a
-            candidates.append((pieces, moved))
-            new_sets += [[pieces[k] for k in np.flatnonzero(moved == d)] for d in (a, b)]
+        new_sets = []
+        for a, b, _, after, moved in changes:
+            new_sets += [[after[k] for k in np.flatnonzero(moved == d)] for d in (a, b)]
         pairs = _per_set(new_sets, calibration.predict([s for s in new_sets if s], models)).reshape(-1, 2)
         compute = np.repeat(measured[None, :], len(changes), axis=0)
         rows = np.arange(len(changes))
         a_idx, b_idx = np.array([c[0] for c in changes]), np.array([c[1] for c in changes])
         compute[rows, a_idx] = pairs[:, 0] * ratio[a_idx]
         compute[rows, b_idx] = pairs[:, 1] * ratio[b_idx]
-        guesses = sim.evaluate_with_compute(candidates, compute).max_ms
+        guesses = sim.evaluate_with_compute([(c[3], c[4]) for c in changes], compute).max_ms
         k = int(np.argmin(guesses))
         if guesses[k] >= cost * (1 - MIN_GAIN):
             break
-        a, b, out, back = changes[k]
-        tried.add((out, back, b))
+        a, b, what, after, moved = changes[k]
+        tried.add(what)
         record["steps"] += 1
-        moved = candidates[k][1]
         # the two devices before and after the change, timed in one interleaved run (drift-free)
         before = [[pieces[i] for i in np.flatnonzero(where == d)] for d in (a, b)]
-        after = [[pieces[i] for i in np.flatnonzero(moved == d)] for d in (a, b)]
-        first = _time_change([*before, *after], calibration, timing_passes, record)
+        now_sets = [[after[i] for i in np.flatnonzero(moved == d)] for d in (a, b)]
+        first = _time_change([*before, *now_sets], calibration, timing_passes, timing_repeats, record)
         if first is None:
             break
         timed = [first]
@@ -287,14 +318,14 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
             current, trial = measured * drift, measured * drift
             current[[a, b]], trial[[a, b]] = now[:2], now[2:]
             return (current, trial, float(sim.evaluate_with_compute([(pieces, where)], current[None, :]).max_ms[0]),
-                    float(sim.evaluate_with_compute([(pieces, moved)], trial[None, :]).max_ms[0]))
+                    float(sim.evaluate_with_compute([(after, moved)], trial[None, :]).max_ms[0]))
 
         current, trial, old_cost, new_cost = costs(timed[0])
         if new_cost < old_cost * (1 - MIN_GAIN):
             # a gain is confirmed by a second interleaved run (one run's noise is a few percent per
             # device, and the best of many proposals would otherwise be kept for its luck): both
             # runs must show it, and their mean by more than MIN_GAIN
-            again = _time_change([*before, *after], calibration, timing_passes, record)
+            again = _time_change([*before, *now_sets], calibration, timing_passes, timing_repeats, record)
             if again is None:
                 break
             timed.append(again)
@@ -302,12 +333,13 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
             current, trial, old_cost, new_cost = costs((timed[0] + timed[1]) / 2)
             if new_again >= old_again:
                 new_cost = old_cost  # not confirmed
-        log.info("polish step %d: %s tables %s between devices %d and %d: measured cost %.2f -> %.2f ms "
-                 "(predicted %.2f; %d timing runs)", record["steps"], "swap" if back else "move",
-                 [pieces[i].table for i in (*out, *back)], a, b, old_cost, new_cost, guesses[k], len(timed))
+        log.info("polish step %d: %s table %s between devices %d and %d: measured cost %.2f -> %.2f ms "
+                 "(predicted %.2f; %d timing runs)", record["steps"], what[0],
+                 [sim.tables[q.table].name for q in what[1:-1]], a, b, old_cost, new_cost, guesses[k], len(timed))
         if new_cost < old_cost * (1 - MIN_GAIN):
-            where, measured, cost = moved, trial, new_cost
+            pieces, where, measured, cost = after, moved, trial, new_cost
             record["accepted"] += 1
+            record["splits"] += what[0] == "split"
         else:
             measured, cost = current, old_cost
     record["measured_cost_after_ms"] = round(cost, 4)

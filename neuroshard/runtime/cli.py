@@ -152,7 +152,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--with", dest="with_plans", nargs="+", metavar="PLAN.json", help="more plans to compare")
     p.add_argument("--tables", required=True, help="tables file (neuroshard.tables/v1)")
     p.add_argument("--passes", type=positive_int, default=TIMING_PASSES,
-                   help=f"timed passes over all devices, round-robin; a device's figure is its median (default: {TIMING_PASSES})")
+                   help=f"timed passes over all devices, round-robin; a device's figure is its fastest (default: {TIMING_PASSES})")
     p.add_argument("--warmup-passes", type=nonneg_int, default=TIMING_WARMUP_PASSES,
                    help=f"passes run first and not counted (default: {TIMING_WARMUP_PASSES})")
     p.add_argument("--repeats", type=positive_int, default=TIMING_REPEATS,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -21,7 +20,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..costmodels import resolve_cost_models
-from ..costmodels.measure.timing import time_devices
+from ..costmodels.measure.timing import device_time, time_devices
 from ..costmodels.metrics import gmae
 from ..errors import InvalidPlanError, NeuroShardError
 from ..io import atomic_write_text
@@ -133,7 +132,7 @@ class MeasureResult:
         import pandas as pd
         c = self.config
         lines = [f"measured on {c['backend']} ({c['hardware']}), kernel {c['kernel']}, {c['clock']} clock, "
-                 f"batch {c['batch_size']}, median of {c['passes']} passes after {c['warmup_passes']} warm-up "
+                 f"batch {c['batch_size']}, the fastest of {c['passes']} passes after {c['warmup_passes']} warm-up "
                  f"({c['repeats']} runs per device and round, each after a cache flush); rows capped at {c['row_cap']:,} "
                  f"({c['capped_shards']} shards capped); weights buffer {c['buffer_bytes'] / 2**20:.0f} MiB; "
                  f"{c['seconds']:.1f} s"]
@@ -206,7 +205,7 @@ def measure_plans(plans: Mapping[str, Plan] | Sequence[Plan], tables: TableSet, 
         plan = plans[name]
         mine = passes_ms[first:first + plan.num_devices]
         first += plan.num_devices
-        compute = [float(statistics.median(r)) if r else 0.0 for r in mine]
+        compute = [device_time(r) for r in mine]
         sim = Simulator.from_plan(plan, models, tables, batch_size)
         est = sim.evaluate_plan(plan)
         with_measured = sim.evaluate_plan(plan, compute)

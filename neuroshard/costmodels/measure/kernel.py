@@ -169,12 +169,13 @@ class KernelBenchmark:
                                    weights_precision=self.weights_precision)
             return self._time(fused, fused.prepare(lookups))
 
-    def time_fused(self, fused: FusedEmbedding, inputs: FusedInputs) -> ComputeMeasurement:
+    def time_fused(self, fused: FusedEmbedding, inputs: FusedInputs, repeats: int | None = None) -> ComputeMeasurement:
         """Time a kernel already built, on inputs already laid out, with this benchmark's
         protocol (cache flush before each run, warm-up, repeats, median, its clock and
-        threads): what ``neuroshard measure`` runs for each device of a plan."""
+        threads): what ``neuroshard measure`` runs for each device of a plan. ``repeats``:
+        at least this many runs this time (default: the benchmark's)."""
         with few_threads(self.threads):
-            return self._time(fused, inputs)
+            return self._time(fused, inputs, repeats)
 
     # ------------------------------------------------------------- internals
     @property
@@ -208,8 +209,10 @@ class KernelBenchmark:
         else:
             float(self._flush_buffer.sum())
 
-    def _time(self, fused: FusedEmbedding, inputs: FusedInputs) -> ComputeMeasurement:
+    def _time(self, fused: FusedEmbedding, inputs: FusedInputs, repeats: int | None = None) -> ComputeMeasurement:
         import torch
+        repeats = repeats or self.repeats
+        max_repeats = max(self.max_repeats, repeats)
         cuda = self.backend == "cuda"
         if cuda:
             start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
@@ -242,8 +245,8 @@ class KernelBenchmark:
                 continue
             totals.append(total)
             forwards.append(fwd)
-            if len(totals) >= self.repeats and (coefficient_of_variation(totals) <= self.target_cv
-                                                or len(totals) >= self.max_repeats):
+            if len(totals) >= repeats and (coefficient_of_variation(totals) <= self.target_cv
+                                           or len(totals) >= max_repeats):
                 break
         return ComputeMeasurement(cost_ms=float(statistics.median(totals)), fwd_ms=float(statistics.median(forwards)),
                                   times_ms=[round(x, 4) for x in totals], cv=coefficient_of_variation(totals),

@@ -5,12 +5,19 @@ of a plan of any device count can be timed one after another on one thread (CPU)
 one GPU. Each device's shards run as one ``neuroshard.kernels.FusedEmbedding`` (what
 training runs and cost data is collected with): forward, backward and the fused update,
 timed with the kernel benchmark's protocol (``KernelBenchmark.time_fused``: cache flush
-before every run, warm-up, median of repeats, the thread's CPU clock on CPU).
+before every run, warm-up, median of repeats, the thread's CPU clock on CPU). A device
+whose first pass is short runs more times per pass after it, until a pass adds up to
+``TIMING_MIN_PASS_MS`` (at most ``TIMING_MAX_REPEATS`` runs): a few milliseconds of work
+is otherwise at the mercy of one interruption.
 
 Comparing on a shared, noisy machine: the devices take turns round-robin, the order
-rotated every pass, and each device's figure is the median over passes (after one
-untimed warm-up run of each kernel, and optional warm-up passes), so a slow spell hits
-every device alike. ``time_devices`` is the ``types.DeviceTimer`` the measured loop uses.
+rotated every pass, and each device's figure is its fastest pass (``device_time``; after
+one untimed warm-up run of each kernel, and optional warm-up passes). A neighbour on a
+shared machine only ever adds time, so the fastest pass is the device's own cost with the
+least of that noise: measured on this 2-core VM (the same plan's devices timed 3-6 times in
+one run, ``experiments/timing_noise.py``), the max device of a copy differed from another
+copy's by 0.4-0.8% on average with the fastest of 5 passes, 1-3.6% with their median. ``time_devices`` is the ``types.DeviceTimer`` the
+measured loop uses.
 
 Memory: on CPU the devices share one weights buffer the size of the largest device
 (``FusedEmbedding(weights_buffer=)``), so a 128-device plan needs the memory of one
@@ -22,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -29,7 +37,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...constants import MEASURED_BATCH_SIZE, TIMING_PASSES, TIMING_REPEATS, TIMING_WARMUP_PASSES
+from ...constants import (
+    MEASURED_BATCH_SIZE,
+    TIMING_MAX_REPEATS,
+    TIMING_MIN_PASS_MS,
+    TIMING_PASSES,
+    TIMING_REPEATS,
+    TIMING_WARMUP_PASSES,
+)
 from ...datasets.sampler import sample_lookups
 from ...errors import NeuroShardError
 from ...kernels import (
@@ -87,8 +102,15 @@ class DeviceTimes:
     shapes: list[tuple[int, int]]  # (allocated rows, width) per shard
     inputs: list[tuple[Any, Any]]  # per shard (indices, offsets)
     passes_ms: list[float] = field(default_factory=list)
+    repeats: int | None = None  # runs per pass after the first (None: the timer's)
     fused: FusedEmbedding | None = None
     prepared: FusedInputs | None = None
+
+
+def device_time(passes_ms: Sequence[float]) -> float:
+    """A device's figure from its timed passes (ms): the fastest (0 for a device without
+    shards). See the module docstring for why not the median."""
+    return float(min(passes_ms)) if len(passes_ms) else 0.0
 
 
 def _device_times(shards: Sequence[Shard], tables: TableSet, batch_size: int, row_cap: int) -> DeviceTimes:
@@ -178,7 +200,10 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
                                               weights_buffer=buffer, weights_precision=weights_precision)
                     dt.prepared = dt.fused.prepare(dt.inputs)
                     _run_once(dt.fused, dt.prepared)  # warm-up: first-call allocations are not timed
-                measured = bench.time_fused(dt.fused, dt.prepared)
+                measured = bench.time_fused(dt.fused, dt.prepared, dt.repeats)
+                if dt.repeats is None:  # a short device runs more: its runs add up to about TIMING_MIN_PASS_MS
+                    dt.repeats = min(max(repeats, math.ceil(TIMING_MIN_PASS_MS / max(measured.cost_ms, 1e-3))),
+                                     max(repeats, TIMING_MAX_REPEATS))
                 if pass_ >= warmup_passes:
                     dt.passes_ms.append(measured.cost_ms)
                 if backend == "cuda":  # on CUDA, a device's weights live only for its turn
@@ -192,7 +217,8 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
             os.sched_setaffinity(0, pinned)
     config = {"backend": backend, "hardware": cpu_model() if backend == "cpu" else torch.cuda.get_device_name(),
               "kernel": kernel, "clock": bench.clock, "optimizer": optimizer, "batch_size": batch_size,
-              "passes": passes, "warmup_passes": warmup_passes, "repeats": repeats, "row_cap": row_cap,
+              "passes": passes, "warmup_passes": warmup_passes, "repeats": repeats,
+              "most_repeats": max((dt.repeats or repeats for dt in busy), default=repeats), "row_cap": row_cap,
               "capped_shards": capped, "buffer_bytes": need * element_bytes, "flush_bytes": bench.flush_bytes,
               "seconds": round(time.perf_counter() - start, 2)}
     if weights_precision != "fp32":
