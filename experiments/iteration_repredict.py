@@ -1,0 +1,43 @@
+"""Predict a finished iteration benchmark run again with other operator-cost files, against the same measurements.
+
+    python experiments/iteration_repredict.py SUITE RESULTS/configs.jsonl OPS.json [OPS.json ...]
+
+The plans of each configuration are made again (deterministic: `iteration_benchmark.plans_of`),
+each is predicted with every operator-cost file, and the GMAE against the run's measured
+iterations is printed: two overhead fits compared without timing anything again.
+"""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from iteration_benchmark import SUITES, plans_of  # noqa: E402
+from neuroshard.costmodels import resolve_cost_models  # noqa: E402
+from neuroshard.costmodels.dense import load_operator_models, gmae  # noqa: E402
+from neuroshard.datasets.families import generate  # noqa: E402
+from neuroshard.search.iteration import estimate_iteration  # noqa: E402
+
+
+def main() -> None:
+    suite, results, ops_paths = sys.argv[1], sys.argv[2], sys.argv[3:]
+    models = resolve_cost_models(None)
+    rows = [json.loads(l) for l in open(results)]
+    byseed = {c[2]: c for c in SUITES[suite]}
+    for path in ops_paths:
+        ops = load_operator_models(path)
+        pred, meas = [], []
+        for r in rows:
+            fam, count, seed, model, batch, devices = byseed[r["seed"]]
+            tables = generate(fam, num_tables=count, seed=seed); tables.batch_size = batch
+            plans = plans_of(tables, devices, models, True)
+            for p in r["plans"]:
+                pred.append(estimate_iteration(plans[p["plan"]], tables, models, ops, model, batch).iteration_ms)
+                meas.append(p["measured_ms"])
+        pred, meas = np.array(pred), np.array(meas)
+        print(path, f"GMAE {100*gmae(pred, meas):.1f}%  mean pred/meas {np.mean(pred/meas):.3f}")
+
+
+if __name__ == "__main__":
+    main()
