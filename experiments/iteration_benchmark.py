@@ -104,11 +104,17 @@ def plans_of(tables, devices: int, models, with_random: bool = False) -> dict:
     return unique
 
 
-def run_config(config, models, ops, iterations: int, warmup: int, with_random: bool = False) -> dict:
-    family, count, seed, model, batch, devices = config
+def config_plans(config, models, with_random: bool = False) -> tuple:
+    """A configuration's tables (at its global batch) and candidate plans (``plans_of``)."""
+    family, count, seed, _, batch, devices = config
     tables = generate(family, num_tables=count, seed=seed)
     tables.batch_size = batch
-    plans = plans_of(tables, devices, models, with_random)
+    return tables, plans_of(tables, devices, models, with_random)
+
+
+def run_config(config, models, ops, iterations: int, warmup: int, with_random: bool = False) -> dict:
+    family, count, seed, model, batch, devices = config
+    tables, plans = config_plans(config, models, with_random)
     names = list(plans)
     predicted = {n: estimate_iteration(p, tables, models, ops, model, batch) for n, p in plans.items()}
     runs = []

@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from ..costmodels.metrics import gmae
 from ..constants import TIMING_PASSES, TIMING_REPEATS
+from ..costmodels.metrics import gmae
 from ..errors import NeuroShardError
 from ..plan import Plan
 from ..search.api import shard
@@ -249,13 +249,19 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     cost = float(sim.evaluate_with_compute([(pieces, where)], measured[None, :]).max_ms[0])
     record["measured_cost_before_ms"] = round(cost, 4)
     tried: set = set()
-    for _ in range(steps):
+
+    def layout(pieces: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """What each piece allows (it changes only when a split is kept): moved (whole rows),
+        split (a whole, unconstrained table whose width halves), its device bytes (a cached
+        table's cache) and the devices it may go to (pinned tables; None: any)."""
         movable = np.array([p.row_offset == 0 and p.num_rows == tables[p.table].num_embeddings for p in pieces])
         splittable = np.array([movable[k] and p.num_cols == tables[p.table].embedding_dim and p.can_halve_cols()
                                and not (sim.constraints is not None and sim.constraints[p.table].any)
                                for k, p in enumerate(pieces)])
-        sizes = sim.sizes_bytes(pieces)  # device bytes (a cached table's cache)
-        mask = sim.device_mask(pieces)  # pinned tables
+        return movable, splittable, sim.sizes_bytes(pieces), sim.device_mask(pieces)
+
+    movable, splittable, sizes, mask = layout(pieces)
+    for _ in range(steps):
         members = [np.flatnonzero(where == d) for d in range(devices)]
         ratio = np.ones(devices)
         busy = [d for d in range(devices) if len(members[d])]
@@ -339,7 +345,9 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         if new_cost < old_cost * (1 - MIN_GAIN):
             pieces, where, measured, cost = after, moved, trial, new_cost
             record["accepted"] += 1
-            record["splits"] += what[0] == "split"
+            if what[0] == "split":
+                record["splits"] += 1
+                movable, splittable, sizes, mask = layout(pieces)
         else:
             measured, cost = current, old_cost
     record["measured_cost_after_ms"] = round(cost, 4)
