@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from neuroshard.constants import TIMING_PASSES, TIMING_REPEATS
 from neuroshard.costmodels import CostModels, load_cost_models
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.errors import NeuroShardError
@@ -294,8 +295,10 @@ def main() -> None:
     parser.add_argument("--devices", nargs="+", type=int, default=[4, 8, 16])
     parser.add_argument("--tasks", type=int, default=4, help="tasks per family and device count (default: 4)")
     parser.add_argument("--tables-per-device", nargs=2, type=int, default=[10, 40], metavar=("MIN", "MAX"))
-    parser.add_argument("--passes", type=int, default=3, help="timed passes of the interleaved run (default: 3)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per device and pass (default: 1)")
+    parser.add_argument("--passes", type=int, default=TIMING_PASSES,
+                        help=f"timed passes of the interleaved run (default: {TIMING_PASSES}, as measure)")
+    parser.add_argument("--repeats", type=int, default=TIMING_REPEATS,
+                        help=f"runs per device and pass (default: {TIMING_REPEATS}, as measure)")
     parser.add_argument("--batch-size", type=int, default=None, help="batch each device looks up (default: the "
                         "cost models', 4096 for the shipped CPU checkpoint)")
     parser.add_argument("--bayes-trials", type=int, default=48)
