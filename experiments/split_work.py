@@ -1,35 +1,34 @@
 """What splitting a hot table costs in total work (issue 25, item 1): the same table whole,
-in two column halves and in two row halves, on two devices beside the same other tables,
-timed device by device with ``neuroshard measure``'s protocol in one interleaved run.
+in two column halves, in two row halves and in four row blocks, on two devices beside the
+same other tables, timed device by device with ``neuroshard measure``'s protocol in one
+interleaved run.
 
     python experiments/split_work.py --family criteo-terabyte --devices 4 --task 0 --tables t21 t22 t27 --calibrate
 
-For each table named, three two-device plans are timed together (plus the whole plan again,
-the A/A control): device 0 holds three of the task's other hottest tables, device 1 three
-more; the table goes whole on device 0, or its column halves (each half does every lookup
-at half the width), or its row halves (each does the lookups that fall in its rows), one on
-each device, or its row quarters, two on each device (does the number of blocks cost?).
-With ``--calibrate`` each layout's total is also predicted by the pre-trained cost models
-and by the models calibrated on the task (``measured.calibrate``, as ``search
---calibrate`` does): does the model see what a split costs? The total work of a plan is the sum of its two devices. The task is
-``plan_benchmark.family_tasks``'s (seed 53 by default, the tables per device 8-12).
+For each table named, five two-device plans are timed together: device 0 holds three of the
+task's other hottest tables, device 1 three more, and the table goes whole on device 0, or
+its column halves (each half does every lookup, at half the width), or its row halves (each
+does the lookups that fall in its rows), one on each device, or its four row blocks, two on
+each device (does the number of blocks cost?), or whole again (the A/A control). The total
+work of a plan is the sum of its two devices. With ``--calibrate`` each layout's total is
+also predicted by the pre-trained cost models and by the models calibrated on the task
+(``measured.calibrate``, as ``search --calibrate`` does): does the model see what a split
+costs? The task is ``datasets.families.family_tasks``'s (seed 53 by default, 8-12 tables per
+device), as in ``plan_benchmark.py``.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plan_benchmark import family_tasks  # noqa: E402
-
-from neuroshard.costmodels import load_cost_models  # noqa: E402
-from neuroshard.costmodels.measure.store import cpu_model  # noqa: E402
-from neuroshard.measured.calibrate import calibrate  # noqa: E402
-from neuroshard.plan import Plan, Shard  # noqa: E402
-from neuroshard.runtime.measure_plan import measure_plans  # noqa: E402
-from neuroshard.search.simulator import Simulator  # noqa: E402
-from neuroshard.tables import TableSet  # noqa: E402
+from neuroshard.costmodels import load_cost_models
+from neuroshard.costmodels.measure.store import cpu_model
+from neuroshard.datasets.families import family_tasks
+from neuroshard.measured.calibrate import calibrate
+from neuroshard.plan import Plan, Shard
+from neuroshard.runtime.measure_plan import measure_plans
+from neuroshard.search.simulator import Simulator
+from neuroshard.tables import TableSet
 
 
 def layouts(name: str, tables: TableSet, fillers: tuple[list[str], list[str]]) -> dict[str, list[Shard]]:
