@@ -112,6 +112,21 @@ def config_plans(config, models, with_random: bool = False) -> tuple:
     return tables, plans_of(tables, devices, models, with_random)
 
 
+def stored_plans(suite: str, results: str | Path, models):
+    """The plans of a finished run of ``suite`` made again (deterministic: ``config_plans``):
+    per plan of its ``configs.jsonl``, ``(config, tables, plan, row)``, ``row`` the stored
+    result of that plan (its measured iteration and terms)."""
+    by_seed = {c[2]: c for c in SUITES[suite]}
+    for line in Path(results).read_text().splitlines():
+        if not line.strip():
+            continue
+        result = json.loads(line)
+        config = by_seed[result["seed"]]
+        tables, plans = config_plans(config, models, with_random=any(p["plan"] == "random" for p in result["plans"]))
+        for row in result["plans"]:
+            yield config, tables, plans[row["plan"]], row
+
+
 def run_config(config, models, ops, iterations: int, warmup: int, with_random: bool = False) -> dict:
     family, count, seed, model, batch, devices = config
     tables, plans = config_plans(config, models, with_random)

@@ -17,7 +17,6 @@ remove.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from iteration_benchmark import SUITES, config_plans  # noqa: E402
+from iteration_benchmark import stored_plans  # noqa: E402
 
 from neuroshard.constants import ITERATION_TERMS  # noqa: E402
 from neuroshard.costmodels import resolve_cost_models  # noqa: E402
@@ -45,20 +44,14 @@ def rows() -> list[dict]:
     models, ops = resolve_cost_models(None), load_operator_models(None)
     out = []
     for suite, path in RESULTS.items():
-        by_seed = {c[2]: c for c in SUITES[suite]}
-        for line in Path(path).read_text().splitlines():
-            result = json.loads(line)
-            config = by_seed[result["seed"]]
-            tables, plans = config_plans(config, models, any(p["plan"] == "random" for p in result["plans"]))
-            for p in result["plans"]:
-                plan = plans[p["plan"]]
-                durations, _ = operator_durations(plan, tables, models, ops, config[3], config[4])
-                mean = {t: float(np.mean([d.get(t, 0.0) for d in durations])) for t in SCALED}
-                emb = mean["emb_fwd_ms"] + mean["emb_bwd_ms"]
-                out.append({"suite": suite, "ranks": config[5], "durations": mean,
-                            "share": emb / max(emb + mean["dense_fwd_ms"] + mean["dense_bwd_ms"], 1e-9),
-                            "shipped": estimate_iteration(plan, tables, models, ops, config[3], config[4]).iteration_ms,
-                            "measured": p["measured_ms"], "runs": (p["run1_ms"], p["run2_ms"])})
+        for config, tables, plan, p in stored_plans(suite, path, models):
+            durations, _ = operator_durations(plan, tables, models, ops, config[3], config[4])
+            mean = {t: float(np.mean([d.get(t, 0.0) for d in durations])) for t in SCALED}
+            emb = mean["emb_fwd_ms"] + mean["emb_bwd_ms"]
+            out.append({"suite": suite, "ranks": config[5], "durations": mean,
+                        "share": emb / max(emb + mean["dense_fwd_ms"] + mean["dense_bwd_ms"], 1e-9),
+                        "shipped": estimate_iteration(plan, tables, models, ops, config[3], config[4]).iteration_ms,
+                        "measured": p["measured_ms"], "runs": (p["run1_ms"], p["run2_ms"])})
     return out
 
 
