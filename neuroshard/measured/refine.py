@@ -68,6 +68,11 @@ POLISH_STEPS = 12
 POLISH_STEPS_PER_DEVICE = 2
 #: a change must gain this fraction of the plan's cost (predicted, then measured) to be tried, then kept
 MIN_GAIN = 0.005
+#: polish judges a change by the mean of the plan's slowest ``devices // POLISH_TOP_DIVISOR`` devices
+#: (at least 1: the slowest alone below 8 devices), the slowest of them not rising: with 8-16 devices
+#: several sit within noise of the slowest, so a move off the slowest lowers the max by nothing and the
+#: max alone stops polish at its first step (a plateau); relieving the slowest few one at a time does not
+POLISH_TOP_DIVISOR = 4
 #: plans measured within this fraction of the cheapest are timed again (one run's noise on a plan's
 #: slowest device is 1-5%, experiments/results/plan_benchmark_issue25's A/A) ...
 FINALIST_MARGIN = 0.04
@@ -219,9 +224,19 @@ def _time_change(sets: list[list], calibration: Any, passes: int, repeats: int, 
         return None
 
 
+def polish_top(devices: int) -> int:
+    """How many of the slowest devices polish's objective averages (``POLISH_TOP_DIVISOR``)."""
+    return max(1, devices // POLISH_TOP_DIVISOR)
+
+
+def _top_mean(total_ms: np.ndarray, top: int) -> np.ndarray:
+    """(P,) the mean of each plan's ``top`` slowest devices ((P, D) per-device costs)."""
+    return np.sort(np.asarray(total_ms, dtype=np.float64), axis=1)[:, -top:].mean(axis=1)
+
+
 def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured_ms: np.ndarray,
            steps: int = POLISH_STEPS, timing_passes: int = COMPARE_PASSES,
-           timing_repeats: int = COMPARE_REPEATS) -> tuple[Plan, dict]:
+           timing_repeats: int = COMPARE_REPEATS, top: int | None = None) -> tuple[Plan, dict]:
     """A measured local search from ``plan`` whose devices measured ``measured_ms`` (at the
     models' batch size): each step proposes the change off the slowest device that the
     models predict best (each device's prediction scaled by its measured/predicted ratio):
@@ -230,9 +245,12 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     a shard too heavy to move without overshooting can still give away half. The step
     times the two devices before and after the change in one interleaved run (the machine's
     speed drifts between runs; the other devices' times are scaled by that drift), and
-    keeps the change only when the plan's measured cost (measured compute plus modelled
-    communication) drops by more than ``MIN_GAIN`` in that run, drops again in a second
-    run, and by more than ``MIN_GAIN`` on the mean of both. Row blocks stay where they are
+    keeps the change only when the plan's measured objective drops by more than ``MIN_GAIN``
+    in that run, drops again in a second run, and by more than ``MIN_GAIN`` on the mean of
+    both, while its measured cost (the slowest device: measured compute plus modelled
+    communication) does not rise. The objective is the mean of the ``top`` slowest devices
+    (default ``polish_top(D)``; 1: the cost itself), so that a plateau of several devices
+    near the slowest is worked down one device a step. Row blocks stay where they are
     (TorchRec runs them in rank order), tables with constraints are not split, and pinned
     tables stay on their devices. Stops after ``steps`` steps or when no change is
     predicted to help."""
@@ -246,7 +264,15 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     limits = np.array(plan.memory_limits(), dtype=np.float64)
     devices = plan.num_devices
     measured = np.asarray(measured_ms, dtype=np.float64).copy()
-    cost = float(sim.evaluate_with_compute([(pieces, where)], measured[None, :]).max_ms[0])
+    top = polish_top(devices) if top is None else check_int(top, "polish top", 1, devices)
+    record["objective_top_devices"] = top
+
+    def judge(candidates: list, compute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(objective, cost) of each candidate (pieces, devices) with ``compute`` (P, D)."""
+        estimate = sim.evaluate_with_compute(candidates, compute)
+        return _top_mean(estimate.total_ms, top), estimate.max_ms
+
+    score, cost = (float(x[0]) for x in judge([(pieces, where)], measured[None, :]))
     record["measured_cost_before_ms"] = round(cost, 4)
     tried: set = set()
 
@@ -304,9 +330,10 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         a_idx, b_idx = np.array([c[0] for c in changes]), np.array([c[1] for c in changes])
         compute[rows, a_idx] = pairs[:, 0] * ratio[a_idx]
         compute[rows, b_idx] = pairs[:, 1] * ratio[b_idx]
-        guesses = sim.evaluate_with_compute([(c[3], c[4]) for c in changes], compute).max_ms
+        guesses, guessed_cost = judge([(c[3], c[4]) for c in changes], compute)
+        guesses[guessed_cost > cost] = np.inf  # a change that makes the slowest device slower is not tried
         k = int(np.argmin(guesses))
-        if guesses[k] >= cost * (1 - MIN_GAIN):
+        if guesses[k] >= score * (1 - MIN_GAIN):
             break
         a, b, what, after, moved = changes[k]
         tried.add(what)
@@ -319,15 +346,23 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
             break
         timed = [first]
 
-        def costs(now: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+        def costs(now: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+            """The plan's compute before and after the change with the two devices ``now``, and
+            (objective, cost) of each: rows 0 before, 1 after."""
             drift = (now[0] + now[1]) / max(measured[a] + measured[b], 1e-9)  # the other devices, at today's speed
             current, trial = measured * drift, measured * drift
             current[[a, b]], trial[[a, b]] = now[:2], now[2:]
-            return (current, trial, float(sim.evaluate_with_compute([(pieces, where)], current[None, :]).max_ms[0]),
-                    float(sim.evaluate_with_compute([(after, moved)], trial[None, :]).max_ms[0]))
+            old_new = [judge([state], row[None, :]) for state, row in (((pieces, where), current),
+                                                                       ((after, moved), trial))]
+            return (current, trial, np.array([float(o[0][0]) for o in old_new]),
+                    np.array([float(o[1][0]) for o in old_new]))
 
-        current, trial, old_cost, new_cost = costs(timed[0])
-        if new_cost < old_cost * (1 - MIN_GAIN):
+        def gains(scores: np.ndarray, maxes: np.ndarray) -> bool:
+            return bool(scores[1] < scores[0] * (1 - MIN_GAIN) and maxes[1] <= maxes[0])
+
+        current, trial, scores, maxes = costs(timed[0])
+        kept = gains(scores, maxes)
+        if kept:
             # a gain is confirmed by a second interleaved run (one run's noise is a few percent per
             # device, and the best of many proposals would otherwise be kept for its luck): both
             # runs must show it, and their mean by more than MIN_GAIN
@@ -335,21 +370,21 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
             if again is None:
                 break
             timed.append(again)
-            _, _, old_again, new_again = costs(timed[1])
-            current, trial, old_cost, new_cost = costs((timed[0] + timed[1]) / 2)
-            if new_again >= old_again:
-                new_cost = old_cost  # not confirmed
-        log.info("polish step %d: %s table %s between devices %d and %d: measured cost %.2f -> %.2f ms "
-                 "(predicted %.2f; %d timing runs)", record["steps"], what[0],
-                 [sim.tables[q.table].name for q in what[1:-1]], a, b, old_cost, new_cost, guesses[k], len(timed))
-        if new_cost < old_cost * (1 - MIN_GAIN):
-            pieces, where, measured, cost = after, moved, trial, new_cost
+            _, _, scores_again, _ = costs(timed[1])
+            current, trial, scores, maxes = costs((timed[0] + timed[1]) / 2)
+            kept = gains(scores, maxes) and scores_again[1] < scores_again[0]
+        log.info("polish step %d: %s table %s between devices %d and %d: measured cost %.2f -> %.2f ms, "
+                 "objective %.2f -> %.2f (predicted %.2f; %d timing runs)%s", record["steps"], what[0],
+                 [sim.tables[q.table].name for q in what[1:-1]], a, b, maxes[0], maxes[1], scores[0], scores[1],
+                 guesses[k], len(timed), "" if kept else ": not kept")
+        if kept:
+            pieces, where, measured, score, cost = after, moved, trial, float(scores[1]), float(maxes[1])
             record["accepted"] += 1
             if what[0] == "split":
                 record["splits"] += 1
                 movable, splittable, sizes, mask = layout(pieces)
         else:
-            measured, cost = current, old_cost
+            measured, score, cost = current, float(scores[0]), float(maxes[0])
     record["measured_cost_after_ms"] = round(cost, 4)
     if not record["accepted"]:
         return plan, record
@@ -365,4 +400,4 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     return polished, record
 
 
-__all__ = ["refine", "polish", "check_refine", "DEFAULT_ROUNDS"]
+__all__ = ["refine", "polish", "polish_top", "check_refine", "DEFAULT_ROUNDS"]
