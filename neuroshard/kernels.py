@@ -288,7 +288,9 @@ class EmbeddingKernel(ABC):
 
     def __init__(self, fused: "FusedEmbedding", init: "float | Sequence[torch.Tensor]",
                  buffer: "torch.Tensor | None") -> None:
-        self.fused = fused
+        # ``fused`` is read, not kept: a reference back to it would make a cycle that only the garbage
+        # collector frees, and on CUDA ``measure`` frees each device's weights after its turn (an H200
+        # ran out of its 140 GiB with the devices of 7 plans of 8 devices still held)
         self.kernel, self.shapes, self.widths, self.device = fused.kernel, fused.shapes, fused.widths, fused.device
         self.dtype, self.lr, self.optimizer = fused.dtype, fused.lr, fused.optimizer
         self.weights_precision = fused.weights_precision

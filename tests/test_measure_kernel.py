@@ -79,3 +79,28 @@ def test_over_memory_cap_and_empty_set():
         bench.measure([Table("big", 10000, 64, 1.0)])  # 2.4 MiB > 1 MiB
     with pytest.raises(NeuroShardError, match="at least one shard"):
         bench.measure([])
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_dropped_kernel_frees_its_weights_at_once(kernel):
+    """``measure`` on CUDA drops each device's kernel after its turn: its weights must go with
+    the last reference, not wait for the garbage collector (a kernel that referred back to its
+    owner made a cycle, and an H200 ran out of memory with the devices of 7 plans held)."""
+    import gc
+    import weakref
+
+    from neuroshard.kernels import FusedEmbedding
+
+    FusedEmbedding([(100, 8)], kernel=kernel)  # first-use imports out of the way
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        refs = []
+        for _ in range(3):
+            fused = FusedEmbedding([(1000, 16), (500, 32)], kernel=kernel)
+            refs.append((weakref.ref(fused), weakref.ref(fused.impl)))
+            del fused
+        assert all(f() is None and k() is None for f, k in refs)
+    finally:
+        if was_enabled:
+            gc.enable()
