@@ -73,6 +73,10 @@ MIN_GAIN = 0.005
 #: several sit within noise of the slowest, so a move off the slowest lowers the max by nothing and the
 #: max alone stops polish at its first step (a plateau); relieving the slowest few one at a time does not
 POLISH_TOP_DIVISOR = 4
+#: interleaved runs of the final check: the polished plan and the plan polish started from, every
+#: device of both, the mean of these runs decides (plan_benchmark --polish-ab, session 13: two polishes
+#: of one plan by the same rule kept 1 and 7 changes and measured 0.94x and 1.02x its start)
+FINAL_CHECK_RUNS = 2
 #: plans measured within this fraction of the cheapest are timed again (one run's noise on a plan's
 #: slowest device is 1-5%, experiments/results/plan_benchmark_issue25's A/A) ...
 FINALIST_MARGIN = 0.04
@@ -212,12 +216,13 @@ def _per_set(sets: list[list], values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _time_change(sets: list[list], calibration: Any, passes: int, repeats: int, record: dict) -> np.ndarray | None:
+def _time_change(sets: list[list], calibration: Any, passes: int, repeats: int, record: dict,
+                 what: str = "polish: timing a change") -> np.ndarray | None:
     """``sets`` (a change's devices before and after) timed in one interleaved run; None, with
     ``record["stopped"]`` saying why, when they cannot be timed now (e.g. no memory for them):
     polish then keeps what it gained so far."""
     try:
-        return _per_set(sets, calibration.time(sets, passes, "polish: timing a change", repeats))
+        return _per_set(sets, calibration.time(sets, passes, what, repeats))
     except NeuroShardError as exc:
         log.warning("polish stopped: %s", exc)
         record["stopped"] = str(exc).splitlines()[0]
@@ -250,7 +255,9 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     both, while its measured cost (the slowest device: measured compute plus modelled
     communication) does not rise. The objective is the mean of the ``top`` slowest devices
     (default ``polish_top(D)``; 1: the cost itself), so that a plateau of several devices
-    near the slowest is worked down one device a step. Row blocks stay where they are
+    near the slowest is worked down one device a step. At the end the polished plan and
+    ``plan`` are timed together (``_final_check``): ``plan`` comes back unless the polished
+    one measures cheaper. Row blocks stay where they are
     (TorchRec runs them in rank order), tables with constraints are not split, and pinned
     tables stay on their devices. Stops after ``steps`` steps or when no change is
     predicted to help."""
@@ -274,6 +281,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
 
     score, cost = (float(x[0]) for x in judge([(pieces, where)], measured[None, :]))
     record["measured_cost_before_ms"] = round(cost, 4)
+    started = (pieces, where)  # never changed in place: a kept change makes new lists
     tried: set = set()
 
     def layout(pieces: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
@@ -388,6 +396,8 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     record["measured_cost_after_ms"] = round(cost, 4)
     if not record["accepted"]:
         return plan, record
+    if not _final_check(started, (pieces, where), devices, calibration, judge, timing_passes, timing_repeats, record):
+        return plan, record
     shards = sim.to_shards(pieces, where)
     polished = replace(plan, shards=shards, provenance=plan.provenance.to_dict())
     problems = polished.problems()
@@ -398,6 +408,33 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     at_tables = Simulator.from_plan(polished, models, tables)
     polished.estimate = {**(plan.estimate or {}), **at_tables.plan_estimate(at_tables.evaluate_plan(polished))}
     return polished, record
+
+
+def _final_check(started: tuple, polished: tuple, devices: int, calibration: Any, judge: Any, passes: int,
+                 repeats: int, record: dict) -> bool:
+    """Whether the polished placement stays: it and the one polish started from, every device of
+    both timed together in ``FINAL_CHECK_RUNS`` interleaved runs, the polished one cheaper on the
+    mean of the runs. Each change was judged on its two devices alone, the others scaled by those
+    two's drift, so kept changes can add up to a plan no faster; polish then gives the plan it was
+    given back. When the check cannot be timed now, the polished plan stays (as before the check)."""
+    sets = [[layout[0][i] for i in np.flatnonzero(layout[1] == d)] for layout in (started, polished)
+            for d in range(devices)]
+    runs = []
+    for _ in range(FINAL_CHECK_RUNS):
+        timed = _time_change(sets, calibration, passes, repeats, record, "polish: the polished plan against its start")
+        if timed is None:
+            return True
+        runs.append(timed)
+    mean = np.mean(runs, axis=0)
+    before = float(judge([started], mean[None, :devices])[1][0])
+    after = float(judge([polished], mean[None, devices:])[1][0])
+    kept = after < before
+    record["final_check"] = {"runs": len(runs), "started_cost_ms": round(before, 4),
+                             "polished_cost_ms": round(after, 4), "kept": kept}
+    if not kept:
+        log.info("polish: the polished plan measured %.2f ms against %.2f for the plan it started from, "
+                 "timed together; keeping the plan it started from", after, before)
+    return kept
 
 
 __all__ = ["refine", "polish", "polish_top", "check_refine", "DEFAULT_ROUNDS"]

@@ -120,6 +120,11 @@ def _search(args: argparse.Namespace) -> int:
             f"{polish.get('measured_cost_before_ms', float('nan')):.2f} ms when chosen, "
             f"{polish.get('measured_cost_after_ms', float('nan')):.2f} ms in the last run"
             + ("" if polish["accepted"] else " (the same plan: the difference is this machine's drift)"))
+        check = polish.get("final_check")
+        if check:
+            say(f"polish: the polished plan {check['polished_cost_ms']:.2f} ms against {check['started_cost_ms']:.2f} "
+                f"for the chosen one, timed together ({check['runs']} runs): "
+                + ("polished plan written" if check["kept"] else "the chosen plan written, unpolished"))
     measured_on = prov.get("parameters", {}).get("measured_on")
     if measured_on:
         say(f"{args.algorithm} timed the tables on this machine ({measured_on}): the plan is for this hardware")
