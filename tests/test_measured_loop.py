@@ -173,12 +173,12 @@ def test_polish_gives_half_of_a_table_too_heavy_to_move():
 
 def test_polish_works_down_a_plateau_of_equally_slow_devices():
     """Two of 8 devices are equally slow: relieving either lowers the slowest device by
-    nothing, so judged by the slowest device alone (``top=1``) polish stops at once; judged
-    by the mean of the slowest 8 // 4 = 2 (the default) it relieves one, then the other,
-    and the slowest device ends faster."""
+    nothing, so judged by the slowest device alone (``top=1``, the default) polish stops at
+    once; judged by the mean of the slowest 2 it relieves one, then the other, and the
+    slowest device ends faster."""
     from dataclasses import replace
 
-    from neuroshard.measured.refine import polish, polish_top
+    from neuroshard.measured.refine import polish
     from neuroshard.search.api import shard
 
     tables = TableSet("plateau", [Table(f"h{i}", 4_000, 128, 10.0, {"zipf_alpha": 0.9}) for i in range(2)]
@@ -190,10 +190,10 @@ def test_polish_works_down_a_plateau_of_equally_slow_devices():
     home = {"h0": 0, "h1": 1, **{f"s{i}": i for i in range(8)}}  # s0 beside h0, s1 beside h1
     plateau = replace(plan, shards=[replace(s, device=home[s.table]) for s in plan.shards], estimate=None)
     measured = np.array([device_ms(plateau.shards_on(d), tables) for d in range(8)])
-    assert measured[0] == measured[1] == measured.max() and polish_top(8) == 2
-    _, stuck = polish(plateau, tables, calibration, models, measured, steps=6, top=1)
+    assert measured[0] == measured[1] == measured.max()
+    _, stuck = polish(plateau, tables, calibration, models, measured, steps=6)
     assert stuck["accepted"] == 0 and stuck["objective_top_devices"] == 1
-    polished, record = polish(plateau, tables, calibration, models, measured, steps=6)
+    polished, record = polish(plateau, tables, calibration, models, measured, steps=6, top=2)
     assert record["accepted"] >= 2 and record["objective_top_devices"] == 2 and not polished.problems()
     after = max(device_ms(polished.shards_on(d), tables) for d in range(8))
     assert after < 0.97 * measured.max()
