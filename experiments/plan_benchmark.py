@@ -67,7 +67,7 @@ CONTROL = "control"  # the A/A control: the measured-greedy plan measured a seco
 UNCORRECTED = "neuroshard-calibrated-uncorrected"  # the calibrated models without the set-size correction
 CALIBRATED = "neuroshard-calibrated"  # with --calibrate: NeuroShard against models calibrated on the task
 REFINED = "neuroshard-refined"  # with --calibrate: then measured refinement (measured.refine) from that calibration
-PLATEAU = "neuroshard-refined-plateau"  # with --polish-ab: refine's plan polished by the slowest D // 4 devices' mean
+UNCHECKED = "neuroshard-refined-unchecked"  # with --polish-ab: refine's polished plan without polish's final check
 #: columns of tasks.csv (every task's rows are written in this order)
 COLUMNS = ["family", "devices", "task", "tables", "memory_bytes", "algorithm", "failed", "max_compute_ms",
            "ratio_to_best_baseline", "balance", "estimated_max_compute_ms", "estimate_gmae", "estimate_spearman",
@@ -143,9 +143,9 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                                        **network)
         if args.refine_rounds:
             start = time.perf_counter()
-            if args.polish_ab:  # refine's plan before polish, polished by both objectives from one timing
+            if args.polish_ab:  # refine's plan, polished once, written with and without polish's final check
                 from neuroshard.measured.refine import (COMPARE_PASSES, COMPARE_REPEATS, POLISH_STEPS,
-                                                        POLISH_STEPS_PER_DEVICE, POLISH_TOP, polish)
+                                                        POLISH_STEPS_PER_DEVICE, final_check, polish)
                 chosen = refine(tables, devices, memory, calibration, args.refine_rounds, models=calibrated,
                                 seed=index, polish_steps=0, **network)
                 sets = calibration.sim.device_sets(chosen)
@@ -154,10 +154,13 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                 compute[used] = calibration.time([sets[d] for d in used], COMPARE_PASSES, "timing the refined plan",
                                                  COMPARE_REPEATS)
                 steps = max(POLISH_STEPS, POLISH_STEPS_PER_DEVICE * devices)  # refine's own rule
-                for name, top in ((REFINED, POLISH_TOP), (PLATEAU, max(1, devices // 4))):
-                    polished, record = polish(chosen, tables, calibration, calibrated, compute, steps, top=top)
-                    polished.provenance["refine"] = {**chosen.provenance["refine"], "polish": record}
-                    plans[name] = polished
+                polished, record = polish(chosen, tables, calibration, calibrated, compute, steps, check=False)
+                written = polished
+                if polished is not chosen:
+                    written, record["final_check"] = final_check(chosen, polished, tables, calibration, calibrated)
+                for name, plan in ((REFINED, written), (UNCHECKED, polished)):
+                    plan.provenance["refine"] = {**chosen.provenance["refine"], "polish": record}
+                    plans[name] = plan
             else:
                 plans[REFINED] = refine(tables, devices, memory, calibration, args.refine_rounds, models=calibrated,
                                         seed=index, **network)
@@ -333,10 +336,10 @@ def main() -> None:
                         help="with --calibrate: also NeuroShard refined on this machine for this many rounds "
                              "(measured.refine, from the same calibration; 0: not) (default: 2)")
     parser.add_argument("--polish-ab", action="store_true",
-                        help="with --refine-rounds: polish refine's plan twice from one timing of it, by the default "
-                             "objective (the slowest device: 'neuroshard-refined') and by the mean of the slowest "
-                             "D // 4 devices ('neuroshard-refined-plateau'), both timed in the task's run (session 13's "
-                             "run, before the default was set back, named them refined (plateau) and -maxpolish)")
+                        help="with --refine-rounds: polish refine's plan once and time it both as written (after "
+                             "polish's final check against the refined plan: 'neuroshard-refined') and as polished "
+                             "('neuroshard-refined-unchecked'; session 13's first run compared polish objectives "
+                             "instead: its results folder's README)")
     parser.add_argument("--one-host", action="store_true",
                         help="plan for one host of D GPUs: the exchange costed as bytes over NVLink (600 GB/s, "
                              "TorchRec's constant) instead of by the communication models measured on this machine's "

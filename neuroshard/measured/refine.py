@@ -237,7 +237,8 @@ def _top_mean(total_ms: np.ndarray, top: int) -> np.ndarray:
 
 def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured_ms: np.ndarray,
            steps: int = POLISH_STEPS, timing_passes: int = COMPARE_PASSES,
-           timing_repeats: int = COMPARE_REPEATS, top: int = POLISH_TOP) -> tuple[Plan, dict]:
+           timing_repeats: int = COMPARE_REPEATS, top: int = POLISH_TOP,
+           check: bool = True) -> tuple[Plan, dict]:
     """A measured local search from ``plan`` whose devices measured ``measured_ms`` (at the
     models' batch size): each step proposes the change off the slowest device that the
     models predict best (each device's prediction scaled by its measured/predicted ratio):
@@ -251,9 +252,9 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     both, while its measured cost (the slowest device: measured compute plus modelled
     communication) does not rise. The objective is the mean of the ``top`` slowest devices
     (``POLISH_TOP``, 1: the cost itself; more works down a plateau of devices near the
-    slowest one device a step, which measured no better). At the end the polished plan and
-    ``plan`` are timed together (``_final_check``): ``plan`` comes back unless the polished
-    one measures cheaper. Row blocks stay where they are
+    slowest one device a step, which measured no better). At the end (``check``) the polished
+    plan and ``plan`` are timed together (``final_check``): ``plan`` comes back unless the
+    polished one measures cheaper. Row blocks stay where they are
     (TorchRec runs them in rank order), tables with constraints are not split, and pinned
     tables stay on their devices. Stops after ``steps`` steps or when no change is
     predicted to help."""
@@ -277,7 +278,6 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
 
     score, cost = (float(x[0]) for x in judge([(pieces, where)], measured[None, :]))
     record["measured_cost_before_ms"] = round(cost, 4)
-    started = (pieces, where)  # never changed in place: a kept change makes new lists
     tried: set = set()
 
     def layout(pieces: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
@@ -392,8 +392,6 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     record["measured_cost_after_ms"] = round(cost, 4)
     if not record["accepted"]:
         return plan, record
-    if not _final_check(started, (pieces, where), devices, calibration, judge, timing_passes, timing_repeats, record):
-        return plan, record
     shards = sim.to_shards(pieces, where)
     polished = replace(plan, shards=shards, provenance=plan.provenance.to_dict())
     problems = polished.problems()
@@ -401,36 +399,41 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         log.warning("polish: the polished plan is invalid (%s); keeping the refined plan", problems[0])
         record["rejected"] = problems[0]
         return plan, record
+    if check:
+        written, record["final_check"] = final_check(plan, polished, tables, calibration, models, timing_passes,
+                                                     timing_repeats)
+        if written is plan:
+            return plan, record
     at_tables = Simulator.from_plan(polished, models, tables)
     polished.estimate = {**(plan.estimate or {}), **at_tables.plan_estimate(at_tables.evaluate_plan(polished))}
     return polished, record
 
 
-def _final_check(started: tuple, polished: tuple, devices: int, calibration: Any, judge: Any, passes: int,
-                 repeats: int, record: dict) -> bool:
-    """Whether the polished placement stays: it and the one polish started from, every device of
-    both timed together in ``FINAL_CHECK_RUNS`` interleaved runs, the polished one cheaper on the
-    mean of the runs. Each change was judged on its two devices alone, the others scaled by those
-    two's drift, so kept changes can add up to a plan no faster; polish then gives the plan it was
-    given back. When the check cannot be timed now, the polished plan stays (as before the check)."""
-    sets = [[layout[0][i] for i in np.flatnonzero(layout[1] == d)] for layout in (started, polished)
-            for d in range(devices)]
-    runs = []
-    for _ in range(FINAL_CHECK_RUNS):
-        timed = _time_change(sets, calibration, passes, repeats, record, "polish: the polished plan against its start")
-        if timed is None:
-            return True
-        runs.append(timed)
-    mean = np.mean(runs, axis=0)
-    before = float(judge([started], mean[None, :devices])[1][0])
-    after = float(judge([polished], mean[None, devices:])[1][0])
+def final_check(started: Plan, polished: Plan, tables: TableSet, calibration: Any, models: Any,
+                passes: int = COMPARE_PASSES, repeats: int = COMPARE_REPEATS,
+                runs: int = FINAL_CHECK_RUNS) -> tuple[Plan, dict]:
+    """The plan polish writes, and its record: ``polished`` and ``started`` (the plan polish
+    started from), every device of both timed together in ``runs`` interleaved runs, and
+    ``polished`` only when its measured cost (each device's mean over the runs, communication
+    modelled) is lower. Each change was judged on its two devices alone, the others scaled by
+    those two's drift, so kept changes can add up to a plan no faster. When the plans cannot be
+    timed now (e.g. no memory), ``polished`` stays, as before this check."""
+    timed = []
+    try:
+        for _ in range(runs):
+            timed.append(_time_plans([started, polished], [0, 1], tables, calibration, models, passes, repeats))
+    except NeuroShardError as exc:
+        log.warning("polish: the final check could not be timed: %s", exc)
+        return polished, {"stopped": str(exc).splitlines()[0]}
+    batch = calibration.models.batch_size
+    before, after = (_measured_cost(p, np.mean([run[k][2] for run in timed], axis=0), tables, models, batch)
+                     for k, p in enumerate((started, polished)))
     kept = after < before
-    record["final_check"] = {"runs": len(runs), "started_cost_ms": round(before, 4),
-                             "polished_cost_ms": round(after, 4), "kept": kept}
     if not kept:
         log.info("polish: the polished plan measured %.2f ms against %.2f for the plan it started from, "
                  "timed together; keeping the plan it started from", after, before)
-    return kept
+    return (polished if kept else started), {"runs": runs, "started_cost_ms": round(before, 4),
+                                             "polished_cost_ms": round(after, 4), "kept": kept}
 
 
-__all__ = ["refine", "polish", "check_refine", "DEFAULT_ROUNDS"]
+__all__ = ["refine", "polish", "final_check", "check_refine", "DEFAULT_ROUNDS"]
