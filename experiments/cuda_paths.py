@@ -83,6 +83,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing the package
     sys.path.insert(0, str(ROOT))
 
+from neuroshard.costmodels.measure.store import load_compute_data  # noqa: E402
+from neuroshard.costmodels.pretrain import MIN_SETS  # noqa: E402  (fewest measured sets pretrain trains on)
+
 STEPS = ("collect", "pretrain", "plans", "runtime")
 DEFAULT_STEPS = ("collect", "pretrain", "plans")
 #: the tables the shipped CPU checkpoint's wide data was drawn from (no benchmark family)
@@ -91,8 +94,6 @@ COLLECT_TABLES = ROOT / "neuroshard/checkpoints/data/cpu/compute-wide/tables.jso
 EXPECTED_S = {"pretrain": 70, "plans": 85, "runtime": 300}
 #: a collect step's start (imports, CUDA context, reading the tables) and its last sample, seconds
 COLLECT_OVERHEAD_S = 30
-#: fewest measured sets pretrain trains on (``costmodels.pretrain.MIN_SETS``)
-MIN_SETS = 16
 #: set-epochs of ``--epochs auto``: epochs = this / sets, within [EPOCHS_MIN, EPOCHS_MAX]
 AUTO_SET_EPOCHS, EPOCHS_MIN, EPOCHS_MAX = 250_000, 30, 200
 AA_NAME = "A/A size-lookup again"
@@ -275,8 +276,8 @@ class Run:
 
 
 def _records(folder: Path) -> int:
-    path = folder / "compute.jsonl"
-    return sum(1 for line in path.read_bytes().splitlines() if line.strip()) if path.exists() else 0
+    """Shard sets measured in ``folder`` so far, as pretrain will read them (torn lines left out)."""
+    return len(load_compute_data(folder)) if folder.exists() else 0
 
 
 def _epochs(text: str, sets: int) -> int:

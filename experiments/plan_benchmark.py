@@ -144,8 +144,8 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
         if args.refine_rounds:
             start = time.perf_counter()
             if args.polish_ab:  # refine's plan, polished once, written with and without polish's final check
-                from neuroshard.measured.refine import (COMPARE_PASSES, COMPARE_REPEATS, POLISH_STEPS,
-                                                        POLISH_STEPS_PER_DEVICE, final_check, polish)
+                from neuroshard.measured.refine import (COMPARE_PASSES, COMPARE_REPEATS, default_polish_steps,
+                                                        final_check, polish)
                 chosen = refine(tables, devices, memory, calibration, args.refine_rounds, models=calibrated,
                                 seed=index, polish_steps=0, **network)
                 sets = calibration.sim.device_sets(chosen)
@@ -153,8 +153,8 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                 used = [d for d, s in enumerate(sets) if s]
                 compute[used] = calibration.time([sets[d] for d in used], COMPARE_PASSES, "timing the refined plan",
                                                  COMPARE_REPEATS)
-                steps = max(POLISH_STEPS, POLISH_STEPS_PER_DEVICE * devices)  # refine's own rule
-                polished, record = polish(chosen, tables, calibration, calibrated, compute, steps, check=False)
+                polished, record = polish(chosen, tables, calibration, calibrated, compute,
+                                          default_polish_steps(devices), check=False)
                 written = polished
                 if polished is not chosen:
                     written, record["final_check"] = final_check(chosen, polished, tables, calibration, calibrated)

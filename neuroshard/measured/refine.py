@@ -93,6 +93,12 @@ PRETRAINED_SUFFIX = "-pretrained"
 PLAN_OPTIONS = ("bytes_per_element", "seed", "optimizer", "topology", "comm_precision")
 
 
+def default_polish_steps(devices: int) -> int:
+    """Polish's measured steps for a plan of ``devices``: ``POLISH_STEPS_PER_DEVICE`` per device, at least
+    ``POLISH_STEPS``."""
+    return max(POLISH_STEPS, POLISH_STEPS_PER_DEVICE * devices)
+
+
 def check_refine(algorithm: str, rounds: Any) -> int:
     """The number of rounds (``True``: ``DEFAULT_ROUNDS``), checked with the algorithm."""
     if not get_trait(algorithm, "model_guided"):
@@ -110,7 +116,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     ``Calibration`` with its random sets measured (``start_calibration``); ``models``: what
     ``calibration.fit()`` gave, when already fitted. ``search_options`` go to
     ``search.api.shard`` (only ``PLAN_OPTIONS`` of them for the compared algorithms);
-    ``polish_steps`` defaults to ``max(POLISH_STEPS, POLISH_STEPS_PER_DEVICE x devices)``."""
+    ``polish_steps`` defaults to ``default_polish_steps(devices)``."""
     rounds = check_refine(algorithm, rounds)
     batch = calibration.models.batch_size
     if models is None:
@@ -180,7 +186,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
               "batch_size": batch,
               "hardware": calibration.config.get("hardware", "")}
     if polish_steps is None:
-        polish_steps = max(POLISH_STEPS, POLISH_STEPS_PER_DEVICE * devices)
+        polish_steps = default_polish_steps(devices)
     if polish_steps:
         chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps)
     chosen.provenance["refine"] = record
@@ -217,13 +223,12 @@ def _per_set(sets: list[list], values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _time_change(sets: list[list], calibration: Any, passes: int, repeats: int, record: dict,
-                 what: str = "polish: timing a change") -> np.ndarray | None:
+def _time_change(sets: list[list], calibration: Any, passes: int, repeats: int, record: dict) -> np.ndarray | None:
     """``sets`` (a change's devices before and after) timed in one interleaved run; None, with
     ``record["stopped"]`` saying why, when they cannot be timed now (e.g. no memory for them):
     polish then keeps what it gained so far."""
     try:
-        return _per_set(sets, calibration.time(sets, passes, what, repeats))
+        return _per_set(sets, calibration.time(sets, passes, "polish: timing a change", repeats))
     except NeuroShardError as exc:
         log.warning("polish stopped: %s", exc)
         record["stopped"] = str(exc).splitlines()[0]
@@ -436,4 +441,4 @@ def final_check(started: Plan, polished: Plan, tables: TableSet, calibration: An
                                              "polished_cost_ms": round(after, 4), "kept": kept}
 
 
-__all__ = ["refine", "polish", "final_check", "check_refine", "DEFAULT_ROUNDS"]
+__all__ = ["refine", "polish", "final_check", "default_polish_steps", "check_refine", "DEFAULT_ROUNDS"]
