@@ -1,10 +1,14 @@
 """How far can a refit of the overheads take the iteration model? (issue 31)
 
     python experiments/iteration_regression.py
+    python experiments/iteration_regression.py --results experiments/results/iteration_sameday \
+        --operator-costs experiments/results/iteration_sameday/cpu-operators.json
 
-Reads the three finished iteration suites (``experiments/results/iteration``, ``iteration_ranking``,
-``iteration_fresh``: their measured iterations and terms), predicts every plan's operator
-durations again with the shipped models (``search.iteration.operator_durations``: no overheads,
+Reads the three finished iteration suites (by default ``experiments/results/iteration``,
+``iteration_ranking``, ``iteration_fresh``, run on three days; with ``--results DIR``, the
+suites ``DIR/default``, ``DIR/embedding-heavy`` and ``DIR/fresh`` of one run: their measured
+iterations and terms), predicts every plan's operator durations again with the operator
+models (``--operator-costs``, default the shipped ones) (``search.iteration.operator_durations``: no overheads,
 no critical path) and fits the most flexible correction of the current kind that the data
 allows: per rank count, the measured iteration as a non-negative sum of ``fixed + scale x
 duration`` over the terms (NNLS, relative error), fitted on two suites and judged on the third.
@@ -17,6 +21,7 @@ remove.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -38,12 +43,12 @@ RESULTS = {"default": "experiments/results/iteration/configs.jsonl",
 SCALED = [t for t in ITERATION_TERMS if t not in ("sync_ms", "other_ms", "allreduce_ms")]
 
 
-def rows() -> list[dict]:
-    """Per (suite, configuration, plan): ranks, the rank-mean operator durations, the shipped
-    prediction, the measured iteration and both runs."""
-    models, ops = resolve_cost_models(None), load_operator_models(None)
+def rows(results: dict[str, str], operator_costs: str | None) -> list[dict]:
+    """Per (suite, configuration, plan): ranks, the rank-mean operator durations, the
+    prediction of the operator file as it is, the measured iteration and both runs."""
+    models, ops = resolve_cost_models(None), load_operator_models(operator_costs)
     out = []
-    for suite, path in RESULTS.items():
+    for suite, path in results.items():
         for config, tables, plan, p in stored_plans(suite, path, models):
             durations, _ = operator_durations(plan, tables, models, ops, config[3], config[4])
             mean = {t: float(np.mean([d.get(t, 0.0) for d in durations])) for t in SCALED}
@@ -78,10 +83,16 @@ def refit(train: list[dict], test: list[dict], regime: bool) -> np.ndarray:
 
 
 def main() -> None:
-    points = rows()
-    print("# python experiments/iteration_regression.py   (fitted on two suites, judged on the third)")
-    print(f"{'held-out suite':16s} {'plans':>5s} {'shipped':>8s} {'refit':>8s} {'refit+regime':>13s} {'noise floor':>12s}")
-    for suite in RESULTS:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", help="a folder with the suites default, embedding-heavy and fresh of one run")
+    parser.add_argument("--operator-costs", help="operator cost models (default: the shipped ones)")
+    args = parser.parse_args()
+    results = ({suite: str(Path(args.results) / suite / "configs.jsonl") for suite in RESULTS} if args.results
+               else RESULTS)
+    points = rows(results, args.operator_costs)
+    print(f"# python experiments/iteration_regression.py {' '.join(sys.argv[1:])}  (fitted on two suites, judged on the third)")
+    print(f"{'held-out suite':16s} {'plans':>5s} {'as is':>8s} {'refit':>8s} {'refit+regime':>13s} {'noise floor':>12s}")
+    for suite in results:
         train = [p for p in points if p["suite"] != suite]
         test = [p for p in points if p["suite"] == suite]
         measured = np.array([p["measured"] for p in test])

@@ -22,6 +22,7 @@ import itertools
 
 import numpy as np
 
+from neuroshard.constants import TIMING_MAX_REPEATS, TIMING_MIN_PASS_MS
 from neuroshard.costmodels.measure.timing import time_devices
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.search.api import shard
@@ -42,16 +43,21 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--min-pass-ms", type=float, default=TIMING_MIN_PASS_MS,
+                        help="a shorter device runs more per pass, up to --max-repeats runs")
+    parser.add_argument("--max-repeats", type=int, default=TIMING_MAX_REPEATS)
     args = parser.parse_args()
     tables, memory = family_tasks(args.family, args.devices, 1, (8, 12), seed=31)[0]
     plan = shard(tables, devices=args.devices, memory=memory, algorithm="size-lookup",
                  topology=Topology(args.devices, local_world_size=args.devices))
     sets = [plan.shards_on(d) for d in range(args.devices)]
     times, config = time_devices(sets * args.copies, tables, passes=args.passes, repeats=args.repeats,
-                                 batch_size=args.batch_size, progress=True)
+                                 batch_size=args.batch_size, progress=True,
+                                 min_pass_ms=args.min_pass_ms, max_repeats=args.max_repeats)
     runs = np.array(times).reshape(args.copies, args.devices, args.passes)  # copy, device, pass
     print(f"{args.family}, {args.devices} devices, {len(tables)} tables, {args.copies} copies, {args.passes} passes "
-          f"of {args.repeats} runs, on {config['hardware']}, {config['seconds']} s")
+          f"of {args.repeats}-{config['most_repeats']} runs (a pass at least {args.min_pass_ms:g} ms), "
+          f"on {config['hardware']}, {config['seconds']} s")
     print(f"{'passes':>6} {'statistic':>9} {'per-device %':>13} {'max device %':>13} {'worst %':>8}")
     for n in sorted({min(3, args.passes), min(5, args.passes), args.passes}):
         for name, stat in STATISTICS.items():

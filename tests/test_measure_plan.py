@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from neuroshard.cli import main
+from neuroshard.costmodels.measure.timing import time_devices
 from neuroshard.kernels import FusedEmbedding, weights_numel
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.evaluate import evaluate
@@ -129,3 +130,15 @@ def test_bad_inputs_give_one_line(tmp_path, capsys, case, message):
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.timing
+def test_a_short_device_runs_more_per_pass_up_to_the_cap():
+    tables = TableSet("short", [Table("a", 1_000, 8, 1.0), Table("b", 2_000, 8, 1.0)], 256)
+    plan = shard(tables, devices=2, memory="64MiB", algorithm="size")
+    sets = [plan.shards_on(d) for d in range(2)]
+    _, long_passes = time_devices(sets, tables, passes=2, repeats=2, batch_size=256, min_pass_ms=1e4, max_repeats=6)
+    _, no_floor = time_devices(sets, tables, passes=2, repeats=2, batch_size=256, min_pass_ms=0.0, max_repeats=6)
+    assert long_passes["most_repeats"] == 6 and no_floor["most_repeats"] == 2
+    with pytest.raises(Exception, match="min_pass_ms"):
+        time_devices(sets, tables, min_pass_ms=-1.0)

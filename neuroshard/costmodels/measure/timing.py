@@ -148,21 +148,27 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
                  batch_size: int = MEASURED_BATCH_SIZE, row_cap: int = DEFAULT_MAX_ROWS, kernel: str = "auto",
                  backend: str = "cpu", optimizer: str = "exact_sgd", max_memory_bytes: int | None = None,
                  progress: bool | str = False, weights_precision: str = "fp32",
-                 flush_bytes: int | None = None) -> tuple[list[list[float]], dict]:
+                 flush_bytes: int | None = None, min_pass_ms: float = TIMING_MIN_PASS_MS,
+                 max_repeats: int = TIMING_MAX_REPEATS) -> tuple[list[list[float]], dict]:
     """Time each device's shards (a list of shard lists, one per device, of any plans)
     as one fused kernel with weights of ``weights_precision``, the devices taking turns
     round-robin with the order rotated every pass. Returns per device its time (ms) in
     each measured pass (empty for a device without shards), and how the run was made.
     ``flush_bytes``: the cache flush before every timed run (None: the kernel benchmark's
     default, larger than the last-level cache; 0: none, a warm cache as in training, where
-    a device's hot rows stay cached from one iteration to the next)."""
+    a device's hot rows stay cached from one iteration to the next). ``min_pass_ms`` and
+    ``max_repeats``: a device whose first pass is shorter runs more per pass, up to
+    ``max_repeats`` runs, so that a pass adds up to about ``min_pass_ms``."""
     import torch  # heavy: imported when a run starts, so the CLI starts fast
     from tqdm import tqdm
 
     for name, value, low in (("passes", passes, 1), ("warmup_passes", warmup_passes, 0), ("repeats", repeats, 1),
-                             ("row_cap", row_cap, 1), ("batch_size", batch_size, 1)):
+                             ("row_cap", row_cap, 1), ("batch_size", batch_size, 1),
+                             ("max_repeats", max_repeats, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise NeuroShardError(f"{name} must be an integer >= {low}, got {value!r}")
+    if not isinstance(min_pass_ms, (int, float)) or isinstance(min_pass_ms, bool) or not min_pass_ms >= 0:
+        raise NeuroShardError(f"min_pass_ms must be a number >= 0, got {min_pass_ms!r}")
     kernel = resolve_kernel(kernel, backend)
     # No warm-up run per turn: every kernel runs once when it is built, and after the
     # cache flush each timed run starts as cold as the first would.
@@ -201,9 +207,9 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
                     dt.prepared = dt.fused.prepare(dt.inputs)
                     _run_once(dt.fused, dt.prepared)  # warm-up: first-call allocations are not timed
                 measured = bench.time_fused(dt.fused, dt.prepared, dt.repeats)
-                if dt.repeats is None:  # a short device runs more: its runs add up to about TIMING_MIN_PASS_MS
-                    dt.repeats = min(max(repeats, math.ceil(TIMING_MIN_PASS_MS / max(measured.cost_ms, 1e-3))),
-                                     max(repeats, TIMING_MAX_REPEATS))
+                if dt.repeats is None:  # a short device runs more: its runs add up to about min_pass_ms
+                    dt.repeats = min(max(repeats, math.ceil(min_pass_ms / max(measured.cost_ms, 1e-3))),
+                                     max(repeats, max_repeats))
                 if pass_ >= warmup_passes:
                     dt.passes_ms.append(measured.cost_ms)
                 if backend == "cuda":  # on CUDA, a device's weights live only for its turn
