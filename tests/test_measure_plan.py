@@ -142,3 +142,23 @@ def test_a_short_device_runs_more_per_pass_up_to_the_cap():
     assert long_passes["most_repeats"] == 6 and no_floor["most_repeats"] == 2
     with pytest.raises(Exception, match="min_pass_ms"):
         time_devices(sets, tables, min_pass_ms=-1.0)
+
+
+def test_a_short_devices_first_pass_is_sized_like_the_others(monkeypatch):
+    # a single pass (as calibration times each set) must not be the one or two slow first runs
+    # after a kernel is built: every counted pass runs the sized number of runs, after sizing runs
+    from neuroshard.costmodels.measure.kernel import KernelBenchmark
+    calls = []
+    real = KernelBenchmark.time_fused
+
+    def spy(self, fused, inputs, repeats=None):
+        calls.append(repeats)
+        return real(self, fused, inputs, repeats)
+
+    monkeypatch.setattr(KernelBenchmark, "time_fused", spy)
+    tables = TableSet("short", [Table("a", 1_000, 8, 1.0), Table("b", 2_000, 8, 1.0)], 256)
+    plan = shard(tables, devices=2, memory="64MiB", algorithm="size")
+    sets = [plan.shards_on(d) for d in range(2)]
+    times, config = time_devices(sets, tables, passes=1, repeats=2, batch_size=256, min_pass_ms=1e4, max_repeats=6)
+    assert calls == [2, 6, 2, 6]  # per device: the sizing runs (not counted), then the pass of 6
+    assert [len(t) for t in times] == [1, 1] and config["most_repeats"] == 6

@@ -6,9 +6,14 @@ one GPU. Each device's shards run as one ``neuroshard.kernels.FusedEmbedding`` (
 training runs and cost data is collected with): forward, backward and the fused update,
 timed with the kernel benchmark's protocol (``KernelBenchmark.time_fused``: cache flush
 before every run, warm-up, median of repeats, the thread's CPU clock on CPU). A device
-whose first pass is short runs more times per pass after it, until a pass adds up to
-``TIMING_MIN_PASS_MS`` (at most ``TIMING_MAX_REPEATS`` runs): a few milliseconds of work
-is otherwise at the mercy of one interruption.
+whose sizing runs (``TIMING_REPEATS``, before its first pass, never counted) are short
+runs more times in every pass, until a pass adds up to ``TIMING_MIN_PASS_MS`` (at most
+``TIMING_MAX_REPEATS`` runs): a few milliseconds of work is otherwise at the mercy of one
+interruption. Every pass, the first included, runs that many: a device's first runs
+after its kernel is built are slow (criteo-kaggle's 3-5 ms devices: the first timed
+single run 1.3-1.6x the later ones, the first pass of 9 runs 1.04x), and calibration,
+which times each set in one pass, measured them 1.2-1.5x what ``measure`` (the fastest
+of 5 passes) gives the same sets until the first pass was sized too (session 15).
 
 Comparing on a shared, noisy machine: the devices take turns round-robin, the order
 rotated every pass, and each device's figure is its fastest pass (``device_time``; after
@@ -128,6 +133,13 @@ def _device_times(shards: Sequence[Shard], tables: TableSet, batch_size: int, ro
 
 
 
+def _pass_repeats(first_ms: float, repeats: int, min_pass_ms: float, max_repeats: int) -> int:
+    """Runs per pass for a device whose sizing run (the median of ``repeats`` runs, not
+    counted) took ``first_ms``: enough to add up to about ``min_pass_ms``, at least
+    ``repeats`` and at most ``max_repeats``."""
+    return min(max(repeats, math.ceil(min_pass_ms / max(first_ms, 1e-3))), max(repeats, max_repeats))
+
+
 def _run_once(fused: FusedEmbedding, inputs: FusedInputs) -> None:
     """One untimed forward, backward and update."""
     fused.pooled(inputs).sum().backward()
@@ -157,8 +169,9 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
     ``flush_bytes``: the cache flush before every timed run (None: the kernel benchmark's
     default, larger than the last-level cache; 0: none, a warm cache as in training, where
     a device's hot rows stay cached from one iteration to the next). ``min_pass_ms`` and
-    ``max_repeats``: a device whose first pass is shorter runs more per pass, up to
-    ``max_repeats`` runs, so that a pass adds up to about ``min_pass_ms``."""
+    ``max_repeats``: a device whose sizing run (``repeats`` runs, not counted) is shorter runs
+    more per pass, its first pass included, up to ``max_repeats`` runs, so that a pass adds up
+    to about ``min_pass_ms``."""
     import torch  # heavy: imported when a run starts, so the CLI starts fast
     from tqdm import tqdm
 
@@ -206,10 +219,10 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
                                               weights_buffer=buffer, weights_precision=weights_precision)
                     dt.prepared = dt.fused.prepare(dt.inputs)
                     _run_once(dt.fused, dt.prepared)  # warm-up: first-call allocations are not timed
+                if dt.repeats is None:  # the sizing run: a short device runs more per pass (about min_pass_ms)
+                    dt.repeats = _pass_repeats(bench.time_fused(dt.fused, dt.prepared, repeats).cost_ms, repeats,
+                                               min_pass_ms, max_repeats)
                 measured = bench.time_fused(dt.fused, dt.prepared, dt.repeats)
-                if dt.repeats is None:  # a short device runs more: its runs add up to about min_pass_ms
-                    dt.repeats = min(max(repeats, math.ceil(min_pass_ms / max(measured.cost_ms, 1e-3))),
-                                     max(repeats, max_repeats))
                 if pass_ >= warmup_passes:
                     dt.passes_ms.append(measured.cost_ms)
                 if backend == "cuda":  # on CUDA, a device's weights live only for its turn
