@@ -11,7 +11,8 @@ copies is an A/A control. For the first 3, 5 and all passes, and for each way of
 a device's passes into its figure (median, fastest, lower quartile), it prints the mean
 per-device |log ratio| between copies, and the mean and worst |log ratio| of the copies'
 max device (what a plan is judged by), then the mean time of each pass relative to all
-(the first pass runs slow: its kernels' first timed runs).
+(before formats revision 13 the first pass ran slow: its kernels' first timed runs, which
+are now sizing runs and not counted).
 
 This is what chose the fastest pass as a device's figure (``timing.device_time``).
 """

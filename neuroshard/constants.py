@@ -85,11 +85,11 @@ TIMING_PASSES = 5
 TIMING_WARMUP_PASSES = 0
 #: ... and timed runs per device and pass (the pass's figure is their median), at least; ...
 TIMING_REPEATS = 3
-#: ... a device whose first pass took less than this (ms) runs more, up to TIMING_MAX_REPEATS, so that
-#: a pass's runs add up to about this much (experiments/timing_noise.py, criteo-kaggle's 3-5 ms devices,
-#: 4 copies of one plan in one run: the max device moved 3.5-4.0% between copies at 8 devices and 1.0%
-#: at 16 with passes of 30 ms, 1.5% and 0.5% with passes of 150 ms; devices of 50 ms and more run
-#: TIMING_REPEATS as before)
+#: ... a device whose sizing runs (TIMING_REPEATS, before its first pass, not counted) took less than
+#: this (ms) runs more in every pass, up to TIMING_MAX_REPEATS, so that a pass's runs add up to about
+#: this much (experiments/timing_noise.py, criteo-kaggle's 3-5 ms devices, 4 copies of one plan in
+#: one run: the max device moved 3.5-4.0% between copies at 8 devices and 1.0% at 16 with passes of
+#: 30 ms, 1.5% and 0.5% with passes of 150 ms; devices of 50 ms and more run TIMING_REPEATS as before)
 TIMING_MIN_PASS_MS = 150.0
 TIMING_MAX_REPEATS = 60
 

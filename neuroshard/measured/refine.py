@@ -17,8 +17,8 @@ few hundred sets can be worse where the search goes), and the plans of the basel
 user would otherwise run (``compare``: measured-greedy, size-lookup, ...), are timed
 again together in one interleaved run (this machine's speed drifts between runs) with
 ``neuroshard measure``'s protocol (``COMPARE_PASSES`` passes of ``COMPARE_REPEATS`` runs,
-each device's fastest pass: one run per pass, as the rounds time, left the max device of
-16 small devices 5-7% apart between two copies of the same plan),
+each device's fastest pass: one run per pass, as the rounds timed before passes were
+sized, left the max device of 16 small devices 5-7% apart between two copies of the same plan),
 and the plan kept is the one whose measured cost is lowest: each device's measured
 compute plus the modelled communication (the simulator's total, with the measured compute
 in place of the estimate). The plans within ``FINALIST_MARGIN`` of the cheapest are timed
@@ -55,7 +55,7 @@ from ..validate import check_int
 log = logging.getLogger(__name__)
 
 DEFAULT_ROUNDS = 2
-#: passes per device set when a round's plan is timed (one run each; the fastest counts) ...
+#: passes per device set when a round's plan is timed (each sized as measure's; the fastest counts) ...
 REFINE_PASSES = 3
 #: ... and when plans are compared at the end and in ``polish``: measure's protocol, the instrument
 #: plans are judged with (experiments/timing_noise.py: the max device of two copies of a plan agreed
