@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from neuroshard.cli import main
+from neuroshard.costmodels.measure.kernel import KernelBenchmark
 from neuroshard.costmodels.measure.timing import time_devices
 from neuroshard.kernels import FusedEmbedding, weights_numel
 from neuroshard.plan import Plan, Shard
@@ -147,7 +148,6 @@ def test_a_short_device_runs_more_per_pass_up_to_the_cap():
 def test_a_short_devices_first_pass_is_sized_like_the_others(monkeypatch):
     # a single pass (as calibration times each set) must not be the one or two slow first runs
     # after a kernel is built: every counted pass runs the sized number of runs, after sizing runs
-    from neuroshard.costmodels.measure.kernel import KernelBenchmark
     calls = []
     real = KernelBenchmark.time_fused
 
