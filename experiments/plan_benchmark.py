@@ -10,7 +10,7 @@ devices, tables larger than a device split by the planner). Every algorithm plan
 task: NeuroShard, the five greedy, measured-greedy, TorchRec's planner (when importable)
 and bayes. Then ALL plans of the task are measured in ONE interleaved run of
 ``neuroshard measure`` (``runtime.measure_plan.measure_plans``: each device's shards as
-one fused kernel, devices of all plans taking turns, median over passes), together with
+one fused kernel, devices of all plans taking turns, the fastest of the passes), together with
 an A/A control: the measured-greedy plan (the baseline to beat) a second time. Identical
 plans of two algorithms (refine keeping a baseline's plan, say) are timed once and share
 the measurement.

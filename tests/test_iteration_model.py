@@ -163,6 +163,23 @@ def test_overheads_fit_each_term_and_stretch_the_period():
     assert OperatorModels().fit(ops.samples_).with_period(10.0, 2) == 10.0  # no points: the path itself
 
 
+def test_the_stretch_of_ranks_sharing_cores_is_waiting_in_the_dense_all_reduce(runtime_plan, runtime_tables,
+                                                                              shipped_models):
+    plan = runtime_plan("mixed", 2)
+    tables = TableSet("rt", runtime_tables, batch_size=256)
+    samples = load_operator_models().samples_
+    plain = OperatorModels().fit(samples, {})
+    points = [{"term": "iteration_ms", "ranks": 2, "predicted_ms": p, "measured_ms": 1.25 * p} for p in (10, 20, 40)]
+    stretched = OperatorModels().fit(samples, {}, points)
+    a = estimate_iteration(plan, tables, shipped_models, plain, DEFAULT_MODEL)
+    b = estimate_iteration(plan, tables, shipped_models, stretched, DEFAULT_MODEL)
+    assert b.iteration_ms == pytest.approx(1.25 * a.iteration_ms)
+    for before, after in zip(a.per_rank, b.per_rank):
+        assert after["sync_ms"] == pytest.approx(before["sync_ms"])  # the barrier keeps its own figure
+        assert after["dense_allreduce_ms"] - before["dense_allreduce_ms"] == pytest.approx(0.25 * a.iteration_ms)
+        assert sum(after.values()) == pytest.approx(b.iteration_ms)
+
+
 @pytest.mark.gloo
 def test_overheads_are_measured_in_real_runs_and_written_to_the_file(tmp_path, shipped_models):
     from neuroshard.runtime.overheads import calibrate_overheads

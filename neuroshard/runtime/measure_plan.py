@@ -52,7 +52,7 @@ class PlanMeasurement:
 
     name: str
     plan: Plan
-    compute_ms: list[float]             # measured, median over passes, per device
+    compute_ms: list[float]             # measured, the fastest pass (timing.device_time), per device
     passes_ms: list[list[float]]        # per device, per measured pass
     estimated_compute_ms: list[float]   # the compute model's estimate, per device
     modeled_comm_ms: list[float]        # comm models (fwd incl. waiting + bwd + reduce) for the measured compute
