@@ -94,10 +94,10 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"   {a:<12} simulated max device cost {cost:9.3f} ms   search "
               f"{plans[a].provenance['search_time_s']:.2f} s")
     baseline = min(GREEDY_ALGORITHMS, key=simulated.get)
-    refined = plans["neuroshard"].provenance.get("refine")
-    if refined:
+    refine_record = plans["neuroshard"].provenance.get("refine")
+    if refine_record:
         print(f"   neuroshard --refine {args.refine}: its plans and the baselines' timed on this machine "
-              f"({refined['hardware']}); kept the one measured cheapest: {refined['chosen']}")
+              f"({refine_record['hardware']}); kept the one measured cheapest: {refine_record['chosen']}")
     print(f"\n-- NeuroShard plan ({out / 'plan-neuroshard.json'})\n{plans['neuroshard'].format_summary()}")
     print(f"\n-- best baseline: {baseline} ({out / f'plan-{baseline}.json'})\n{plans[baseline].format_summary()}")
     print(f"\n   simulated improvement of NeuroShard over {baseline}: "
@@ -130,7 +130,7 @@ def run_demo(args: argparse.Namespace) -> int:
     figure = _plot(plans, measured, baseline, out / "demo-per-device.png")
     summary = {"simulated_ms": simulated, "best_baseline": baseline, "devices": args.devices,
                "measured_ms": costs, "measured_improvement": gain, "aa_noise": noise,
-               "refine": {"rounds": args.refine, "chosen": refined["chosen"]} if refined else None}
+               "refine": {"rounds": args.refine, "chosen": refine_record["chosen"]} if refine_record else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"\n== done: plans, measurements and {figure} are in {out}/")
     return 0
