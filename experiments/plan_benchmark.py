@@ -191,7 +191,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
             first.setdefault(plan_key(plan), name)
     timed = {n: p for n, p in plans.items() if n == CONTROL or first[plan_key(p)] == n}
     result = measure_plans(timed, tables, cost_models=models, passes=args.passes, repeats=args.repeats,
-                           batch_size=args.batch_size, progress=True,
+                           batch_size=args.batch_size, progress=True, reference=not args.no_reference,
                            **({"flush_bytes": 0} if args.warm else {}))
     by_timed = {p.name: p for p in result.plans}
     result.plans = [by_timed[n] if n in timed else dataclasses.replace(by_timed[first[plan_key(p)]], name=n, plan=p)
@@ -347,6 +347,9 @@ def main() -> None:
     parser.add_argument("--warm", action="store_true",
                         help="time every plan with a warm cache (no flush before a timed run, as in training, where a "
                              "device's hot rows stay cached between iterations) instead of measure's flushed protocol")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="time the plans without measure's reference device (each device's fastest raw pass, "
+                             "as before session 17); calibration and refine keep theirs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true",
                         help="1 task per family on 4 devices with 10-15 tables per device")
@@ -396,6 +399,7 @@ def main() -> None:
         f"# Plan benchmark\n\n`python experiments/plan_benchmark.py {' '.join(__import__('sys').argv[1:])}` "
         f"on {hardware}, cost model '{models.name}'; protocol: "
         f"{'warm (no cache flush before a timed run)' if args.warm else 'flushed (measure: the cache flushed before every timed run)'}"
+        f"; {'each device its fastest raw pass' if args.no_reference else 'each device the median of its passes relative to a reference device timed before every turn (measure, revision 14)'}"
         f"\n\n```\n{text}\n```\n")
     print(text)
     print(f"wrote {out}/ ({time.perf_counter() - start:.0f} s)")

@@ -16,7 +16,11 @@ divided by the reference's beside it. If the machine's speed moves in phases (fr
 a neighbour on the other core), the ratios cancel it and the A/A of "relative" figures is
 the tighter one; the last lines give each figure's mean |log A/A| over the runs.
 
-A diagnostic, not the instrument: ``time_devices`` does not time a reference.
+It chose the instrument's figure: since session 17 (formats revision 14) ``time_devices``
+times a reference before every turn and reports the "relative median" (with a reference of
+its own choosing, the device of median work, and its level at the reference's fastest
+turn). This script keeps its own loop because it needs the raw and the relative passes of
+one run side by side, which ``time_devices`` does not return.
 """
 from __future__ import annotations
 

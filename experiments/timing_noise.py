@@ -47,6 +47,8 @@ def main() -> None:
     parser.add_argument("--min-pass-ms", type=float, default=TIMING_MIN_PASS_MS,
                         help="a shorter device runs more per pass, up to --max-repeats runs")
     parser.add_argument("--max-repeats", type=int, default=TIMING_MAX_REPEATS)
+    parser.add_argument("--no-reference", action="store_true",
+                        help="raw passes (no reference device timed before every turn, as before session 17)")
     args = parser.parse_args()
     tables, memory = family_tasks(args.family, args.devices, 1, (8, 12), seed=31)[0]
     plan = shard(tables, devices=args.devices, memory=memory, algorithm="size-lookup",
@@ -54,11 +56,13 @@ def main() -> None:
     sets = [plan.shards_on(d) for d in range(args.devices)]
     times, config = time_devices(sets * args.copies, tables, passes=args.passes, repeats=args.repeats,
                                  batch_size=args.batch_size, progress=True,
-                                 min_pass_ms=args.min_pass_ms, max_repeats=args.max_repeats)
+                                 min_pass_ms=args.min_pass_ms, max_repeats=args.max_repeats,
+                                 reference=not args.no_reference)
     runs = np.array(times).reshape(args.copies, args.devices, args.passes)  # copy, device, pass
     print(f"{args.family}, {args.devices} devices, {len(tables)} tables, {args.copies} copies, {args.passes} passes "
           f"of {args.repeats}-{config['most_repeats']} runs (a pass at least {args.min_pass_ms:g} ms), "
-          f"on {config['hardware']}, {config['seconds']} s")
+          f"on {config['hardware']}, {config['seconds']} s, "
+          f"{'raw passes' if config['figure'] == 'fastest' else 'passes relative to a reference device'}")
     print(f"{'passes':>6} {'statistic':>9} {'per-device %':>13} {'max device %':>13} {'worst %':>8}")
     for n in sorted({min(3, args.passes), min(5, args.passes), args.passes}):
         for name, stat in STATISTICS.items():

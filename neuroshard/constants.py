@@ -79,7 +79,7 @@ KERNEL_REPEATS = 7
 #: ... and at most while the runs still vary more than the target coefficient of variation
 KERNEL_MAX_REPEATS = 15
 #: an interleaved timing run of devices (``measure``, calibration, refine): timed passes over all
-#: devices (a device's figure is its fastest pass, ``costmodels.measure.timing.device_time``) ...
+#: devices (a device's figure: ``costmodels.measure.timing.device_time``, see TIMING_REFERENCE) ...
 TIMING_PASSES = 5
 #: ... whole passes run first and not counted (each kernel also runs once, untimed, when it is built) ...
 TIMING_WARMUP_PASSES = 0
@@ -92,6 +92,16 @@ TIMING_REPEATS = 3
 #: 30 ms, 1.5% and 0.5% with passes of 150 ms; devices of 50 ms and more run TIMING_REPEATS as before)
 TIMING_MIN_PASS_MS = 150.0
 TIMING_MAX_REPEATS = 60
+#: an interleaved timing run of two or more devices times a reference device (one of them, of
+#: median work) right before every device's turn, and a device's figure is the median over its
+#: passes of its time relative to the reference beside it, times the reference's fastest turn
+#: (``costmodels.measure.timing``): the machine's speed moves in phases (a neighbour on the other
+#: core, frequency) that a fastest pass only partly escapes. experiments/reference_timing.py,
+#: criteo-kaggle at 8 devices, 4 runs (AMD EPYC): mean |log A/A| of the max device 9.9% with the
+#: fastest raw pass, 2.5% relative to the reference ...
+TIMING_REFERENCE = True
+#: ... whose turn runs this share of the runs of its own passes (rounded up)
+TIMING_REFERENCE_SHARE = 0.25
 
 #: TorchRec's compute kernels (``EmbeddingComputeKernel`` values) a training plan's shards may run:
 #: device memory (``fused``, ``dense``), host memory (``fused_uvm``), host memory behind a device

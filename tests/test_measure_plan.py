@@ -11,7 +11,7 @@ import torch
 
 from neuroshard.cli import main
 from neuroshard.costmodels.measure.kernel import KernelBenchmark
-from neuroshard.costmodels.measure.timing import time_devices
+from neuroshard.costmodels.measure.timing import device_figures, device_time, time_devices
 from neuroshard.kernels import FusedEmbedding, weights_numel
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.evaluate import evaluate
@@ -63,8 +63,10 @@ def test_any_device_count_shares_one_buffer_and_aa_control_agrees(tmp_path):
     tables = TableSet("many", [Table(f"t{i}", 5_000 + 1_000 * i, 16, 1.0 + i % 3) for i in range(24)], 1024)
     plan = shard(tables, devices=12, memory="64MiB", algorithm="size")
     # 5 passes: these devices take 0.5 ms, and on the shared machine the max device of one plan timed
-    # twice in one run spread 0.68-1.19x with the fastest of 3 passes (six runs), 0.90-1.13x with 5
-    result = measure_plans({"a": plan, "again": plan}, tables, passes=5, repeats=1, batch_size=1024)
+    # twice in one run spread 0.68-1.19x with the fastest of 3 passes (six runs), 0.90-1.13x with 5;
+    # at most 12 runs per pass: each run flushes the cache (393 MB on a Xeon of session 17, 30 ms)
+    result = measure_plans({"a": plan, "again": plan}, tables, passes=5, repeats=1, batch_size=1024,
+                           max_repeats=12)
     largest = max(sum(s.num_rows * (-(-s.num_cols // 4) * 4) for s in plan.shards_on(d)) for d in range(12))
     assert result.config["buffer_bytes"] == 4 * largest  # memory of the largest device, not of all twelve
     assert len(result["a"].compute_ms) == 12 and all(c > 0 for c in result["a"].compute_ms)
@@ -161,6 +163,56 @@ def test_a_short_devices_first_pass_is_sized_like_the_others(monkeypatch):
     tables = TableSet("short", [Table("a", 1_000, 8, 1.0), Table("b", 2_000, 8, 1.0)], 256)
     plan = shard(tables, devices=2, memory="64MiB", algorithm="size")
     sets = [plan.shards_on(d) for d in range(2)]
-    times, config = time_devices(sets, tables, passes=1, repeats=2, batch_size=256, min_pass_ms=1e4, max_repeats=6)
+    times, config = time_devices(sets, tables, passes=1, repeats=2, batch_size=256, min_pass_ms=1e4, max_repeats=6,
+                                 reference=False)
     assert calls == [2, 6, 2, 6]  # per device: the sizing runs (not counted), then the pass of 6
-    assert [len(t) for t in times] == [1, 1] and config["most_repeats"] == 6
+    assert [len(t) for t in times] == [1, 1] and config["most_repeats"] == 6 and config["figure"] == "fastest"
+
+
+def test_each_pass_is_relative_to_the_reference_timed_right_before_it(monkeypatch):
+    # the reference (a kernel of its own on the median device's shards) is sized, then runs a turn
+    # before every device's pass; each pass comes back as device / reference beside it, times the
+    # reference's fastest turn, and a device's figure is the median of those
+    calls = []
+    real = KernelBenchmark.time_fused
+
+    def spy(self, fused, inputs, repeats=None):
+        measured = real(self, fused, inputs, repeats)
+        calls.append((repeats, measured.cost_ms))
+        return measured
+
+    monkeypatch.setattr(KernelBenchmark, "time_fused", spy)
+    tables = TableSet("short", [Table(n, 1_000 * (i + 1), 8, 1.0) for i, n in enumerate("abc")], 256)
+    plan = shard(tables, devices=3, memory="64MiB", algorithm="size")
+    sets = [plan.shards_on(d) for d in range(3)] + [[]]
+    times, config = time_devices(sets, tables, passes=2, repeats=2, batch_size=256, min_pass_ms=1e4, max_repeats=6)
+    # the reference's sizing, then per device its sizing before its first turn; each turn: reference, device
+    assert [r for r, _ in calls] == [2] + [2, 2, 6] * 3 + [2, 6] * 3  # the reference: a quarter of its 6, rounded up
+    assert config["figure"] == "median" and config["reference"]["runs"] == 2 and config["reference"]["device"] == 1
+    turns = [ms for r, ms in calls[1:]]
+    turns = turns[1:3] + turns[4:6] + turns[7:]  # (reference, device) pairs in turn order, the sizing runs left out
+    pairs = list(zip(turns[0::2], turns[1::2]))
+    floor = min(ref for ref, _ in pairs)
+    assert config["reference"]["fastest_ms"] == pytest.approx(floor, rel=1e-3)
+    order = [0, 1, 2, 1, 2, 0]  # pass 2 is rotated by one device
+    expected = {d: [] for d in range(3)}
+    for d, (ref, ms) in zip(order, pairs):
+        expected[d].append(ms * floor / ref)
+    assert times[3] == [] and all(times[d] == pytest.approx(expected[d]) for d in range(3))
+    assert device_figures(times, config) == pytest.approx([float(np.median(expected[d])) for d in range(3)] + [0.0])
+
+
+def test_a_device_figure_is_the_fastest_or_the_median_pass():
+    assert device_time([3.0, 1.0, 2.5]) == 1.0 and device_time([3.0, 1.0, 2.5], "median") == 2.5
+    assert device_time([], "median") == 0.0
+    assert device_figures([[2.0, 4.0]], {}) == [2.0]  # a run that does not say: the fastest
+    with pytest.raises(Exception, match="figure must be one of"):
+        device_time([1.0], "mean")
+
+
+@pytest.mark.timing
+def test_one_device_is_timed_without_a_reference():
+    tables = TableSet("one", [Table("a", 1_000, 8, 1.0)], 256)
+    plan = shard(tables, devices=1, memory="64MiB", algorithm="size")
+    times, config = time_devices([plan.shards_on(0)], tables, passes=2, repeats=1, batch_size=256)
+    assert config["figure"] == "fastest" and "reference" not in config and len(times[0]) == 2

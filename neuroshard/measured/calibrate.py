@@ -53,7 +53,7 @@ from ..constants import CALIBRATION_SETS, FP32_BYTES, MIN_CALIBRATION_SETS
 from ..costmodels.base import CostModels
 from ..costmodels.measure.kernel import llc_bytes
 from ..costmodels.measure.store import cpu_model
-from ..costmodels.measure.timing import MEMORY_SHARE, available_memory_bytes, device_time, time_devices
+from ..costmodels.measure.timing import MEMORY_SHARE, available_memory_bytes, device_figures, time_devices
 from ..costmodels.metrics import gmae
 from ..costmodels.precision import model_precision
 from ..errors import NeuroShardError
@@ -165,15 +165,15 @@ class Calibration:
 
     def time(self, sets: list, passes: int = 1, what: str = "timing device sets", repeats: int = 1) -> np.ndarray:
         """Time ``sets`` (lists of pieces; empty ones are skipped) on this machine in one
-        interleaved run, each the fastest of ``passes`` passes of ``repeats`` runs
-        (``timing.device_time``; ms); ``what`` labels the progress bar on a terminal."""
+        interleaved run, each its figure over ``passes`` passes of ``repeats`` runs
+        (``timing.device_figures``; ms); ``what`` labels the progress bar on a terminal."""
         start = time.perf_counter()
         shard_lists = [self.sim.to_shards(s, np.zeros(len(s), dtype=np.int64)) for s in sets if len(s)]
         times, self.config = self.timer(shard_lists, self.tables, passes=passes, repeats=repeats,
                                           batch_size=self.models.batch_size, row_cap=self.row_cap, kernel=self.kernel,
                                           progress=what, weights_precision=self.weights_precision)
         self.seconds += time.perf_counter() - start
-        return np.array([device_time(t) for t in times])
+        return np.array(device_figures(times, self.config))
 
     def add(self, sets: list, kind: str, passes: int = 1) -> np.ndarray:
         """``time`` the sets and keep them for ``fit``. Returns their times (ms)."""

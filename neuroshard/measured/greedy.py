@@ -4,7 +4,7 @@
    (``rowwise.split_rows``, the fewest blocks of at most half a device).
 2. Time each unit alone on this machine: its fused kernel, forward + backward + update,
    with ``neuroshard measure``'s protocol (``costmodels.measure.timing.time_devices``: one
-   pinned thread or one GPU, cache flush, the fastest of interleaved passes).
+   pinned thread or one GPU, cache flush, interleaved passes beside a reference device).
 3. Place units largest-measured-first on the least-loaded device (sum of measured
    times) that still has memory for them; when nothing fits, halve the largest unit
    (``rowwise.place_with_splits``) and time the new halves.
@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from ..costmodels.measure.store import cpu_model
-from ..costmodels.measure.timing import device_time, time_devices
+from ..costmodels.measure.timing import device_figures, time_devices
 from ..kernels import trained_precision
 from ..search.params import MeasuredGreedyParams
 from ..search.placer import greedy_place
@@ -65,10 +65,10 @@ def search(sim: Simulator, memory_bytes: int, params: MeasuredGreedyParams | Non
             return
         log.info("measured-greedy: timing %d units alone on this machine (batch %d)", len(todo), batch)
         shards = [sim.to_shards([p], np.zeros(1, dtype=np.int64)) for p in todo]
-        times, _ = time_devices(shards, sim.tables, passes=params.passes, repeats=params.repeats,
+        times, config = time_devices(shards, sim.tables, passes=params.passes, repeats=params.repeats,
                                  batch_size=batch, row_cap=params.row_cap, kernel=params.kernel,
                                  weights_precision=trained_precision(sim.bytes_per_element))
-        measured.update((p, device_time(r)) for p, r in zip(todo, times))
+        measured.update(zip(todo, device_figures(times, config)))
 
 
     def place(pieces: list[Piece]) -> Placement | None:

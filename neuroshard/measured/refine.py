@@ -17,7 +17,7 @@ few hundred sets can be worse where the search goes), and the plans of the basel
 user would otherwise run (``compare``: measured-greedy, size-lookup, ...), are timed
 again together in one interleaved run (this machine's speed drifts between runs) with
 ``neuroshard measure``'s protocol (``COMPARE_PASSES`` passes of ``COMPARE_REPEATS`` runs,
-each device's fastest pass: one run per pass, as the rounds timed before passes were
+each device's figure (``timing.device_time``): one run per pass, as the rounds timed before passes were
 sized, left the max device of 16 small devices 5-7% apart between two copies of the same plan),
 and the plan kept is the one whose measured cost is lowest: each device's measured
 compute plus the modelled communication (the simulator's total, with the measured compute
@@ -55,7 +55,7 @@ from ..validate import check_int
 log = logging.getLogger(__name__)
 
 DEFAULT_ROUNDS = 2
-#: passes per device set when a round's plan is timed (each sized as measure's; the fastest counts) ...
+#: passes per device set when a round's plan is timed (each sized as measure's; the run's figure counts) ...
 REFINE_PASSES = 3
 #: ... and when plans are compared at the end and in ``polish``: measure's protocol, the instrument
 #: plans are judged with (experiments/timing_noise.py: the max device of two copies of a plan agreed
@@ -182,7 +182,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     record = {"rounds": history, "chosen_round": best if best < len(history) else None,
               "chosen": f"round {best}" if best < len(history) else entries[best]["algorithm"],
               "compared": compared, "timing_passes": timing_passes,
-              "compare_timing": {"passes": COMPARE_PASSES, "repeats": COMPARE_REPEATS, "statistic": "fastest pass"},
+              "compare_timing": {"passes": COMPARE_PASSES, "repeats": COMPARE_REPEATS, "statistic": calibration.config.get("figure", "fastest")},
               "batch_size": batch,
               "hardware": calibration.config.get("hardware", "")}
     if polish_steps is None:

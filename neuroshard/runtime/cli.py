@@ -109,7 +109,8 @@ def _measure(args: argparse.Namespace) -> int:
     plans = dict(zip(plan_names(paths), (Plan.read(p) for p in paths)))
     result = measure_plans(plans, tables, passes=args.passes, warmup_passes=args.warmup_passes,
                            repeats=args.repeats, batch_size=args.batch_size, row_cap=args.row_cap,
-                           kernel=args.kernel, cost_models=args.cost_model, progress=True)
+                           kernel=args.kernel, cost_models=args.cost_model, progress=True,
+                           reference=not args.no_reference)
     print(result.format())
     if output is not None:
         result.write_json(output)
@@ -152,11 +153,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--with", dest="with_plans", nargs="+", metavar="PLAN.json", help="more plans to compare")
     p.add_argument("--tables", required=True, help="tables file (neuroshard.tables/v1)")
     p.add_argument("--passes", type=positive_int, default=TIMING_PASSES,
-                   help=f"timed passes over all devices, round-robin; a device's figure is its fastest (default: {TIMING_PASSES})")
+                   help=f"timed passes over all devices, round-robin; a device's figure is the median of its passes relative "
+                        f"to a reference device timed before every turn (default: {TIMING_PASSES})")
     p.add_argument("--warmup-passes", type=nonneg_int, default=TIMING_WARMUP_PASSES,
                    help=f"passes run first and not counted (default: {TIMING_WARMUP_PASSES})")
     p.add_argument("--repeats", type=positive_int, default=TIMING_REPEATS,
                    help=f"timed runs per device and round (default: {TIMING_REPEATS})")
+    p.add_argument("--no-reference", action="store_true",
+                   help="no reference device: a device's figure is its fastest raw pass (before revision 14)")
     p.add_argument("--batch-size", type=batch_size_int, default=None,
                    help="batch each device looks up (default: the cost model's, 4096 for the shipped one)")
     p.add_argument("--row-cap", type=positive_int, default=DEFAULT_MAX_ROWS,

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..costmodels import resolve_cost_models
-from ..costmodels.measure.timing import device_time, time_devices
+from ..costmodels.measure.timing import device_figures, time_devices
 from ..costmodels.metrics import gmae
 from ..errors import InvalidPlanError, NeuroShardError
 from ..io import atomic_write_text
@@ -52,7 +52,7 @@ class PlanMeasurement:
 
     name: str
     plan: Plan
-    compute_ms: list[float]             # measured, the fastest pass (timing.device_time), per device
+    compute_ms: list[float]             # measured (timing.device_time of the run's figure), per device
     passes_ms: list[list[float]]        # per device, per measured pass
     estimated_compute_ms: list[float]   # the compute model's estimate, per device
     modeled_comm_ms: list[float]        # comm models (fwd incl. waiting + bwd + reduce) for the measured compute
@@ -132,7 +132,7 @@ class MeasureResult:
         import pandas as pd
         c = self.config
         lines = [f"measured on {c['backend']} ({c['hardware']}), kernel {c['kernel']}, {c['clock']} clock, "
-                 f"batch {c['batch_size']}, the fastest of {c['passes']} passes after {c['warmup_passes']} warm-up "
+                 f"batch {c['batch_size']}, {_figure_words(c)} of {c['passes']} passes after {c['warmup_passes']} warm-up "
                  f"({c['repeats']} runs per device and round, each after a cache flush); rows capped at {c['row_cap']:,} "
                  f"({c['capped_shards']} shards capped); weights buffer {c['buffer_bytes'] / 2**20:.0f} MiB; "
                  f"{c['seconds']:.1f} s"]
@@ -205,7 +205,7 @@ def measure_plans(plans: Mapping[str, Plan] | Sequence[Plan], tables: TableSet, 
         plan = plans[name]
         mine = passes_ms[first:first + plan.num_devices]
         first += plan.num_devices
-        compute = [device_time(r) for r in mine]
+        compute = device_figures(mine, config)
         sim = Simulator.from_plan(plan, models, tables, batch_size)
         est = sim.evaluate_plan(plan)
         with_measured = sim.evaluate_plan(plan, compute)
@@ -213,6 +213,15 @@ def measure_plans(plans: Mapping[str, Plan] | Sequence[Plan], tables: TableSet, 
         results.append(PlanMeasurement(name, plan, compute, mine, est.compute_ms[0].tolist(), comm.tolist(),
                                        est.total_ms[0].tolist()))
     return MeasureResult(results, config)
+
+
+def _figure_words(config: dict) -> str:
+    """How a run's device figures were made, in words."""
+    if config.get("figure", "fastest") == "fastest":
+        return "the fastest"
+    ref = config.get("reference", {})
+    return (f"the median relative to a reference device timed before every turn (device {ref.get('device')}, "
+            f"{ref.get('runs')} runs, fastest turn {ref.get('fastest_ms', 0):.3f} ms)")
 
 
 def plan_names(paths: Sequence[str]) -> list[str]:

@@ -45,7 +45,7 @@ class NeuroShardParams:
 
 @dataclass
 class MeasuredGreedyParams:
-    """``passes``: timed passes per unit (the fastest counts, after one untimed warm-up run),
+    """``passes``: timed passes per unit (the run's figure counts, ``timing.device_time``; after one untimed warm-up run),
     ``repeats``: runs per unit and pass; ``batch_size``: batch each unit is timed at
     (None: the cost models'); ``row_cap``, ``kernel``: as ``neuroshard measure``."""
 

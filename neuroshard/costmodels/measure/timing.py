@@ -16,12 +16,23 @@ which times each set in one pass, measured them 1.2-1.5x what ``measure`` (the f
 of 5 passes) gives the same sets until the first pass was sized too (session 15).
 
 Comparing on a shared, noisy machine: the devices take turns round-robin, the order
-rotated every pass, and each device's figure is its fastest pass (``device_time``; after
-one untimed warm-up run of each kernel, and optional warm-up passes). A neighbour on a
-shared machine only ever adds time, so the fastest pass is the device's own cost with the
-least of that noise: measured on this 2-core VM (the same plan's devices timed 3-6 times in
-one run, ``experiments/timing_noise.py``), the max device of a copy differed from another
-copy's by 0.4-0.8% on average with the fastest of 5 passes, 1-3.6% with their median. ``time_devices`` is the ``types.DeviceTimer`` the
+rotated every pass (after one untimed warm-up run of each kernel, and optional warm-up
+passes). A neighbour on a shared machine only ever adds time, so a device's fastest pass
+is its own cost with the least of that noise (``experiments/timing_noise.py``: the max
+device of a copy of a plan differed from another copy's by 0.4-0.8% on average with the
+fastest of 5 passes, 1-3.6% with their median). But the machine's speed also moves in
+phases longer than a pass (a neighbour's job on the other core, frequency), which the
+fastest pass escapes only if every device had one quiet turn: the A/A of the max device of
+two copies of a plan in one run reached 1.10-1.16 at 16 devices (session 16). So, by
+default (``TIMING_REFERENCE``, two or more devices), a reference device (a kernel of its
+own on the shards of the device of median work) runs a short turn
+(``TIMING_REFERENCE_SHARE`` of the runs of its own passes) right before every device's turn, each pass is
+returned relative to it (``pass × reference's fastest turn / reference's turn beside it``,
+in ms at the run's quietest speed), and a device's figure is the median of those
+(``device_time(passes, "median")``; ``config["figure"]`` says which figure a run's passes
+call for): ``experiments/reference_timing.py``, criteo-kaggle at 8 devices, 4 runs, mean
+|log A/A| of the max device 9.9% with the fastest raw pass, 2.5% relative to the
+reference (AMD EPYC, session 16). ``time_devices`` is the ``types.DeviceTimer`` the
 measured loop uses.
 
 Memory: on CPU the devices share one weights buffer the size of the largest device
@@ -47,6 +58,8 @@ from ...constants import (
     TIMING_MAX_REPEATS,
     TIMING_MIN_PASS_MS,
     TIMING_PASSES,
+    TIMING_REFERENCE,
+    TIMING_REFERENCE_SHARE,
     TIMING_REPEATS,
     TIMING_WARMUP_PASSES,
 )
@@ -107,15 +120,37 @@ class DeviceTimes:
     shapes: list[tuple[int, int]]  # (allocated rows, width) per shard
     inputs: list[tuple[Any, Any]]  # per shard (indices, offsets)
     passes_ms: list[float] = field(default_factory=list)
+    reference_ms: list[float] = field(default_factory=list)  # the reference's turn before each pass's
     repeats: int | None = None  # runs per pass after the first (None: the timer's)
     fused: FusedEmbedding | None = None
     prepared: FusedInputs | None = None
 
 
-def device_time(passes_ms: Sequence[float]) -> float:
-    """A device's figure from its timed passes (ms): the fastest (0 for a device without
-    shards). See the module docstring for why not the median."""
-    return float(min(passes_ms)) if len(passes_ms) else 0.0
+#: how a device's figure is made from its passes (``device_time``), as ``time_devices``' config says
+FIGURES = ("fastest", "median")
+
+
+def device_time(passes_ms: Sequence[float], figure: str = "fastest") -> float:
+    """A device's figure from its timed passes (ms; 0 for a device without shards):
+    ``"fastest"``, the least (raw passes: a neighbour only ever adds time), or ``"median"``
+    (passes relative to a reference timed beside them, whose phases the reference has
+    cancelled; see the module docstring). ``time_devices`` says which in ``config["figure"]``."""
+    if figure not in FIGURES:
+        raise NeuroShardError(f"figure must be one of {', '.join(FIGURES)}, got {figure!r}")
+    if not len(passes_ms):
+        return 0.0
+    return float(min(passes_ms)) if figure == "fastest" else float(np.median(passes_ms))
+
+
+def device_figures(passes_ms: Sequence[Sequence[float]], config: dict) -> list[float]:
+    """Each device's figure (``device_time``) from a run's passes, as the run's config says
+    (``config["figure"]``; ``"fastest"`` for a run that does not say, e.g. a timer of tests)."""
+    return [device_time(p, config.get("figure", "fastest")) for p in passes_ms]
+
+
+def _work(dt: DeviceTimes) -> int:
+    """A device's lookups times widths: what chooses the reference (the median)."""
+    return sum(len(indices) * cols for (indices, _), (_, cols) in zip(dt.inputs, dt.shapes))
 
 
 def _device_times(shards: Sequence[Shard], tables: TableSet, batch_size: int, row_cap: int) -> DeviceTimes:
@@ -161,7 +196,8 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
                  backend: str = "cpu", optimizer: str = "exact_sgd", max_memory_bytes: int | None = None,
                  progress: bool | str = False, weights_precision: str = "fp32",
                  flush_bytes: int | None = None, min_pass_ms: float = TIMING_MIN_PASS_MS,
-                 max_repeats: int = TIMING_MAX_REPEATS) -> tuple[list[list[float]], dict]:
+                 max_repeats: int = TIMING_MAX_REPEATS,
+                 reference: bool = TIMING_REFERENCE) -> tuple[list[list[float]], dict]:
     """Time each device's shards (a list of shard lists, one per device, of any plans)
     as one fused kernel with weights of ``weights_precision``, the devices taking turns
     round-robin with the order rotated every pass. Returns per device its time (ms) in
@@ -171,7 +207,9 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
     a device's hot rows stay cached from one iteration to the next). ``min_pass_ms`` and
     ``max_repeats``: a device whose sizing run (``repeats`` runs, not counted) is shorter runs
     more per pass, its first pass included, up to ``max_repeats`` runs, so that a pass adds up
-    to about ``min_pass_ms``."""
+    to about ``min_pass_ms``. ``reference`` (two or more devices with shards): time a reference
+    device right before every turn and return each pass relative to it (see the module
+    docstring); ``config["figure"]`` says how a device's figure is made (``device_time``)."""
     import torch  # heavy: imported when a run starts, so the CLI starts fast
     from tqdm import tqdm
 
@@ -203,6 +241,10 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
         buffer = torch.full((need,), 0.01, dtype=weights_dtype(weights_precision))  # written once: pages mapped
 
     busy = [dt for dt in turns if dt.shards]
+    ref = None
+    if reference and len(busy) > 1:  # a kernel of its own on the median device's shards and lookups
+        chosen = busy[int(np.argsort([_work(dt) for dt in busy], kind="stable")[len(busy) // 2])]
+        ref = DeviceTimes(chosen.shards, chosen.shapes, chosen.inputs)
     total_passes = warmup_passes + passes
     start = time.perf_counter()
     pinned = _pin_thread() if backend == "cpu" else None
@@ -211,6 +253,14 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
         bar = tqdm(total=total_passes * len(busy), desc=progress if isinstance(progress, str) else "measure",
                    unit="device", leave=False, disable=None)
     try:
+        ref_runs = 0
+        if ref is not None:
+            ref.fused = FusedEmbedding(ref.shapes, kernel, device, lr=0.01, init=0.01, optimizer=optimizer,
+                                       weights_buffer=buffer, weights_precision=weights_precision)
+            ref.prepared = ref.fused.prepare(ref.inputs)
+            _run_once(ref.fused, ref.prepared)
+            sized = bench.time_fused(ref.fused, ref.prepared, repeats).cost_ms
+            ref_runs = math.ceil(TIMING_REFERENCE_SHARE * _pass_repeats(sized, repeats, min_pass_ms, max_repeats))
         for pass_ in range(total_passes):
             shift = (pass_ * max(1, len(busy) // total_passes)) % max(1, len(busy))
             for dt in busy[shift:] + busy[:shift]:
@@ -222,9 +272,12 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
                 if dt.repeats is None:  # the sizing run: a short device runs more per pass (about min_pass_ms)
                     dt.repeats = _pass_repeats(bench.time_fused(dt.fused, dt.prepared, repeats).cost_ms, repeats,
                                                min_pass_ms, max_repeats)
+                beside = bench.time_fused(ref.fused, ref.prepared, ref_runs).cost_ms if ref is not None else None
                 measured = bench.time_fused(dt.fused, dt.prepared, dt.repeats)
                 if pass_ >= warmup_passes:
                     dt.passes_ms.append(measured.cost_ms)
+                    if beside is not None:
+                        dt.reference_ms.append(beside)
                 if backend == "cuda":  # on CUDA, a device's weights live only for its turn
                     dt.fused = dt.prepared = None
                 if bar is not None:
@@ -234,12 +287,21 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
             bar.close()
         if pinned is not None:
             os.sched_setaffinity(0, pinned)
+    figure, reported = "fastest", [list(dt.passes_ms) for dt in turns]
+    if ref is not None:  # each pass at the reference's fastest turn: the machine's quietest speed in this run
+        floor = min(r for dt in busy for r in dt.reference_ms)
+        reported = [[ms * floor / r for ms, r in zip(dt.passes_ms, dt.reference_ms)] for dt in turns]
+        figure = "median"
     config = {"backend": backend, "hardware": cpu_model() if backend == "cpu" else torch.cuda.get_device_name(),
               "kernel": kernel, "clock": bench.clock, "optimizer": optimizer, "batch_size": batch_size,
               "passes": passes, "warmup_passes": warmup_passes, "repeats": repeats,
               "most_repeats": max((dt.repeats or repeats for dt in busy), default=repeats), "row_cap": row_cap,
               "capped_shards": capped, "buffer_bytes": need * element_bytes, "flush_bytes": bench.flush_bytes,
-              "seconds": round(time.perf_counter() - start, 2)}
+              "figure": figure, "seconds": round(time.perf_counter() - start, 2)}
+    if ref is not None:
+        every = [r for dt in busy for r in dt.reference_ms]
+        config["reference"] = {"device": next(i for i, dt in enumerate(turns) if dt is chosen), "runs": ref_runs, "fastest_ms": round(floor, 4),
+                               "median_ms": round(float(np.median(every)), 4)}
     if weights_precision != "fp32":
         config["weights_precision"] = weights_precision
-    return [list(dt.passes_ms) for dt in turns], config
+    return reported, config
