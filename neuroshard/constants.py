@@ -97,8 +97,8 @@ TIMING_MAX_REPEATS = 60
 #: passes of its time relative to the reference beside it, times the reference's fastest turn
 #: (``costmodels.measure.timing``): the machine's speed moves in phases (a neighbour on the other
 #: core, frequency) that a fastest pass only partly escapes. experiments/reference_timing.py,
-#: criteo-kaggle at 8 devices, 4 runs (AMD EPYC): mean |log A/A| of the max device 9.9% with the
-#: fastest raw pass, 2.5% relative to the reference ...
+#: criteo-kaggle at 8 devices, mean |log A/A| of the max device 9.9% with the fastest raw pass, 2.5%
+#: relative to the reference (AMD EPYC, 4 runs); 5.0% and 1.5% (Intel Xeon, 3 runs, session 17) ...
 TIMING_REFERENCE = True
 #: ... whose turn runs this share of the runs of its own passes (rounded up)
 TIMING_REFERENCE_SHARE = 0.25

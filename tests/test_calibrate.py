@@ -62,6 +62,9 @@ def test_calibrate_cli_writes_a_checkpoint(tmp_path, capsys):
 
 
 @pytest.mark.timing
+# hundreds of device turns of tiny devices, each run after a cache flush: on a VM whose last-level cache
+# reads 300 MiB (an Intel Xeon, session 17) the flush is 393 MB, 30 ms a run, and this passes 300 s
+@pytest.mark.timeout(900)
 def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path, monkeypatch, capsys):
     """search --refine: every round's plan is timed here (its devices become calibration
     data) and the plan written is the one whose measured cost is lowest."""
@@ -127,6 +130,9 @@ def test_refine_refuses_an_algorithm_without_cost_models_before_measuring(tmp_pa
 
 
 @pytest.mark.timing
+# hundreds of device turns of tiny devices, each run after a cache flush: on a VM whose last-level cache
+# reads 300 MiB (an Intel Xeon, session 17) the flush is 393 MB, 30 ms a run, and this passes 300 s
+@pytest.mark.timeout(900)
 def test_polish_moves_shards_off_the_slowest_measured_device():
     """The measured local search: a lopsided plan (11 tables on one device, 1 on the
     other) is timed, changes are timed too, and only measured gains are kept."""

@@ -25,6 +25,14 @@ def _blocks(text: str) -> list[tuple[str, str]]:
     return [(m.group(1), m.group(2)) for m in re.finditer(r"```(\w*)\n(.*?)```", text, re.S)]
 
 
+def _widths(shown: str) -> str:
+    """``plan show``'s text with each column block named by its width, not its range: which of a
+    table's two equal column halves the search splits again is a float tie that the CPU decides
+    (the README's output, pasted on an AMD EPYC, has item_history's cols 0-31 whole and 32-63
+    halved; an Intel Xeon of session 17 the other way round, every figure equal)."""
+    return re.sub(r"cols (\d+)-(\d+)", lambda m: f"{int(m.group(2)) - int(m.group(1)) + 1} cols", shown)
+
+
 def test_plan_your_own_tables_runs_as_written(tmp_path):
     blocks = _blocks(_section())
     tables = next(body for lang, body in blocks if lang == "json")
@@ -39,7 +47,7 @@ def test_plan_your_own_tables_runs_as_written(tmp_path):
         done = run_cli(*args[1:], cwd=tmp_path)
         assert done.returncode == 0, (line, done.stderr)
         outputs.append(done.stdout)
-    assert outputs[-1] == shown, "README's 'plan show' output is out of date: paste the new one"
+    assert _widths(outputs[-1]) == _widths(shown), "README's 'plan show' output is out of date: paste the new one"
 
     python = next(body for lang, body in blocks if lang == "python")
     (tmp_path / "plan.json").unlink()

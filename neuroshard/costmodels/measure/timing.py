@@ -32,7 +32,7 @@ in ms at the run's quietest speed), and a device's figure is the median of those
 (``device_time(passes, "median")``; ``config["figure"]`` says which figure a run's passes
 call for): ``experiments/reference_timing.py``, criteo-kaggle at 8 devices, 4 runs, mean
 |log A/A| of the max device 9.9% with the fastest raw pass, 2.5% relative to the
-reference (AMD EPYC, session 16). ``time_devices`` is the ``types.DeviceTimer`` the
+reference (AMD EPYC, session 16); 5.0% and 1.5% on an Intel Xeon (3 runs, session 17). ``time_devices`` is the ``types.DeviceTimer`` the
 measured loop uses.
 
 Memory: on CPU the devices share one weights buffer the size of the largest device
