@@ -399,7 +399,8 @@ def main() -> None:
         f"# Plan benchmark\n\n`python experiments/plan_benchmark.py {' '.join(__import__('sys').argv[1:])}` "
         f"on {hardware}, cost model '{models.name}'; protocol: "
         f"{'warm (no cache flush before a timed run)' if args.warm else 'flushed (measure: the cache flushed before every timed run)'}"
-        f"; {'each device its fastest raw pass' if args.no_reference else 'each device the median of its passes relative to a reference device timed before every turn (measure, revision 14)'}"
+        f"; each device {'its fastest raw pass' if args.no_reference else 'the median of its passes relative to a reference'}"
+        f"{'' if args.no_reference else ' device timed before every turn (measure, formats revision 14)'}"
         f"\n\n```\n{text}\n```\n")
     print(text)
     print(f"wrote {out}/ ({time.perf_counter() - start:.0f} s)")

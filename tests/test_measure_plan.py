@@ -110,6 +110,14 @@ def test_cli_measures_and_writes_json(tmp_path, capsys):
     data = json.loads((tmp_path / "m.json").read_text())
     assert [p["plan"] for p in data["plans"]] == ["plan#0", "plan#1"]
     assert len(data["plans"][0]["compute_ms"]) == 3 and data["config"]["batch_size"] == 256
+    assert data["config"]["figure"] == "median" and data["config"]["reference"]["runs"] >= 1
+    plan0 = data["plans"][0]
+    assert plan0["compute_ms"] == pytest.approx([float(np.median(p)) for p in plan0["passes_ms"]])
+    assert main(["measure", str(plan_path), "--tables", str(tables_path), "--passes", "2", "--repeats", "1",
+                 "--batch-size", "256", "--no-reference", "-o", str(tmp_path / "raw.json")]) == 0
+    raw = json.loads((tmp_path / "raw.json").read_text())
+    assert raw["config"]["figure"] == "fastest" and "reference" not in raw["config"]
+    assert raw["plans"][0]["compute_ms"] == [min(p) for p in raw["plans"][0]["passes_ms"]]
 
 
 @pytest.mark.parametrize("case, message", [

@@ -182,7 +182,8 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     record = {"rounds": history, "chosen_round": best if best < len(history) else None,
               "chosen": f"round {best}" if best < len(history) else entries[best]["algorithm"],
               "compared": compared, "timing_passes": timing_passes,
-              "compare_timing": {"passes": COMPARE_PASSES, "repeats": COMPARE_REPEATS, "statistic": calibration.config.get("figure", "fastest")},
+              "compare_timing": {"passes": COMPARE_PASSES, "repeats": COMPARE_REPEATS,
+                                 "statistic": calibration.config.get("figure", "fastest")},
               "batch_size": batch,
               "hardware": calibration.config.get("hardware", "")}
     if polish_steps is None:

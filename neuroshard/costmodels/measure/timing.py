@@ -32,8 +32,8 @@ in ms at the run's quietest speed), and a device's figure is the median of those
 (``device_time(passes, "median")``; ``config["figure"]`` says which figure a run's passes
 call for): ``experiments/reference_timing.py``, criteo-kaggle at 8 devices, 4 runs, mean
 |log A/A| of the max device 9.9% with the fastest raw pass, 2.5% relative to the
-reference (AMD EPYC, session 16); 5.0% and 1.5% on an Intel Xeon (3 runs, session 17). ``time_devices`` is the ``types.DeviceTimer`` the
-measured loop uses.
+reference (AMD EPYC, session 16); 5.0% and 1.5% on an Intel Xeon (3 runs, session 17).
+``time_devices`` is the ``types.DeviceTimer`` the measured loop uses.
 
 Memory: on CPU the devices share one weights buffer the size of the largest device
 (``FusedEmbedding(weights_buffer=)``), so a 128-device plan needs the memory of one
@@ -120,7 +120,7 @@ class DeviceTimes:
     shapes: list[tuple[int, int]]  # (allocated rows, width) per shard
     inputs: list[tuple[Any, Any]]  # per shard (indices, offsets)
     passes_ms: list[float] = field(default_factory=list)
-    reference_ms: list[float] = field(default_factory=list)  # the reference's turn before each pass's
+    reference_ms: list[float] = field(default_factory=list)  # the reference's turn right before each counted pass
     repeats: int | None = None  # runs per pass after the first (None: the timer's)
     fused: FusedEmbedding | None = None
     prepared: FusedInputs | None = None
@@ -300,8 +300,8 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
               "figure": figure, "seconds": round(time.perf_counter() - start, 2)}
     if ref is not None:
         every = [r for dt in busy for r in dt.reference_ms]
-        config["reference"] = {"device": next(i for i, dt in enumerate(turns) if dt is chosen), "runs": ref_runs, "fastest_ms": round(floor, 4),
-                               "median_ms": round(float(np.median(every)), 4)}
+        config["reference"] = {"device": next(i for i, dt in enumerate(turns) if dt is chosen), "runs": ref_runs,
+                               "fastest_ms": round(floor, 4), "median_ms": round(float(np.median(every)), 4)}
     if weights_precision != "fp32":
         config["weights_precision"] = weights_precision
     return reported, config
