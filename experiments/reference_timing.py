@@ -35,7 +35,7 @@ from neuroshard.constants import TIMING_MAX_REPEATS, TIMING_MIN_PASS_MS, TIMING_
 from neuroshard.costmodels import load_cost_models
 from neuroshard.costmodels.measure.kernel import KernelBenchmark
 from neuroshard.costmodels.measure.store import cpu_model
-from neuroshard.costmodels.measure.timing import FusedEmbedding, _device_times, _pass_repeats, weights_numel
+from neuroshard.costmodels.measure.timing import _build, _device_times, _sized_runs, weights_numel
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.kernels import DEFAULT_MAX_ROWS, resolve_kernel
 from neuroshard.search.api import shard
@@ -50,13 +50,10 @@ FIGURES = {
 }
 
 
-def _build(dt, kernel: str, buffer: torch.Tensor, bench: KernelBenchmark) -> None:
-    dt.fused = FusedEmbedding(dt.shapes, kernel, torch.device("cpu"), lr=0.01, init=0.01, optimizer="exact_sgd",
-                              weights_buffer=buffer)
-    dt.prepared = dt.fused.prepare(dt.inputs)
-    bench.time_fused(dt.fused, dt.prepared, 1)  # the first run after build is not timed (as in time_devices)
-    dt.repeats = _pass_repeats(bench.time_fused(dt.fused, dt.prepared, TIMING_REPEATS).cost_ms, TIMING_REPEATS,
-                               TIMING_MIN_PASS_MS, TIMING_MAX_REPEATS)
+def _build_and_size(dt, kernel: str, buffer: torch.Tensor, bench: KernelBenchmark) -> None:
+    """The device's kernel built, run once untimed and sized, as ``time_devices`` does."""
+    _build(dt, kernel, torch.device("cpu"), "exact_sgd", buffer)
+    dt.repeats = _sized_runs(bench, dt, TIMING_REPEATS, TIMING_MIN_PASS_MS, TIMING_MAX_REPEATS)
 
 
 def one_run(plans: dict, tables, devices: int, passes: int, batch: int) -> dict[str, dict[str, float]]:
@@ -68,14 +65,14 @@ def one_run(plans: dict, tables, devices: int, passes: int, batch: int) -> dict[
              for name, plan in plans.items() for d in range(devices) if plan.shards_on(d)]
     reference = _device_times(plans["lookup"].shards_on(0), tables, batch, DEFAULT_MAX_ROWS)
     buffer = torch.full((max(weights_numel(dt.shapes, kernel) for *_, dt in turns),), 0.01)
-    _build(reference, kernel, buffer, bench)
+    _build_and_size(reference, kernel, buffer, bench)
     raw = {(n, d): [] for n, d, _ in turns}
     rel = {(n, d): [] for n, d, _ in turns}
     for p in range(passes):
         shift = (p * max(1, len(turns) // passes)) % len(turns)
         for name, d, dt in turns[shift:] + turns[:shift]:
             if getattr(dt, "fused", None) is None:
-                _build(dt, kernel, buffer, bench)
+                _build_and_size(dt, kernel, buffer, bench)
             ref_ms = bench.time_fused(reference.fused, reference.prepared, max(TIMING_REPEATS, reference.repeats // 4)).cost_ms
             ms = bench.time_fused(dt.fused, dt.prepared, dt.repeats).cost_ms
             raw[(name, d)].append(ms)

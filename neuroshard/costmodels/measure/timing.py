@@ -181,6 +181,22 @@ def _run_once(fused: FusedEmbedding, inputs: FusedInputs) -> None:
     fused.step()
 
 
+def _build(dt: DeviceTimes, kernel: str, device: Any, optimizer: str, buffer: Any,
+           weights_precision: str = "fp32") -> None:
+    """Build a device's fused kernel on its lookups and run it once, untimed (first-call
+    allocations are not timed)."""
+    dt.fused = FusedEmbedding(dt.shapes, kernel, device, lr=0.01, init=0.01, optimizer=optimizer,
+                              weights_buffer=buffer, weights_precision=weights_precision)
+    dt.prepared = dt.fused.prepare(dt.inputs)
+    _run_once(dt.fused, dt.prepared)
+
+
+def _sized_runs(bench: KernelBenchmark, dt: DeviceTimes, repeats: int, min_pass_ms: float, max_repeats: int) -> int:
+    """The sizing run of a built device (``repeats`` runs, not counted): its runs per pass
+    (``_pass_repeats``)."""
+    return _pass_repeats(bench.time_fused(dt.fused, dt.prepared, repeats).cost_ms, repeats, min_pass_ms, max_repeats)
+
+
 def _pin_thread() -> set[int] | None:
     """Pin this thread to one core (the last it may use); returns the previous set."""
     if not hasattr(os, "sched_setaffinity"):
@@ -255,29 +271,21 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
     try:
         ref_runs = 0
         if ref is not None:
-            ref.fused = FusedEmbedding(ref.shapes, kernel, device, lr=0.01, init=0.01, optimizer=optimizer,
-                                       weights_buffer=buffer, weights_precision=weights_precision)
-            ref.prepared = ref.fused.prepare(ref.inputs)
-            _run_once(ref.fused, ref.prepared)
-            sized = bench.time_fused(ref.fused, ref.prepared, repeats).cost_ms
-            ref_runs = math.ceil(TIMING_REFERENCE_SHARE * _pass_repeats(sized, repeats, min_pass_ms, max_repeats))
+            _build(ref, kernel, device, optimizer, buffer, weights_precision)
+            ref_runs = math.ceil(TIMING_REFERENCE_SHARE * _sized_runs(bench, ref, repeats, min_pass_ms, max_repeats))
         for pass_ in range(total_passes):
             shift = (pass_ * max(1, len(busy) // total_passes)) % max(1, len(busy))
             for dt in busy[shift:] + busy[:shift]:
                 if dt.fused is None:
-                    dt.fused = FusedEmbedding(dt.shapes, kernel, device, lr=0.01, init=0.01, optimizer=optimizer,
-                                              weights_buffer=buffer, weights_precision=weights_precision)
-                    dt.prepared = dt.fused.prepare(dt.inputs)
-                    _run_once(dt.fused, dt.prepared)  # warm-up: first-call allocations are not timed
+                    _build(dt, kernel, device, optimizer, buffer, weights_precision)
                 if dt.repeats is None:  # the sizing run: a short device runs more per pass (about min_pass_ms)
-                    dt.repeats = _pass_repeats(bench.time_fused(dt.fused, dt.prepared, repeats).cost_ms, repeats,
-                                               min_pass_ms, max_repeats)
-                beside = bench.time_fused(ref.fused, ref.prepared, ref_runs).cost_ms if ref is not None else None
+                    dt.repeats = _sized_runs(bench, dt, repeats, min_pass_ms, max_repeats)
+                counted = pass_ >= warmup_passes
+                if ref is not None and counted:  # the reference's turn, right before the device's
+                    dt.reference_ms.append(bench.time_fused(ref.fused, ref.prepared, ref_runs).cost_ms)
                 measured = bench.time_fused(dt.fused, dt.prepared, dt.repeats)
-                if pass_ >= warmup_passes:
+                if counted:
                     dt.passes_ms.append(measured.cost_ms)
-                    if beside is not None:
-                        dt.reference_ms.append(beside)
                 if backend == "cuda":  # on CUDA, a device's weights live only for its turn
                     dt.fused = dt.prepared = None
                 if bar is not None:
@@ -289,7 +297,8 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
             os.sched_setaffinity(0, pinned)
     figure, reported = "fastest", [list(dt.passes_ms) for dt in turns]
     if ref is not None:  # each pass at the reference's fastest turn: the machine's quietest speed in this run
-        floor = min(r for dt in busy for r in dt.reference_ms)
+        every = [r for dt in busy for r in dt.reference_ms]
+        floor = min(every)
         reported = [[ms * floor / r for ms, r in zip(dt.passes_ms, dt.reference_ms)] for dt in turns]
         figure = "median"
     config = {"backend": backend, "hardware": cpu_model() if backend == "cpu" else torch.cuda.get_device_name(),
@@ -299,7 +308,6 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
               "capped_shards": capped, "buffer_bytes": need * element_bytes, "flush_bytes": bench.flush_bytes,
               "figure": figure, "seconds": round(time.perf_counter() - start, 2)}
     if ref is not None:
-        every = [r for dt in busy for r in dt.reference_ms]
         config["reference"] = {"device": next(i for i, dt in enumerate(turns) if dt is chosen), "runs": ref_runs,
                                "fastest_ms": round(floor, 4), "median_ms": round(float(np.median(every)), 4)}
     if weights_precision != "fp32":
