@@ -23,7 +23,7 @@ from .costmodels.measure.store import cpu_model
 from .datasets.synthetic import generate
 from .errors import NeuroShardError
 from .measured.api import shard
-from .measured.calibrate import calibrated_models
+from .measured.calibrate import calibrated_models, start_calibration
 from .runtime.evaluate import measure_alternating, paired_improvement
 from .search.registry import GREEDY_ALGORITHMS
 from .search.score import score_plan
@@ -66,10 +66,20 @@ def run_demo(args: argparse.Namespace) -> int:
     here = cpu_model()
     pretrained = models
     sets = (DEMO_CALIBRATION_SETS if here != measured_on else 0) if args.calibrate is None else args.calibrate
-    if sets:
-        print(f"\n== 1b. calibrate: the checkpoint was measured on {measured_on}, this is {here}: timing the "
-              f"tables here and correcting the cost models (cached for the next run)")
-        models = calibrated_models(tables, models, devices=args.devices, sets=sets)
+    calibration = None
+    if sets or args.refine:
+        if sets:
+            print(f"\n== 1b. calibrate: the checkpoint was measured on {measured_on}, this is {here}: timing the "
+                  f"tables here and correcting the cost models" + ("" if args.refine else " (cached for the next run)"))
+        if args.refine:
+            # one calibration serves the baselines' models and the refine rounds (timed once, not twice)
+            calibration = start_calibration(tables, pretrained, devices=args.devices, seed=args.seed,
+                                            sets=sets or DEMO_CALIBRATION_SETS)
+            if sets:
+                models, report = calibration.fit()
+                print(report.format())
+        else:
+            models = calibrated_models(tables, models, devices=args.devices, sets=sets)
     print(f"\n== 2. search with cost models '{models.name}' (measured at batch {models.batch_size} on "
           f"{measured_on})")
     plans = {}
@@ -82,7 +92,7 @@ def run_demo(args: argparse.Namespace) -> int:
             # smaller than its error, and only a measurement decides.
             refined = shard(tables, devices=args.devices, memory=memory, algorithm=algorithm,
                             cost_models=pretrained, seed=args.seed, refine=args.refine,
-                            calibrate=sets or DEMO_CALIBRATION_SETS)
+                            calibration=calibration)
             # estimated by the models the baselines are, so that the simulated costs compare
             plans[algorithm] = score_plan(refined, tables, models)
         else:

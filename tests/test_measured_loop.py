@@ -230,3 +230,24 @@ def test_polish_gives_back_the_plan_it_started_from_when_the_polished_one_measur
     assert check["runs"] == FINAL_CHECK_RUNS and not check["kept"]
     assert check["polished_cost_ms"] >= check["started_cost_ms"]
     assert kept is plan
+
+
+def test_shard_refines_on_a_calibration_already_timed():
+    """``shard(refine=N, calibration=c)`` (the demo: one calibration for its baselines and its
+    refine rounds) times no calibration sets again: only the rounds' and the compared plans'."""
+    import pytest
+
+    from neuroshard.errors import NeuroShardError
+    from neuroshard.measured.api import shard
+    timer = FakeTimer()
+    calibration = _calibration(timer)
+    timed_sets = len(calibration.sets)
+    plan = shard(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), refine=1,
+                 calibration=calibration)
+    assert plan.provenance["refine"]["hardware"] == "fake"
+    kinds = calibration.kinds[timed_sets:]
+    assert kinds and set(kinds) == {"plan"}  # no tables alone or random sets timed a second time
+    with pytest.raises(NeuroShardError, match="only with refine|for refine rounds"):
+        shard(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), calibration=calibration)
+    with pytest.raises(NeuroShardError, match="started Calibration"):
+        shard(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), refine=1, calibration="cal")

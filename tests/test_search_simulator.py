@@ -110,3 +110,25 @@ def test_measured_comm_models_serve_only_near_their_device_counts(shipped_models
     stated = shard(tables, 32, "1GiB", "size-lookup", cost_models=shipped_models,
                    topology=Topology(32, local_world_size=4))
     assert stated.provenance["comm_model"].startswith("analytic: bytes over the stated links (4 devices per host")
+
+
+def test_pieces_of_equal_features_cost_exactly_the_same(shipped_models):
+    """A table's two equal column halves are one set to the model: predicted once, in one
+    canonical row order, so they tie exactly wherever and with whatever they are predicted
+    (predicted apart, their last bits depended on the CPU, and so did which half the search
+    split or placed first)."""
+    tables = _tables()
+    sim = Simulator(tables, 2, shipped_models)
+    heavy, light, mid = whole_pieces(tables)
+    left, right = Piece(0, 0, heavy.num_rows, 0, 32), Piece(0, 0, heavy.num_rows, 32, 32)
+    ids = sim.piece_ids([left, right, light, mid])
+    first = sim.set_costs_ms([(int(ids[0]),), (int(ids[2]), int(ids[3]))])
+    predicted = sim.sets_predicted
+    assert predicted == 2
+    # the other half, alone and beside other pieces: nothing new for the model
+    again = sim.set_costs_ms([(int(ids[1]),), (int(ids[2]), int(ids[3]))])
+    assert sim.sets_predicted == predicted and again[0] == first[0]
+    pairs = sim.set_costs_ms([tuple(sorted((int(ids[0]), int(ids[3])))), tuple(sorted((int(ids[1]), int(ids[3]))))])
+    assert pairs[0] == pairs[1] and sim.sets_predicted == predicted + 1
+    singles = sim.single_costs_ms([right, left, mid])
+    assert singles[0] == singles[1] != singles[2]

@@ -21,7 +21,7 @@ from ..kernels import WEIGHTS_PRECISIONS, precision_of
 from ..plan import Plan
 from ..search.api import Task, check_task, search_task
 from ..tables import Table, TableSet
-from .calibrate import DEFAULT_SETS, calibrated_models, start_calibration
+from .calibrate import DEFAULT_SETS, Calibration, calibrated_models, start_calibration
 from .refine import check_refine
 from .refine import refine as refine_rounds
 
@@ -88,7 +88,8 @@ def with_measured_tier_costs(task: Task) -> Task:
 
 def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list | None, algorithm: str = "neuroshard",
           cost_models: Any = None, bytes_per_element: int = FP32_BYTES, seed: int = 0, calibrate: int = 0, *,
-          refine: int = 0, tier_costs: Any = "analytic", **options: Any) -> Plan:
+          refine: int = 0, tier_costs: Any = "analytic", calibration: Calibration | None = None,
+          **options: Any) -> Plan:
     """Search a sharding plan (``search.api.shard``: its arguments and ``options``), with
     the measured loop when asked: ``calibrate=SETS`` (e.g. 200) first calibrates the cost
     models on this machine and these tables with that many random sets
@@ -98,8 +99,15 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
     plan measured cheapest, polished, is returned. ``tier_costs="measured"`` costs the tables
     kept in host memory or on SSD with their miss path timed on this machine first (for plans
     the included runtime trains on these CPUs; ``"analytic"``, the default, models GPU servers'
-    links), or takes such a record (``costmodels.measure.tiers.TierMeasurement``)."""
+    links), or takes such a record (``costmodels.measure.tiers.TierMeasurement``).
+    ``calibration`` (with ``refine`` only): a ``Calibration`` of these tables whose sets are
+    already timed (``start_calibration``), refined on instead of timing ``calibrate`` sets
+    afresh (the demo calibrates once for its baselines and its refine rounds)."""
     sets = check_calibrate(calibrate)
+    if calibration is not None and (not refine or not isinstance(calibration, Calibration)):
+        raise NeuroShardError("calibration= takes a started Calibration (start_calibration), and only with refine"
+                              if refine else "calibration= is for refine rounds (refine=N); calibrate=SETS "
+                                             "calibrates a plain search")
     measure = tier_costs == "measured"
     task = check_task(tables, devices, memory, algorithm, bytes_per_element, seed,
                       tier_costs=None if measure else tier_costs, **options)
@@ -108,8 +116,9 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
     models = resolve_cost_models(cost_models)
     if refine:
         rounds = check_refine(algorithm, refine)
-        calibration = start_calibration(task.tables, models, devices=task.devices, seed=task.seed,
-                                        **calibration_options(task, sets or DEFAULT_SETS))
+        if calibration is None:
+            calibration = start_calibration(task.tables, models, devices=task.devices, seed=task.seed,
+                                            **calibration_options(task, sets or DEFAULT_SETS))
         return refine_rounds(task.tables, task.devices, memory, calibration, rounds, algorithm=algorithm,
                              bytes_per_element=task.bytes_per_element, seed=task.seed, **task.options)
     warn_device_kind(models, task)

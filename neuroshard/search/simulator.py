@@ -118,6 +118,11 @@ class Simulator:
         self._with_spread = getattr(cost_models.compute, "predict_with_spread", None)
         self.risk = (1.0 if self._with_spread else 0.0) if risk is None else float(risk)
         self._set_spread: dict[tuple[int, ...], float] = {}
+        # pieces of equal features are one to the model (``set_costs_ms``)
+        self._class_of: dict[bytes, int] = {}     # a piece's features -> their number
+        self._class_rows: list[np.ndarray] = []   # the features of each number
+        self._classes = np.zeros(0, dtype=np.int64)  # per piece id, its number
+        self._class_costs: dict[tuple[int, ...], tuple[float, float]] = {}  # sorted numbers -> (ms, spread)
         self.model_calls = 0
         self.sets_predicted = 0
 
@@ -334,25 +339,55 @@ class Simulator:
     def set_costs_ms(self, sets: Sequence[tuple[int, ...]], risk: float | None = None) -> np.ndarray:
         """Compute cost (ms at the models' batch size) of each set of piece ids (sorted
         tuples); the model is called once for all sets not seen before. With an ensemble,
-        ``mean x exp(risk x spread)`` (``risk`` defaults to the simulator's; 0: the mean)."""
+        ``mean x exp(risk x spread)`` (``risk`` defaults to the simulator's; 0: the mean).
+
+        Sets of pieces with the same features (a table's two equal column halves) are one
+        set to the model: predicted once, their rows in one canonical order, so they cost
+        exactly the same. Predicted apart, in different batches of the model, they differed
+        in the last bits, and which of two equal pieces the search split or placed first
+        depended on the CPU's float rounding (the same tables planned differently on an
+        AMD EPYC and an Intel Xeon, session 17)."""
         known = self._set_costs
         missing = list({s for s in sets if s and s not in known})
-        for start in range(0, len(missing), _PREDICT_CHUNK):
-            chunk = missing[start:start + _PREDICT_CHUNK]
-            features = [self._array("features")[list(s)] for s in chunk]
-            if self._with_spread:
-                costs, spread = self._with_spread(features)
-                self._set_spread.update(zip(chunk, np.asarray(spread, dtype=np.float64).tolist()))
-            else:
-                costs = self.cost_models.compute.predict(features)
-            known.update(zip(chunk, (np.asarray(costs, dtype=np.float64) * self.compute_factor).tolist()))
-            self.model_calls += 1
-            self.sets_predicted += len(chunk)
+        if missing:
+            classes = self._feature_classes()
+            keys = [tuple(sorted(classes[list(s)].tolist())) for s in missing]
+            by_key = self._class_costs
+            todo = list(dict.fromkeys(k for k in keys if k not in by_key))
+            for start in range(0, len(todo), _PREDICT_CHUNK):
+                chunk = todo[start:start + _PREDICT_CHUNK]
+                features = [np.stack([self._class_rows[c] for c in key]) for key in chunk]
+                spread = None
+                if self._with_spread:
+                    costs, spread = self._with_spread(features)
+                    spread = np.asarray(spread, dtype=np.float64).tolist()
+                else:
+                    costs = self.cost_models.compute.predict(features)
+                costs = (np.asarray(costs, dtype=np.float64) * self.compute_factor).tolist()
+                by_key.update(zip(chunk, zip(costs, spread or [0.0] * len(chunk))))
+                self.model_calls += 1
+                self.sets_predicted += len(chunk)
+            for s, key in zip(missing, keys):
+                known[s], self._set_spread[s] = by_key[key]
         costs = np.array([known[s] if s else 0.0 for s in sets], dtype=np.float64)
         risk = self.risk if risk is None else risk
         if risk and self._with_spread:
             costs *= np.exp(risk * np.array([self._set_spread.get(s, 0.0) for s in sets]))
         return costs
+
+    def _feature_classes(self) -> np.ndarray:
+        """Per piece id, the number of its features (pieces of equal features share it)."""
+        done = len(self._classes)
+        if done < len(self._features):
+            index = self._class_of
+            new = []
+            for row in self._features[done:]:
+                number = index.setdefault(row.tobytes(), len(index))
+                if number == len(self._class_rows):
+                    self._class_rows.append(row)
+                new.append(number)
+            self._classes = np.concatenate([self._classes, np.array(new, dtype=np.int64)])
+        return self._classes
 
     def single_costs_ms(self, pieces: Sequence[Piece] | np.ndarray) -> np.ndarray:
         """Predicted compute cost of each piece alone (pieces or their ids), at the tables'
