@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from .costmodels import load_cost_models
-from .costmodels.measure.store import cpu_model
+from .costmodels.measure.store import cpu_model, same_cpu
 from .datasets.synthetic import generate
 from .errors import NeuroShardError
 from .measured.api import shard
@@ -65,7 +65,10 @@ def run_demo(args: argparse.Namespace) -> int:
     measured_on = models.hardware.get("hardware", {}).get("cpu_model", "unknown hardware")
     here = cpu_model()
     pretrained = models
-    sets = (DEMO_CALIBRATION_SETS if here != measured_on else 0) if args.calibrate is None else args.calibrate
+    same = same_cpu(models.hardware)
+    if here == measured_on and not same:
+        here += " (another last-level cache)"
+    sets = (0 if same else DEMO_CALIBRATION_SETS) if args.calibrate is None else args.calibrate
     calibration = None
     if sets or args.refine:
         if sets:

@@ -75,6 +75,12 @@ def llc_bytes() -> int:
     return best or 64 << 20
 
 
+def default_flush_bytes() -> int:
+    """The CPU cache flush a kernel benchmark reads before every timed run: 1.25x the
+    last-level cache, at most 512 MiB."""
+    return min(int(llc_bytes() * 1.25), 512 << 20)
+
+
 @dataclass
 class ComputeMeasurement:
     """Result of timing one shard set."""
@@ -137,7 +143,7 @@ class KernelBenchmark:
         self.threads = threads
         self.seed = seed
         self.flush_bytes = flush_bytes if flush_bytes is not None else (
-            min(int(llc_bytes() * 1.25), 512 << 20) if backend == "cpu" else 256 << 20)
+            default_flush_bytes() if backend == "cpu" else 256 << 20)
         self._flush_buffer = None
 
     def config(self) -> dict:

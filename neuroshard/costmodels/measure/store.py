@@ -49,6 +49,7 @@ from ...tables import Table
 from ...validate import read_json
 from ..base import reduce_time_ms
 from ..features import shard_set_features
+from .kernel import default_flush_bytes
 
 COSTDATA_FORMAT = "neuroshard.costdata/v1"
 COMPUTE_FILE = "compute.jsonl"
@@ -66,6 +67,20 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def same_cpu(record: dict) -> bool:
+    """Whether cost data or a checkpoint with this ``hardware`` record (``{"hardware": {...},
+    "config": {...}}``) was measured on a CPU like this one: the same model name and, where
+    the record has it, the same cache flush (sized from the last-level cache). Cloud VMs give
+    different Xeons one name ("Intel(R) Xeon(R) Processor"): the shipped checkpoint's, with a
+    341 MB flush (a 260 MiB cache), was 44-103% off on a VM of that name with a 300 MiB cache
+    (session 18), which the name alone called the same CPU."""
+    hardware, config = record.get("hardware") or {}, record.get("config") or {}
+    if hardware.get("cpu_model") != cpu_model():
+        return False
+    flush = config.get("flush_bytes")
+    return flush is None or config.get("backend", "cpu") != "cpu" or int(flush) == default_flush_bytes()
 
 
 def hardware_info(backend: str) -> dict:
