@@ -368,7 +368,9 @@ class Simulator:
                 self.model_calls += 1
                 self.sets_predicted += len(chunk)
             for s, key in zip(missing, keys):
-                known[s], self._set_spread[s] = by_key[key]
+                known[s], spread = by_key[key]
+                if self._with_spread:  # only an ensemble has a spread to charge
+                    self._set_spread[s] = spread
         costs = np.array([known[s] if s else 0.0 for s in sets], dtype=np.float64)
         risk = self.risk if risk is None else risk
         if risk and self._with_spread:
