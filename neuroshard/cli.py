@@ -136,8 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "sets (0: never; default: the demo's set count when this CPU is not the one the checkpoint "
                         "was measured on, else 0)")
     p.add_argument("--refine", type=int_in(0, 20, "a round count"), default=1, metavar="ROUNDS",
-                   help="NeuroShard's plan with ROUNDS refine rounds, as `search --refine`: its plans and the "
-                        "baselines' timed on this machine, the cheapest kept (0: the search alone; default: 1)")
+                   help="NeuroShard's plan with ROUNDS refine rounds, as `search --refine ROUNDS --judge runtime`: "
+                        "its plans and the baselines' timed on this machine, then trained together on the runtime, "
+                        "the cheapest there kept (0: the search alone; default: 1)")
     p.set_defaults(func=_demo)
     add_verbose(parser)  # before or after the subcommand
     return parser

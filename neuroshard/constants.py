@@ -133,6 +133,10 @@ CACHE_ALGORITHMS = ("lru", "lfu")
 CALIBRATION_SETS = 200
 #: fewest and most random sets a calibration may time
 MIN_CALIBRATION_SETS, MAX_CALIBRATION_SETS = 8, 100000
+#: who makes refine's final choice (``search --refine N --judge``): ``kernel``, refine's own instrument
+#: (the fused kernel, device by device, caches flushed: ``neuroshard measure``'s protocol), or
+#: ``runtime``, the plans trained together on the included runtime (``runtime.judge.RuntimeJudge``)
+REFINE_JUDGES = ("kernel", "runtime")
 #: where ``collect compute`` draws shard sets from: random augmented sets, or devices of searched plans
 COLLECT_SET_SOURCES = ("random", "plans")
 

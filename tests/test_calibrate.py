@@ -121,6 +121,15 @@ def test_calibration_keeps_plan_sets_in_training_and_its_held_out_sets_fixed():
     assert "1 devices of searched plans" in second.format()
 
 
+def test_judge_without_refine_is_refused_before_measuring(tmp_path, capsys):
+    TABLES.write(tmp_path / "t.json")
+    assert main(["search", str(tmp_path / "t.json"), "-d", "3", "-m", "4MiB", "--judge", "runtime",
+                 "-o", str(tmp_path / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--judge runtime makes refine's final choice: give it with --refine" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "p.json").exists()
+
+
 def test_refine_refuses_an_algorithm_without_cost_models_before_measuring(tmp_path, capsys):
     TABLES.write(tmp_path / "t.json")
     assert main(["search", str(tmp_path / "t.json"), "-d", "3", "-m", "4MiB", "-a", "size", "--refine",

@@ -4,9 +4,12 @@ they are checked exactly and in seconds (the real timer has its own tests)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from neuroshard.costmodels import load_cost_models
+from neuroshard.errors import NeuroShardError
 from neuroshard.measured.calibrate import start_calibration
+from neuroshard.measured.judge import PlanJudge
 from neuroshard.measured.refine import FINALIST_MARGIN, MAX_FINALISTS, refine
 from neuroshard.tables import Table, TableSet
 
@@ -235,9 +238,6 @@ def test_polish_gives_back_the_plan_it_started_from_when_the_polished_one_measur
 def test_shard_refines_on_a_calibration_already_timed():
     """``shard(refine=N, calibration=c)`` (the demo: one calibration for its baselines and its
     refine rounds) times no calibration sets again: only the rounds' and the compared plans'."""
-    import pytest
-
-    from neuroshard.errors import NeuroShardError
     from neuroshard.measured.api import shard
     timer = FakeTimer()
     calibration = _calibration(timer)
@@ -251,3 +251,63 @@ def test_shard_refines_on_a_calibration_already_timed():
         shard(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), calibration=calibration)
     with pytest.raises(NeuroShardError, match="started Calibration"):
         shard(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), refine=1, calibration="cal")
+
+
+class OtherHardware(PlanJudge):
+    """A ``PlanJudge`` that ranks plans opposite to the fake kernel: a plan costs the inverse of
+    its slowest device's work (an instrument that disagrees with refine's, as the training
+    runtime did with the kernel in the demo), the second run 10% slower for every plan."""
+
+    name = "other-hardware"
+
+    def __init__(self, runs: int = 2, fail: bool = False):
+        self.runs, self.fail, self.calls_ = runs, fail, []
+
+    def costs_ms(self, plans, tables):
+        if self.fail:
+            raise NeuroShardError("cannot run these plans here")
+        self.calls_.append(len(plans))
+        out = []
+        for plan in plans:
+            worst = max(device_ms([s for s in plan.shards if s.device == d], tables) for d in range(plan.num_devices))
+            out.append([(1 + 0.1 * r) / worst for r in range(self.runs)])
+        return out
+
+
+def test_refine_final_judge_keeps_the_plan_it_measures_cheapest():
+    """``refine(judge=J)``: J measures every distinct plan refine timed (and the polished one) and
+    the plan it measures cheapest is written, its name in provenance; a judge that cannot measure
+    here leaves the kernel's choice (recorded as stopped)."""
+    from neuroshard.measured.refine import final_judgement
+    timer = FakeTimer()
+    plain = refine(TABLES, 3, "64MiB", _calibration(timer), rounds=1, compare=("size-lookup", "size", "lookup"),
+                   polish_steps=0)
+    judge = OtherHardware()
+    judged = refine(TABLES, 3, "64MiB", _calibration(FakeTimer()), rounds=1, compare=("size-lookup", "size", "lookup"),
+                    polish_steps=0, judge=judge)
+    record = judged.provenance["refine"]["judge"]
+    assert record["judge"]["name"] == "other-hardware" and record["judge"]["runs"] == 2
+    assert len(judge.calls_) == 1 and judge.calls_[0] == len(record["plans"]) >= 2
+    names = [p["plan"] for p in record["plans"]]
+    assert len(set(names)) == len(names) and names[0] == plain.provenance["refine"]["chosen"]
+    best = min(record["plans"], key=lambda p: p["geomean_ms"])
+    assert record["chosen"] == best["plan"] == judged.provenance["refine"]["chosen"] != names[0]
+    # the written plan is the one the judge measured cheapest: recompute its cost
+    [[first, _]] = judge.costs_ms([judged], TABLES)
+    assert abs(first - best["costs_ms"][0]) < 1e-3
+    # a judge that cannot measure the plans: the kernel's choice stays, the record says why
+    named = [("kernel's choice", plain), ("other", judged)]
+    kept, stopped = final_judgement(named, TABLES, OtherHardware(fail=True))
+    assert kept is plain and stopped["stopped"] == "cannot run these plans here"
+    kept, skipped = final_judgement([("a", plain), ("b", plain)], TABLES, OtherHardware())
+    assert kept is plain and skipped["skipped"] == "one distinct plan"
+
+
+def test_shard_refuses_a_judge_without_refine():
+    from neuroshard.measured.api import shard
+    judge = OtherHardware()
+    with pytest.raises(NeuroShardError, match="needs refine=N"):
+        shard(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), judge=judge)
+    with pytest.raises(NeuroShardError, match="takes a PlanJudge"):
+        shard(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), refine=1, judge="runtime",
+              calibration=_calibration(FakeTimer()))

@@ -104,3 +104,25 @@ def test_plans_measured_together_alternate_their_steps(tmp_path):
     runs = measure_alternating({"split": split, "whole": whole}, tables, runs=2, iterations=2)
     assert [len(v) for v in runs.values()] == [2, 2]
     assert all(m.plan is whole for m in runs["whole"])
+
+
+@pytest.mark.timing
+@pytest.mark.gloo
+def test_runtime_judge_trains_the_plans_together_and_ranks_a_lopsided_plan_last():
+    """``RuntimeJudge`` (refine's final judge on the runtime): every plan in every run, a plan's
+    cost its slowest device's; two heavy tables on one device cost more than one on each."""
+    from neuroshard.measured.judge import geometric_mean
+    from neuroshard.runtime.judge import RuntimeJudge
+    heavy = [Table("x", 100_000, 64, 20.0), Table("y", 100_000, 64, 20.0), Table("z", 100, 8, 1.0)]
+    tables = TableSet("judge", heavy, 1024)
+    spread = Plan(heavy, [Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, d) for t, d in zip(heavy, (0, 1, 1))],
+                  2, 10**9, tables_name="judge")
+    lopsided = Plan(heavy, [Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, d)
+                            for t, d in zip(heavy, (0, 0, 1))], 2, 10**9, tables_name="judge")
+    judge = RuntimeJudge(runs=2, iterations=4)
+    assert judge.describe() == {"name": "runtime", "runs": 2, "iterations": 4, "batch_size": None}
+    costs = judge.costs_ms([spread, lopsided], tables)
+    assert [len(c) for c in costs] == [2, 2] and all(c > 0 for run in costs for c in run)
+    assert geometric_mean(costs[0]) < geometric_mean(costs[1])
+    with pytest.raises(Exception, match="judge runs must be"):
+        RuntimeJudge(runs=0)

@@ -22,6 +22,7 @@ from ..plan import Plan
 from ..search.api import Task, check_task, search_task
 from ..tables import Table, TableSet
 from .calibrate import DEFAULT_SETS, Calibration, calibrated_models, start_calibration
+from .judge import PlanJudge
 from .refine import check_refine
 from .refine import refine as refine_rounds
 
@@ -89,7 +90,7 @@ def with_measured_tier_costs(task: Task) -> Task:
 def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list | None, algorithm: str = "neuroshard",
           cost_models: Any = None, bytes_per_element: int = FP32_BYTES, seed: int = 0, calibrate: int = 0, *,
           refine: int = 0, tier_costs: Any = "analytic", calibration: Calibration | None = None,
-          **options: Any) -> Plan:
+          judge: PlanJudge | None = None, **options: Any) -> Plan:
     """Search a sharding plan (``search.api.shard``: its arguments and ``options``), with
     the measured loop when asked: ``calibrate=SETS`` (e.g. 200) first calibrates the cost
     models on this machine and these tables with that many random sets
@@ -102,8 +103,13 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
     links), or takes such a record (``costmodels.measure.tiers.TierMeasurement``).
     ``calibration`` (with ``refine`` only): a ``Calibration`` of these tables whose sets are
     already timed (``start_calibration``), refined on instead of timing ``calibrate`` sets
-    afresh (the demo calibrates once for its baselines and its refine rounds)."""
+    afresh (the demo calibrates once for its baselines and its refine rounds). ``judge`` (with
+    ``refine`` only): a ``measured.judge.PlanJudge`` that makes refine's final choice, e.g.
+    ``runtime.judge.RuntimeJudge()`` (the plans trained on the included runtime)."""
     sets = check_calibrate(calibrate)
+    if judge is not None and (not refine or not isinstance(judge, PlanJudge)):
+        raise NeuroShardError("judge= takes a PlanJudge (e.g. neuroshard.runtime.judge.RuntimeJudge()), and only with "
+                              "refine" if refine else "judge= makes refine's final choice: it needs refine=N")
     if calibration is not None and (not refine or not isinstance(calibration, Calibration)):
         raise NeuroShardError("calibration= takes a started Calibration (start_calibration), and only with refine"
                               if refine else "calibration= is for refine rounds (refine=N); calibrate=SETS "
@@ -119,7 +125,7 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
         if calibration is None:
             calibration = start_calibration(task.tables, models, devices=task.devices, seed=task.seed,
                                             **calibration_options(task, sets or DEFAULT_SETS))
-        return refine_rounds(task.tables, task.devices, memory, calibration, rounds, algorithm=algorithm,
+        return refine_rounds(task.tables, task.devices, memory, calibration, rounds, algorithm=algorithm, judge=judge,
                              bytes_per_element=task.bytes_per_element, seed=task.seed, **task.options)
     warn_device_kind(models, task)
     if sets:

@@ -51,6 +51,7 @@ from ..search.registry import get_trait, with_trait
 from ..search.simulator import Simulator
 from ..tables import TableSet
 from ..validate import check_int
+from .judge import PlanJudge, geometric_mean
 
 log = logging.getLogger(__name__)
 
@@ -109,14 +110,17 @@ def check_refine(algorithm: str, rounds: Any) -> int:
 
 def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds: int = DEFAULT_ROUNDS,
            timing_passes: int = REFINE_PASSES, algorithm: str = "neuroshard", models: Any = None,
-           polish_steps: int | None = None, compare: tuple[str, ...] = COMPARE, **search_options: Any) -> Plan:
+           polish_steps: int | None = None, compare: tuple[str, ...] = COMPARE, judge: PlanJudge | None = None,
+           **search_options: Any) -> Plan:
     """Search ``rounds + 1`` plans, each against models fine-tuned on the devices of the
     plans before it (see the module docstring), time them with the plans of the ``compare``
     algorithms, and return the one measured cheapest, polished. ``calibration`` is a
     ``Calibration`` with its random sets measured (``start_calibration``); ``models``: what
     ``calibration.fit()`` gave, when already fitted. ``search_options`` go to
     ``search.api.shard`` (only ``PLAN_OPTIONS`` of them for the compared algorithms);
-    ``polish_steps`` defaults to ``default_polish_steps(devices)``."""
+    ``polish_steps`` defaults to ``default_polish_steps(devices)``. ``judge`` (a
+    ``measured.judge.PlanJudge``) makes the final choice among the polished plan and every
+    distinct plan timed (``final_judgement``)."""
     rounds = check_refine(algorithm, rounds)
     batch = calibration.models.batch_size
     if models is None:
@@ -190,8 +194,42 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         polish_steps = default_polish_steps(devices)
     if polish_steps:
         chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps)
+    if judge is not None:
+        named = [(f"round {i}" if i < len(history) else entries[i]["algorithm"], p) for i, p in enumerate(plans)]
+        ours = record["chosen"] + ("" if chosen is plans[best] else ", polished")
+        chosen, record["judge"] = final_judgement([(ours, chosen), *named], tables, judge)
+        record["chosen"] = record["judge"].get("chosen", record["chosen"])
     chosen.provenance["refine"] = record
     return chosen
+
+
+def final_judgement(named: list[tuple[str, Plan]], tables: TableSet, judge: PlanJudge) -> tuple[Plan, dict]:
+    """The plan ``judge`` measures cheapest among the distinct plans of ``named`` ((name, plan),
+    the plan refine chose first: it stays on a tie and when the judge cannot measure them here),
+    and the record of the judgement: every plan's cost per run and the geometric mean that
+    decided."""
+    distinct: dict[tuple, tuple[str, Plan]] = {}
+    for name, plan in named:
+        distinct.setdefault(tuple(plan.shards), (name, plan))
+    candidates = list(distinct.values())
+    record: dict = {"judge": judge.describe()}
+    if len(candidates) < 2:
+        record["skipped"] = "one distinct plan"
+        return named[0][1], record
+    try:
+        costs = judge.costs_ms([plan for _, plan in candidates], tables)
+    except NeuroShardError as exc:
+        log.warning("refine: the %s judge could not measure the plans; keeping %s: %s", judge.name, named[0][0], exc)
+        record["stopped"] = str(exc).splitlines()[0]
+        return named[0][1], record
+    means = [geometric_mean(c) for c in costs]
+    best = min(range(len(candidates)), key=lambda k: (means[k], k))
+    record["plans"] = [{"plan": name, "costs_ms": [round(c, 4) for c in run], "geomean_ms": round(m, 4)}
+                       for (name, _), run, m in zip(candidates, costs, means)]
+    record["chosen"] = candidates[best][0]
+    log.info("refine: the %s judge measured %d distinct plans; kept %s (%.2f ms; %s first, %.2f ms)", judge.name,
+             len(candidates), candidates[best][0], means[best], candidates[0][0], means[0])
+    return candidates[best][1], record
 
 
 def _time_plans(plans: list[Plan], which: list[int], tables: TableSet, calibration: Any, models: Any,
@@ -277,12 +315,12 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     top = check_int(top, "polish top", 1, devices)
     record["objective_top_devices"] = top
 
-    def judge(candidates: list, compute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def assess(candidates: list, compute: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(objective, cost) of each candidate (pieces, devices) with ``compute`` (P, D)."""
         estimate = sim.evaluate_with_compute(candidates, compute)
         return _top_mean(estimate.total_ms, top), estimate.max_ms
 
-    score, cost = (float(x[0]) for x in judge([(pieces, where)], measured[None, :]))
+    score, cost = (float(x[0]) for x in assess([(pieces, where)], measured[None, :]))
     record["measured_cost_before_ms"] = round(cost, 4)
     tried: set = set()
 
@@ -340,7 +378,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         a_idx, b_idx = np.array([c[0] for c in changes]), np.array([c[1] for c in changes])
         compute[rows, a_idx] = pairs[:, 0] * ratio[a_idx]
         compute[rows, b_idx] = pairs[:, 1] * ratio[b_idx]
-        guesses, guessed_cost = judge([(c[3], c[4]) for c in changes], compute)
+        guesses, guessed_cost = assess([(c[3], c[4]) for c in changes], compute)
         guesses[guessed_cost > cost] = np.inf  # a change that makes the slowest device slower is not tried
         k = int(np.argmin(guesses))
         if guesses[k] >= score * (1 - MIN_GAIN):
@@ -362,7 +400,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
             drift = (now[0] + now[1]) / max(measured[a] + measured[b], 1e-9)  # the other devices, at today's speed
             current, trial = measured * drift, measured * drift
             current[[a, b]], trial[[a, b]] = now[:2], now[2:]
-            old_new = [judge([state], row[None, :]) for state, row in (((pieces, where), current),
+            old_new = [assess([state], row[None, :]) for state, row in (((pieces, where), current),
                                                                        ((after, moved), trial))]
             return (current, trial, np.array([float(o[0][0]) for o in old_new]),
                     np.array([float(o[1][0]) for o in old_new]))
@@ -442,4 +480,4 @@ def final_check(started: Plan, polished: Plan, tables: TableSet, calibration: An
                                              "polished_cost_ms": round(after, 4), "kept": kept}
 
 
-__all__ = ["refine", "polish", "final_check", "default_polish_steps", "check_refine", "DEFAULT_ROUNDS"]
+__all__ = ["refine", "polish", "final_check", "final_judgement", "default_polish_steps", "check_refine", "DEFAULT_ROUNDS"]

@@ -25,6 +25,7 @@ from ..constants import (
     MAX_CALIBRATION_SETS,
     MIN_CALIBRATION_SETS,
     OBJECTIVES,
+    REFINE_JUDGES,
 )
 from ..errors import NeuroShardError
 from ..exporters import exporter_names
@@ -74,6 +75,27 @@ def _objective_options(args: argparse.Namespace) -> dict:
     return {"objective": args.objective, "model": model_option(args), "operator_costs": args.operator_costs}
 
 
+def _format_judgement(judged: dict) -> str:
+    """One line: what the final judge measured and which plan it kept."""
+    name = judged["judge"]["name"]
+    if "plans" not in judged:
+        return f"refine, final judge {name}: {judged.get('skipped') or judged.get('stopped')}; the kernel's choice written"
+    return (f"refine, final judge {name} ({judged['judge'].get('runs')} runs, the slowest device's embedding cost, "
+            f"geometric mean): " + "; ".join(f"{p['plan']} {p['geomean_ms']:.2f} ms" for p in judged["plans"])
+            + f"; written: {judged['chosen']}'s plan")
+
+
+def _judge_option(args: argparse.Namespace) -> dict:
+    """``shard``'s ``judge`` from ``--judge`` (none for ``kernel``, refine's own instrument); ``--judge
+    runtime`` without ``--refine`` is refused: nothing would be judged."""
+    if args.judge == "kernel":
+        return {}
+    if not args.refine:
+        raise NeuroShardError(f"--judge {args.judge} makes refine's final choice: give it with --refine")
+    from ..runtime.judge import RuntimeJudge
+    return {"judge": RuntimeJudge()}
+
+
 def _search(args: argparse.Namespace) -> int:
     from ..measured.api import shard
     from ..tables import TableSet
@@ -88,7 +110,8 @@ def _search(args: argparse.Namespace) -> int:
                  calibrate=args.calibrate, cost_models=args.cost_model, bytes_per_element=args.bytes_per_element,
                  seed=args.seed, optimizer=args.optimizer, data_parallel=args.data_parallel,
                  comm_precision=args.comm_precision, topology=topology, refine=args.refine,
-                 tier_costs=args.tier_costs, **_objective_options(args), **dict(args.param or []))
+                 tier_costs=args.tier_costs, **_judge_option(args), **_objective_options(args),
+                 **dict(args.param or []))
     say = write_output(args.output, json.dumps(plan.validate().to_dict(), indent=1) + "\n")
     say(plan.format_summary())
     prov = plan.provenance or {}
@@ -112,7 +135,7 @@ def _search(args: argparse.Namespace) -> int:
                 f" (again {e['final_measured_cost_ms_again']:.2f}, mean {e['final_mean_cost_ms']:.2f})"
                 if "final_mean_cost_ms" in e else "") if "final_measured_cost_ms" in e
             else f"{name} {'no plan' if 'failed' in e else 'same plan as above'}" for name, e in finals)
-            + f"; written: {refine['chosen']}'s plan")
+            + ("" if "judge" in refine else f"; written: {refine['chosen']}'s plan"))
     if "polish" in refine:
         polish = refine["polish"]
         say(f"polish: {polish['accepted']} of {polish['steps']} timed changes kept (a change is kept when two "
@@ -125,6 +148,9 @@ def _search(args: argparse.Namespace) -> int:
             say(f"polish: the polished plan {check['polished_cost_ms']:.2f} ms against {check['started_cost_ms']:.2f} "
                 f"for the chosen one, timed together ({check['runs']} runs): "
                 + ("polished plan written" if check["kept"] else "the chosen plan written, unpolished"))
+    judged = refine.get("judge")
+    if judged:
+        say(_format_judgement(judged))
     measured_on = prov.get("parameters", {}).get("measured_on")
     if measured_on:
         say(f"{args.algorithm} timed the tables on this machine ({measured_on}): the plan is for this hardware")
@@ -251,6 +277,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    metavar="ROUNDS", help="then refine on this machine (calibrating first, implied): each round "
                    "times the plan's devices, fine-tunes the models on them and searches again; the plan measured "
                    "cheapest is written (default 2 rounds, about a minute each for 8 devices)")
+    p.add_argument("--judge", choices=REFINE_JUDGES, default="kernel",
+                   help="with --refine, who makes the final choice among refine's plans and the baselines': kernel "
+                        "(refine's own timing: the fused kernel, device by device, caches flushed) or runtime (the "
+                        "plans trained together on the included runtime, one process per device: warm caches, "
+                        "backward and all-to-all included) (default: kernel)")
     p.add_argument("--bytes-per-element", type=bytes_per_element_int, default=4,
                    help="bytes per weight: 4 fp32, 2 fp16 (costed at fp16 and trained so by the runtime), 1 int8 "
                         "(memory only, costed as fp32) (default: 4)")
