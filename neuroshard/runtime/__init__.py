@@ -6,6 +6,8 @@
   forward and backward communication (what the cost models predict);
 - ``evaluate.measure_alternating({name: plan}, tables, runs=...)``: compare plans in
   runs that interleave their steps (A/B), so a shared machine's slow spells cancel;
+- ``judge.RuntimeJudge``: refine's final choice made by training its plans and the
+  baselines' together here (``search --refine N --judge runtime``);
 - ``model.train_reference``: the same model unsharded in one process;
 - ``cached``: shards whose rows live in host memory or on SSD train on a bounded device
   cache (LRU), their miss rates and miss-path time measured (``RunResult.cache``).
