@@ -96,11 +96,6 @@ def a2a_bytes_per_device(plan, batch_size: int) -> float:
     return max(widths) * batch_size * 4 * share
 
 
-def plan_key(plan) -> tuple:
-    """What makes two plans the same plan: their shards and replicated tables."""
-    return tuple(plan.shards), tuple(plan.data_parallel_tables or ())
-
-
 def refine_columns(refine: dict) -> dict:
     """What refinement kept (empty for other plans): the round (NaN for a compared baseline's
     plan), whose plan (``round N`` or the baseline) and the polish changes kept."""
@@ -188,13 +183,13 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
     first = {}
     for name, plan in plans.items():
         if name != CONTROL:
-            first.setdefault(plan_key(plan), name)
-    timed = {n: p for n, p in plans.items() if n == CONTROL or first[plan_key(p)] == n}
+            first.setdefault(plan.layout_key(), name)
+    timed = {n: p for n, p in plans.items() if n == CONTROL or first[p.layout_key()] == n}
     result = measure_plans(timed, tables, cost_models=models, passes=args.passes, repeats=args.repeats,
                            batch_size=args.batch_size, progress=True, reference=not args.no_reference,
                            **({"flush_bytes": 0} if args.warm else {}))
     by_timed = {p.name: p for p in result.plans}
-    result.plans = [by_timed[n] if n in timed else dataclasses.replace(by_timed[first[plan_key(p)]], name=n, plan=p)
+    result.plans = [by_timed[n] if n in timed else dataclasses.replace(by_timed[first[p.layout_key()]], name=n, plan=p)
                     for n, p in plans.items()]
     for p in result.plans:
         rows.append({"algorithm": p.name, "max_compute_ms": p.max_compute_ms, "balance": p.balance,

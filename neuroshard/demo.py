@@ -27,6 +27,7 @@ from .errors import NeuroShardError
 from .measured.api import shard
 from .measured.calibrate import calibrated_models, start_calibration
 from .measured.judge import geometric_mean
+from .measured.refine import format_judgement
 from .runtime.evaluate import measure_alternating, paired_improvement
 from .runtime.judge import RuntimeJudge
 from .search.registry import GREEDY_ALGORITHMS
@@ -114,19 +115,18 @@ def run_demo(args: argparse.Namespace) -> int:
               f"{plans[a].provenance['search_time_s']:.2f} s")
     refine_record = plans["neuroshard"].provenance.get("refine")
     if refine_record:
-        judged = refine_record.get("judge", {})
         print(f"   neuroshard --refine {args.refine}: its plans and the baselines' timed on this machine "
-              f"({refine_record['hardware']}), then trained together on the runtime ("
-              + ("; ".join(f"{p['plan']} {p['geomean_ms']:.1f} ms" for p in judged["plans"]) if "plans" in judged
-                 else judged.get("skipped") or judged.get("stopped") or "not judged")
-              + f"); kept the one measured cheapest: {refine_record['chosen']}")
+              f"({refine_record['hardware']}), then trained together on the runtime; kept the one measured "
+              f"cheapest: {refine_record['chosen']}")
+        if "judge" in refine_record:
+            print(f"   {format_judgement(refine_record['judge'])}")
     print(f"\n-- NeuroShard plan ({out / 'plan-neuroshard.json'})\n{plans['neuroshard'].format_summary()}")
 
     # every distinct baseline plan runs beside ours; the best baseline is the one measured fastest
     measured_as = {"neuroshard": "neuroshard"}  # plan name -> the name its (identical) plan is measured under
     runnable = {"neuroshard": plans["neuroshard"]}
     for algorithm in GREEDY_ALGORITHMS:
-        twin = next((n for n, p in runnable.items() if p.shards == plans[algorithm].shards), None)
+        twin = next((n for n, p in runnable.items() if p.layout_key() == plans[algorithm].layout_key()), None)
         measured_as[algorithm] = twin or algorithm
         runnable.setdefault(measured_as[algorithm], plans[algorithm])
     control = "neuroshard again"  # the A/A control: our plan measured a second time in the same runs

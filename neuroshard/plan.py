@@ -123,6 +123,11 @@ class Plan:
             self._index, self._index_key = (by_table, by_device), key
         return self._index
 
+    def layout_key(self) -> tuple:
+        """What makes two plans of the same tables the same plan (hashable): their shards and
+        their replicated tables. Refine, the demo and the plan benchmark time such plans once."""
+        return tuple(self.shards), tuple(self.data_parallel_tables or ())
+
     def shards_of(self, table: str) -> list[Shard]:
         return list(self._shard_index()[0].get(table, ()))
 

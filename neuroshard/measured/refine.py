@@ -164,7 +164,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
             compared.append({"algorithm": name, "failed": str(exc).splitlines()[0]})
     entries = history + [c for c in compared if "failed" not in c]  # one per plan, in order
     # the plans are compared in ONE interleaved run of all their devices (see _time_plans)
-    distinct = {tuple(p.shards): i for i, p in reversed(list(enumerate(plans)))}  # the first of each plan
+    distinct = {p.layout_key(): i for i, p in reversed(list(enumerate(plans)))}  # the first of each plan
     candidates = sorted(distinct.values())
     finals = _time_plans(plans, candidates, tables, calibration, models)
     for cost, i, _ in finals:
@@ -210,7 +210,7 @@ def final_judgement(named: list[tuple[str, Plan]], tables: TableSet, judge: Plan
     decided."""
     distinct: dict[tuple, tuple[str, Plan]] = {}
     for name, plan in named:
-        distinct.setdefault(tuple(plan.shards), (name, plan))
+        distinct.setdefault(plan.layout_key(), (name, plan))
     candidates = list(distinct.values())
     record: dict = {"judge": judge.describe()}
     if len(candidates) < 2:
@@ -230,6 +230,18 @@ def final_judgement(named: list[tuple[str, Plan]], tables: TableSet, judge: Plan
     log.info("refine: the %s judge measured %d distinct plans; kept %s (%.2f ms; %s first, %.2f ms)", judge.name,
              len(candidates), candidates[best][0], means[best], candidates[0][0], means[0])
     return candidates[best][1], record
+
+
+def format_judgement(judged: dict) -> str:
+    """One line from ``final_judgement``'s record: what the judge measured and which plan it kept
+    (``search --refine N --judge`` and the demo print it)."""
+    name = judged["judge"]["name"]
+    if "plans" not in judged:
+        return (f"refine, final judge {name}: {judged.get('skipped') or judged.get('stopped')}; "
+                f"the kernel's choice written")
+    return (f"refine, final judge {name} ({judged['judge'].get('runs')} runs, the slowest device's embedding cost, "
+            f"geometric mean): " + "; ".join(f"{p['plan']} {p['geomean_ms']:.2f} ms" for p in judged["plans"])
+            + f"; written: {judged['chosen']}'s plan")
 
 
 def _time_plans(plans: list[Plan], which: list[int], tables: TableSet, calibration: Any, models: Any,
@@ -480,4 +492,5 @@ def final_check(started: Plan, polished: Plan, tables: TableSet, calibration: An
                                              "polished_cost_ms": round(after, 4), "kept": kept}
 
 
-__all__ = ["refine", "polish", "final_check", "final_judgement", "default_polish_steps", "check_refine", "DEFAULT_ROUNDS"]
+__all__ = ["refine", "polish", "final_check", "final_judgement", "format_judgement", "default_polish_steps",
+           "check_refine", "DEFAULT_ROUNDS"]
