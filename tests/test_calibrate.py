@@ -170,13 +170,13 @@ def test_a_calibration_set_count_below_8_is_refused_before_measuring():
 
 def test_search_prints_the_final_judgement_in_one_line():
     """What `search --refine N --judge runtime` prints about the judge's figures and its pick."""
-    from neuroshard.search.cli import _format_judgement
+    from neuroshard.measured.refine import format_judgement
     judged = {"judge": {"name": "runtime", "runs": 3, "iterations": 12, "batch_size": None},
               "plans": [{"plan": "round 1, polished", "costs_ms": [5.0, 5.2, 5.1], "geomean_ms": 5.0997},
                         {"plan": "lookup", "costs_ms": [4.9, 5.0, 5.0], "geomean_ms": 4.9665}],
               "chosen": "lookup"}
-    line = _format_judgement(judged)
+    line = format_judgement(judged)
     assert line == ("refine, final judge runtime (3 runs, the slowest device's embedding cost, geometric mean): "
                     "round 1, polished 5.10 ms; lookup 4.97 ms; written: lookup's plan")
-    assert _format_judgement({"judge": {"name": "runtime"}, "stopped": "no gloo here"}) == (
+    assert format_judgement({"judge": {"name": "runtime"}, "stopped": "no gloo here"}) == (
         "refine, final judge runtime: no gloo here; the kernel's choice written")

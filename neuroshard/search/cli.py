@@ -75,16 +75,6 @@ def _objective_options(args: argparse.Namespace) -> dict:
     return {"objective": args.objective, "model": model_option(args), "operator_costs": args.operator_costs}
 
 
-def _format_judgement(judged: dict) -> str:
-    """One line: what the final judge measured and which plan it kept."""
-    name = judged["judge"]["name"]
-    if "plans" not in judged:
-        return f"refine, final judge {name}: {judged.get('skipped') or judged.get('stopped')}; the kernel's choice written"
-    return (f"refine, final judge {name} ({judged['judge'].get('runs')} runs, the slowest device's embedding cost, "
-            f"geometric mean): " + "; ".join(f"{p['plan']} {p['geomean_ms']:.2f} ms" for p in judged["plans"])
-            + f"; written: {judged['chosen']}'s plan")
-
-
 def _judge_option(args: argparse.Namespace) -> dict:
     """``shard``'s ``judge`` from ``--judge`` (none for ``kernel``, refine's own instrument); ``--judge
     runtime`` without ``--refine`` is refused: nothing would be judged."""
@@ -98,6 +88,7 @@ def _judge_option(args: argparse.Namespace) -> dict:
 
 def _search(args: argparse.Namespace) -> int:
     from ..measured.api import shard
+    from ..measured.refine import format_judgement
     from ..tables import TableSet
     from ..validate import check_output
     if args.output != STDOUT:
@@ -150,7 +141,7 @@ def _search(args: argparse.Namespace) -> int:
                 + ("polished plan written" if check["kept"] else "the chosen plan written, unpolished"))
     judged = refine.get("judge")
     if judged:
-        say(_format_judgement(judged))
+        say(format_judgement(judged))
     measured_on = prov.get("parameters", {}).get("measured_on")
     if measured_on:
         say(f"{args.algorithm} timed the tables on this machine ({measured_on}): the plan is for this hardware")
