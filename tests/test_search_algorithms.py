@@ -257,3 +257,38 @@ def test_tables_heavier_than_the_mean_device_are_split_at_once(shipped_models):
     split_tables = {p.table for p in placement.pieces
                     if p.num_cols < tables[p.table].embedding_dim or p.num_rows < tables[p.table].num_embeddings}
     assert split_tables <= {0, 1, 2}  # only the hot tables were cut
+
+
+def test_column_strips_on_one_device_are_joined():
+    """Neighbouring column strips cut into the same row blocks, each block pair on one
+    device, become one strip there (same memory, one pass of the fused kernel instead of
+    two); strips on different devices, or cut differently, stay as they are."""
+    from neuroshard.search.rowwise import join_column_strips
+    from neuroshard.types import Piece
+    halves = [(Piece(0, 0, 100, 0, 32), 1), (Piece(0, 0, 100, 32, 32), 1), (Piece(1, 0, 50, 0, 16), 0)]
+    assert join_column_strips(halves) == [(Piece(0, 0, 100, 0, 64), 1), (Piece(1, 0, 50, 0, 16), 0)]
+    apart = [(Piece(0, 0, 100, 0, 32), 0), (Piece(0, 0, 100, 32, 32), 1)]
+    assert join_column_strips(apart) == apart
+    quarters = [(Piece(0, 0, 100, 16 * i, 16), d) for i, d in enumerate((0, 0, 1, 1))]
+    assert join_column_strips(quarters) == [(Piece(0, 0, 100, 0, 32), 0), (Piece(0, 0, 100, 32, 32), 1)]
+    # a grid: two strips of two row blocks each; blocks pair up on devices 2 and 3
+    grid = [(Piece(0, 0, 50, 0, 8), 2), (Piece(0, 50, 50, 0, 8), 3),
+            (Piece(0, 0, 50, 8, 8), 2), (Piece(0, 50, 50, 8, 8), 3)]
+    assert join_column_strips(grid) == [(Piece(0, 0, 50, 0, 16), 2), (Piece(0, 50, 50, 0, 16), 3)]
+    crossed = [grid[0], grid[1], (grid[2][0], 3), (grid[3][0], 2)]
+    assert join_column_strips(crossed) == sorted(crossed)
+
+
+def test_no_plan_keeps_a_table_in_column_strips_on_one_device(shipped_models):
+    """criteo-terabyte on 4 devices (seed 137, the task where it happened): the search
+    halved a 40M-row table for memory and placed both halves on one device, which the
+    fused kernel measured dearer than the table whole. Written plans join such strips."""
+    from neuroshard.datasets.families import family_tasks
+    from neuroshard.topology import Topology
+    tables, memory = family_tasks("criteo-terabyte", 4, 1, (8, 12), seed=137)[0]
+    plan = shard(tables, 4, memory, "neuroshard", cost_models=shipped_models, topology=Topology(4, local_world_size=4))
+    blocks = {}
+    for s in plan.shards:
+        blocks.setdefault((s.table, s.device, s.row_offset, s.num_rows), []).append(s.num_cols)
+    assert all(len(widths) == 1 for widths in blocks.values()), blocks
+    assert len({s.table for s in plan.shards}) == len(tables)
