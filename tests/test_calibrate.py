@@ -51,6 +51,19 @@ def test_search_calibrate_caches_per_task(tmp_path, monkeypatch, capsys):
     assert "held-out sets" not in capsys.readouterr().out
 
 
+def test_calibration_cache_keys_the_cpu_by_name_and_last_level_cache(monkeypatch):
+    """Cloud VMs give different Xeons one model name; a calibration measured under one
+    last-level cache (and its cache flush) is not reused under another."""
+    from neuroshard.measured import calibrate as module
+    models = load_cost_models()
+    key = module._cache_key(TABLES, models, 3, 12, 0)
+    assert module._cache_key(TABLES, models, 3, 12, 0) == key
+    monkeypatch.setattr(module, "llc_bytes", lambda: 7 << 20)
+    other = module._cache_key(TABLES, models, 3, 12, 0)
+    monkeypatch.setattr(module, "llc_bytes", lambda: 9 << 20)
+    assert len({key, other, module._cache_key(TABLES, models, 3, 12, 0)}) == 3
+
+
 @pytest.mark.timing
 def test_calibrate_cli_writes_a_checkpoint(tmp_path, capsys):
     TABLES.write(tmp_path / "t.json")

@@ -269,7 +269,8 @@ def calibrate(tables: TableSet, models: CostModels, devices: int = 8, sets: int 
 
 def _cache_key(tables: TableSet, models: CostModels, devices: int, sets: int, seed: int,
                weights_precision: str = "fp32") -> str:
-    payload = {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
+    # the CPU by name and last-level cache: cloud VMs give different Xeons one name (store.same_cpu)
+    payload = {"cpu": cpu_model(), "llc_bytes": llc_bytes(), "cores": os.cpu_count(), "torch": torch.__version__,
                "models": models.name, "models_path": str(getattr(models, "path", "") or ""),
                "tables": TableSet(tables.name, list(tables), tables.batch_size).to_dict(),
                "devices": devices, "sets": sets, "seed": seed, "recipe": CALIBRATION_RECIPE}
