@@ -22,10 +22,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from iteration_benchmark import stored_plans  # noqa: E402
-from neuroshard.costmodels import resolve_cost_models  # noqa: E402
-from neuroshard.costmodels.dense import gmae, load_operator_models  # noqa: E402
-from neuroshard.search.iteration import estimate_iteration, operator_durations  # noqa: E402
+from iteration_benchmark import stored_plans
+
+from neuroshard.costmodels import resolve_cost_models
+from neuroshard.costmodels.dense import gmae, load_operator_models
+from neuroshard.search.iteration import estimate_iteration, operator_durations
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: (suite, stored run) of every iteration run kept in experiments/results
