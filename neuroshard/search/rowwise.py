@@ -141,18 +141,17 @@ def join_column_strips(placed: Sequence[tuple[Piece, int]]) -> list[tuple[Piece,
         by_table.setdefault(p.table, {}).setdefault((p.col_offset, p.num_cols), []).append((p, d))
     out: list[tuple[Piece, int]] = []
     for strips in by_table.values():
-        merged: list[tuple[int, int, list[tuple[Piece, int]]]] = []  # (col, cols, blocks in row order)
+        merged: list[list[tuple[Piece, int]]] = []  # strips left to right, each its blocks in row order
         for (col, cols), blocks in sorted(strips.items()):
             blocks = sorted(blocks)
             if merged:
-                prev_col, prev_cols, prev = merged[-1]
-                if prev_col + prev_cols == col and [(p.row_offset, p.num_rows, d) for p, d in prev] == \
-                        [(p.row_offset, p.num_rows, d) for p, d in blocks]:
-                    merged[-1] = (prev_col, prev_cols + cols,
-                                  [(p._replace(col_offset=prev_col, num_cols=prev_cols + cols), d) for p, d in prev])
+                prev = merged[-1]
+                if prev[0][0].col_offset + prev[0][0].num_cols == col and \
+                        [(p.row_offset, p.num_rows, d) for p, d in prev] == [(p.row_offset, p.num_rows, d) for p, d in blocks]:
+                    merged[-1] = [(p._replace(num_cols=p.num_cols + cols), d) for p, d in prev]
                     continue
-            merged.append((col, cols, blocks))
-        out += [b for _, _, blocks in merged for b in blocks]
+            merged.append(blocks)
+        out += [b for blocks in merged for b in blocks]
     return sorted(out)
 
 
