@@ -26,15 +26,15 @@ from iteration_benchmark import stored_plans
 
 from neuroshard.costmodels import resolve_cost_models
 from neuroshard.costmodels.dense import gmae, load_operator_models
-from neuroshard.search.iteration import estimate_iteration, operator_durations
+from neuroshard.search.iteration import STEP_CHAIN, estimate_iteration
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: (suite, stored run) of every iteration run kept in experiments/results
 RUNS = [("default", "iteration"), ("embedding-heavy", "iteration_ranking"), ("fresh", "iteration_fresh"),
         ("default", "iteration_with_random"), ("default", "iteration_sameday/default"),
         ("embedding-heavy", "iteration_sameday/embedding-heavy"), ("fresh", "iteration_sameday/fresh")]
-#: terms that wait for other ranks (collectives and the barrier): not a rank's own work
-WAITING = {"fwd_comm_ms", "bwd_comm_ms", "dense_allreduce_ms", "sync_ms"}
+#: a rank's own work: the terms no collective ends (the estimate's collectives carry waiting)
+OWN_TERMS = {term for term, collective in STEP_CHAIN if collective is None}
 
 
 def ranking(points: list[dict], key) -> tuple[int, int, int]:
@@ -70,9 +70,7 @@ def main() -> None:
         for config, tables, plan, row in stored_plans(suite, RESULTS / run / "configs.jsonl", models):
             model, batch = config[3], config[4]
             estimate = estimate_iteration(plan, tables, models, ops, model, batch)
-            durations, _ = operator_durations(plan, tables, models, ops, model, batch)
-            durations, _ = ops.with_overheads(durations)
-            own = sum(v for d in durations for k, v in d.items() if k not in WAITING)
+            own = sum(v for rank in estimate.per_rank for k, v in rank.items() if k in OWN_TERMS)
             points.append({"run": run, "seed": config[2], "ranks": plan.num_devices, "plan": row["plan"],
                            "predicted": estimate.iteration_ms, "measured": row["measured_ms"],
                            "run1": row["run1_ms"], "run2": row["run2_ms"], "own": own})
