@@ -10,7 +10,7 @@ from neuroshard.costmodels import load_cost_models
 from neuroshard.errors import NeuroShardError
 from neuroshard.measured.calibrate import start_calibration
 from neuroshard.measured.judge import PlanJudge
-from neuroshard.measured.refine import FINALIST_MARGIN, MAX_FINALISTS, refine
+from neuroshard.measured.refine import FINALIST_MARGIN, MAX_FINALISTS, MIN_FINALISTS, refine
 from neuroshard.tables import Table, TableSet
 
 TABLES = TableSet("fake-hw", [Table(f"t{i}", 2_000 * (i + 1), 16 if i % 2 else 32, 1.0 + 2 * (i % 4),
@@ -77,13 +77,14 @@ def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
     chosen = (record["rounds"][record["chosen_round"]] if record["chosen_round"] is not None
               else next(c for c in record["compared"] if c["algorithm"] == record["chosen"]))
     finalists = [e for e in timed if "final_mean_cost_ms" in e]
-    if finalists:  # timed twice: those within FINALIST_MARGIN of the cheapest first run, chosen by their mean
-        top = min(e["final_measured_cost_ms"] for e in timed)
-        assert all(e["final_measured_cost_ms"] <= top * (1 + FINALIST_MARGIN) + 1e-3 for e in finalists)
-        assert 2 <= len(finalists) <= MAX_FINALISTS
-        assert chosen["final_mean_cost_ms"] == min(e["final_mean_cost_ms"] for e in finalists)
-    else:
-        assert chosen["final_measured_cost_ms"] == min(e["final_measured_cost_ms"] for e in timed)
+    # timed twice: the MIN_FINALISTS cheapest of the first run and any other within FINALIST_MARGIN of the
+    # cheapest (at most MAX_FINALISTS), chosen by their mean
+    ranked = sorted(e["final_measured_cost_ms"] for e in timed)
+    assert len(ranked) >= 2 and len(finalists) == len(
+        [c for k, c in enumerate(ranked) if k < MIN_FINALISTS or c <= ranked[0] * (1 + FINALIST_MARGIN)][:MAX_FINALISTS])
+    assert max(e["final_measured_cost_ms"] for e in finalists) <= max(
+        ranked[min(MIN_FINALISTS, len(ranked)) - 1], ranked[0] * (1 + FINALIST_MARGIN)) + 1e-3
+    assert chosen["final_mean_cost_ms"] == min(e["final_mean_cost_ms"] for e in finalists)
     # polish keeps only changes that lower the measured cost, and the written plan is what it kept
     polish = record["polish"]
     assert 0 <= polish["accepted"] <= polish["steps"] <= 4
@@ -311,3 +312,15 @@ def test_shard_refuses_a_judge_without_refine():
     with pytest.raises(NeuroShardError, match="takes a PlanJudge"):
         shard(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), refine=1, judge="runtime",
               calibration=_calibration(FakeTimer()))
+
+
+def test_a_plan_far_ahead_in_one_run_is_still_timed_again_beside_the_next_cheapest():
+    # one run put plan 2 10% below the rest (refine_trace: such a plan measured 12-14% above two of them in
+    # the next run): the MIN_FINALISTS cheapest are timed again whatever the margin, and plans within the
+    # margin join them up to MAX_FINALISTS
+    from neuroshard.measured.refine import _finalists
+    run = [(62.2, 0, None), (62.1, 1, None), (56.6, 2, None), (64.2, 3, None), (75.6, 4, None), (71.7, 5, None)]
+    assert [f[1] for f in _finalists(run)] == [2, 1, 0][:MIN_FINALISTS]
+    close = [(50.0, 0, None), (50.5, 1, None), (51.0, 2, None), (51.5, 3, None), (51.9, 4, None), (60.0, 5, None)]
+    assert [f[1] for f in _finalists(close)] == [0, 1, 2, 3, 4][:MAX_FINALISTS]
+    assert [f[1] for f in _finalists([(9.0, 0, None), (7.0, 1, None)])] == [1, 0]
