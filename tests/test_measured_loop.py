@@ -10,7 +10,7 @@ from neuroshard.costmodels import load_cost_models
 from neuroshard.errors import NeuroShardError
 from neuroshard.measured.calibrate import start_calibration
 from neuroshard.measured.judge import PlanJudge
-from neuroshard.measured.refine import FINALIST_MARGIN, MAX_FINALISTS, MIN_FINALISTS, refine
+from neuroshard.measured.refine import FINALIST_MARGIN, MAX_FINALISTS, MIN_FINALISTS, _finalists, refine
 from neuroshard.tables import Table, TableSet
 
 TABLES = TableSet("fake-hw", [Table(f"t{i}", 2_000 * (i + 1), 16 if i % 2 else 32, 1.0 + 2 * (i % 4),
@@ -315,10 +315,9 @@ def test_shard_refuses_a_judge_without_refine():
 
 
 def test_a_plan_far_ahead_in_one_run_is_still_timed_again_beside_the_next_cheapest():
-    # one run put plan 2 10% below the rest (refine_trace: such a plan measured 12-14% above two of them in
+    # one run put plan 2 10% below the rest (refine_trace: such a plan measured 10-14% above two of them in
     # the next run): the MIN_FINALISTS cheapest are timed again whatever the margin, and plans within the
     # margin join them up to MAX_FINALISTS
-    from neuroshard.measured.refine import _finalists
     run = [(62.2, 0, None), (62.1, 1, None), (56.6, 2, None), (64.2, 3, None), (75.6, 4, None), (71.7, 5, None)]
     assert [f[1] for f in _finalists(run)] == [2, 1, 0][:MIN_FINALISTS]
     close = [(50.0, 0, None), (50.5, 1, None), (51.0, 2, None), (51.5, 3, None), (51.9, 4, None), (60.0, 5, None)]

@@ -23,10 +23,10 @@ and the plan kept is the one whose measured cost is lowest: each device's measur
 compute plus the modelled communication (the simulator's total, with the measured compute
 in place of the estimate). The ``MIN_FINALISTS`` cheapest, and any other plan within
 ``FINALIST_MARGIN`` of the cheapest, are timed again together and chosen by the cost of each
-device's mean over both runs (the cheapest of ten plans timed once is partly the luckiest). So the plan written is never measurably slower here than
-those baselines' (up to the noise of one run), and provenance says whose plan it started
-from. A round costs one search, ``D`` timed device sets and one fine-tuning: about a
-minute for 8 devices on 2 CPU cores.
+device's mean over both runs (the cheapest of ten plans timed once is partly the luckiest).
+So the plan written is never measurably slower here than those baselines' (up to the noise
+of two runs), and provenance says whose plan it started from. A round costs one search,
+``D`` timed device sets and one fine-tuning: about a minute for 8 devices on 2 CPU cores.
 
 Then ``polish`` takes up to ``polish_steps`` measured local-search steps from that plan:
 the move (or swap) of a shard off the slowest measured device that the models predict
@@ -84,7 +84,7 @@ FINAL_CHECK_RUNS = 2
 FINALIST_MARGIN = 0.04
 #: ... and, whatever the margin, the cheapest MIN_FINALISTS (a big-table device can measure 10-20% off
 #: in one run: experiments/results/refine_trace, criteo-terabyte at 8 devices on the Intel Xeon, where the
-#: plan one run put 10% below every other measured 12-14% above two of them in the next; chosen on that
+#: plan one run put 10% below every other measured 10-14% above two of them in the next; chosen on that
 #: one run, refine wrote it) ...
 MIN_FINALISTS = 3
 #: ... at most this many of them, the cheapest first
