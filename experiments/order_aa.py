@@ -13,27 +13,25 @@ prints each run's A/A ratio of the slowest device and of the total.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import numpy as np
 
 from neuroshard.costmodels.measure.timing import device_figures, time_devices
-from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.plan import Plan
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from refine_trace import add_task_arguments, benchmark_task  # the task's options, in one place
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("plan")
-    parser.add_argument("--family", default="criteo-terabyte", choices=sorted(FAMILIES))
-    parser.add_argument("--devices", type=int, default=8)
-    parser.add_argument("--task", type=int, default=1)
-    parser.add_argument("--tasks", type=int, default=2)
-    parser.add_argument("--tables-per-device", nargs=2, type=int, default=[8, 12])
-    parser.add_argument("--seed", type=int, default=139)
+    add_task_arguments(parser)
     parser.add_argument("--runs", type=int, default=4, help="runs of each order (default: 4)")
     args = parser.parse_args()
-    tables, _ = family_tasks(args.family, args.devices, args.tasks, tuple(args.tables_per_device),
-                             seed=args.seed)[args.task]
+    tables, _ = benchmark_task(args)
     plan = Plan.read(args.plan)
     sets = [plan.shards_on(d) for d in range(plan.num_devices)]
     n = len(sets)

@@ -25,17 +25,31 @@ from neuroshard.measured import refine as refine_module
 from neuroshard.measured.calibrate import start_calibration
 from neuroshard.runtime.measure_plan import measure_plans
 from neuroshard.search.api import shard
+from neuroshard.tables import TableSet
 from neuroshard.topology import Topology
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that name one task of ``plan_benchmark`` (default: session 20's loss,
+    criteo-terabyte task 1 of seed 139 at 8 devices); ``benchmark_task`` draws it. Shared
+    with copy_noise.py and order_aa.py, which time this task's plans."""
     parser.add_argument("--family", default="criteo-terabyte", choices=sorted(FAMILIES))
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--task", type=int, default=1)
     parser.add_argument("--tasks", type=int, default=2, help="tasks the benchmark drew (the task's seed depends on it)")
     parser.add_argument("--tables-per-device", nargs=2, type=int, default=[8, 12])
     parser.add_argument("--seed", type=int, default=139)
+
+
+def benchmark_task(args: argparse.Namespace) -> tuple[TableSet, int]:
+    """The (tables, memory per device) of the task ``add_task_arguments`` named."""
+    return family_tasks(args.family, args.devices, args.tasks, tuple(args.tables_per_device),
+                        seed=args.seed)[args.task]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_task_arguments(parser)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", default="experiments/results/refine_trace",
                         help="the plans are written here (the A/A copy is the refined plan)")
@@ -45,8 +59,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     models = load_cost_models(None)
-    tables, memory = family_tasks(args.family, args.devices, args.tasks, tuple(args.tables_per_device),
-                                  seed=args.seed)[args.task]
+    tables, memory = benchmark_task(args)
     network = {"topology": Topology(args.devices, local_world_size=args.devices)}
     made = []  # every plan refine's shard calls return, with the algorithm that made it
     original = refine_module.shard
