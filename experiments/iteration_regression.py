@@ -33,7 +33,8 @@ from iteration_benchmark import stored_plans  # noqa: E402
 
 from neuroshard.constants import ITERATION_TERMS  # noqa: E402
 from neuroshard.costmodels import resolve_cost_models  # noqa: E402
-from neuroshard.costmodels.dense import gmae, load_operator_models  # noqa: E402
+from neuroshard.costmodels.dense import load_operator_models  # noqa: E402
+from neuroshard.costmodels.metrics import gmae  # noqa: E402
 from neuroshard.search.iteration import estimate_iteration, operator_durations  # noqa: E402
 
 RESULTS = {"default": "experiments/results/iteration/configs.jsonl",

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from iteration_benchmark import stored_plans
 
 from neuroshard.costmodels import resolve_cost_models
-from neuroshard.costmodels.dense import gmae, load_operator_models
+from neuroshard.costmodels.dense import load_operator_models
+from neuroshard.costmodels.metrics import gmae, ratio_error
 from neuroshard.search.iteration import STEP_CHAIN, estimate_iteration
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -80,7 +81,8 @@ def main() -> None:
     def report(name, key):
         predicted = np.array([key(p) for p in points])
         right, wrong, ties = ranking(points, key)
-        print(f"{name:28s} GMAE {100 * gmae(predicted, measured):5.1f}%   right {right}, wrong {wrong}, ties {ties}")
+        print(f"{name:28s} GMAE {100 * gmae(predicted, measured):5.1f}% (ratio error "
+              f"{100 * ratio_error(predicted, measured):4.1f}%)   right {right}, wrong {wrong}, ties {ties}")
 
     report("shipped", lambda p: p["predicted"])
     for k in (0.8, 1.0, 1.2, 1.4):

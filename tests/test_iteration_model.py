@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from neuroshard.costmodels.dense import OperatorModels, gmae, load_operator_models
+from neuroshard.costmodels import dense
+from neuroshard.costmodels.dense import OperatorModels, load_operator_models
 from neuroshard.costmodels.measure.dense import collect_dense
+from neuroshard.costmodels.metrics import gmae, ratio_error
 from neuroshard.dense import build_dense, dense_operators, dense_parameters
 from neuroshard.errors import FormatError
 from neuroshard.model_spec import DEFAULT_MODEL, ModelSpec
@@ -50,8 +52,9 @@ def _law_samples(rng, n=240):
 def test_operator_models_recover_known_laws_and_extrapolate_by_work(tmp_path):
     rng = np.random.default_rng(0)
     models = OperatorModels().fit(_law_samples(rng))
-    assert models.metrics_["linear.fwd_ms"]["held_out_gmae"] < 0.08
-    assert models.metrics_["allreduce.ms"]["held_out_gmae"] < 0.08
+    # GMAE as costmodels.metrics (and Lin et al.) define it: 3% noise leaves about 2%
+    assert models.metrics_["linear.fwd_ms"]["held_out_gmae"] < 0.05
+    assert models.metrics_["allreduce.ms"]["held_out_gmae"] < 0.05
     x = np.array([[512, 512, 512, 1], [256, 128, 64, 1]])
     assert gmae(models.predict("linear", x, "fwd_ms"), 0.01 + 2e-8 * x[:, :3].prod(axis=1)) < 0.1
     # beyond the measured shapes the time grows with the work (here 64x the largest measured)
@@ -63,6 +66,17 @@ def test_operator_models_recover_known_laws_and_extrapolate_by_work(tmp_path):
     assert np.allclose(again.predict("linear", x, "fwd_ms"), models.predict("linear", x, "fwd_ms"))
     with pytest.raises(Exception, match="no 'loss'"):
         models.one("loss", [64.0], "fwd_ms")
+
+
+def test_one_gmae_for_operators_iterations_and_cost_models():
+    """GMAE is the geometric mean of |relative error| everywhere (Lin et al.'s); the stricter
+    exp(mean |log ratio|) - 1 that the iteration model's figures used before formats revision 17
+    is ``ratio_error``, and the operator models report GMAE under ``held_out_gmae``."""
+    predicted, measured = np.array([1.1, 0.5]), np.array([1.0, 1.0])
+    assert gmae(predicted, measured) == pytest.approx(np.sqrt(0.1 * 0.5))
+    assert ratio_error(predicted, measured) == pytest.approx(np.sqrt(1.1 * 2.0) - 1)
+    assert ratio_error(predicted, measured) > gmae(predicted, measured)
+    assert not hasattr(dense, "gmae") or dense.gmae is gmae  # no second definition under the same name
 
 
 @pytest.mark.parametrize("data, message", [

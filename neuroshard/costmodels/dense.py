@@ -47,6 +47,7 @@ from ..constants import ITERATION_TERMS
 from ..errors import FormatError, NeuroShardError
 from ..io import atomic_write_text
 from ..validate import is_int, read_json
+from .metrics import gmae, relative_errors
 
 OPERATOR_COSTS_FORMAT = "neuroshard.operator-costs/v1"
 #: the overhead points' name for the whole period (``with_period``), beside the terms' names
@@ -172,12 +173,6 @@ def _arrays(samples: Sequence[Mapping], kind: str, target: str) -> tuple[np.ndar
     return x, y
 
 
-def gmae(predicted: np.ndarray, measured: np.ndarray) -> float:
-    """Geometric mean absolute error: exp(mean |log(predicted / measured)|) - 1."""
-    ratio = np.maximum(np.asarray(predicted, dtype=np.float64), 1e-9) / np.maximum(measured, 1e-9)
-    return float(np.exp(np.abs(np.log(ratio)).mean()) - 1.0)
-
-
 class OperatorModels(BaseEstimator):
     """The operator cost models of one machine (see the module docstring)."""
 
@@ -210,14 +205,15 @@ class OperatorModels(BaseEstimator):
                     continue
                 self.models_[(kind, target)] = self._model(kind).fit(x, y)
                 if len(y) >= 2 * self.folds and FORMS[kind] != "share":
-                    errors = []
+                    predicted, measured = [], []
                     for train, test in KFold(self.folds, shuffle=True, random_state=self.seed).split(x):
                         model = self._model(kind).fit(x[train], y[train])
-                        errors.append(np.abs(np.log(np.maximum(model.predict(x[test]), 1e-9) / y[test])))
-                    err = np.concatenate(errors)
-                    self.metrics_[f"{kind}.{target}"] = {"samples": int(len(y)),
-                                                         "held_out_gmae": round(float(np.exp(err.mean()) - 1), 4),
-                                                         "held_out_p95": round(float(np.exp(np.percentile(err, 95)) - 1), 4)}
+                        predicted.append(np.maximum(model.predict(x[test]), 1e-9))
+                        measured.append(y[test])
+                    predicted, measured = np.concatenate(predicted), np.concatenate(measured)
+                    self.metrics_[f"{kind}.{target}"] = {
+                        "samples": int(len(y)), "held_out_gmae": round(gmae(predicted, measured), 4),
+                        "held_out_p95": round(float(np.percentile(relative_errors(predicted, measured), 95)), 4)}
                 elif FORMS[kind] == "share":
                     self.metrics_[f"{kind}.{target}"] = {"samples": int(len(y)), "value": round(float(np.median(y)), 4),
                                                          "spread_iqr": round(float(np.subtract(*np.percentile(y, [75, 25]))), 4)}

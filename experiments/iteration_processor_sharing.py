@@ -1,0 +1,130 @@
+"""Issue 31, from the stored iteration runs (no timing): does a processor-sharing walk of the
+step explain what 3 ranks on 2 cores cost, plan by plan?
+
+    python experiments/iteration_processor_sharing.py [--cores 2]
+
+The shipped model prices 3 ranks on a 2-core machine with overheads fitted at 3 ranks
+(``fixed + scale x duration`` per term, and the period's stretch): the contention of ranks
+taking turns on the cores, averaged over the fitted runs. Here the same contention is
+simulated instead, with no parameter fitted at 3 ranks: each rank's operator durations get
+the overheads fitted at ``min(ranks, cores)`` ranks (no rank waits for a core there), then
+the step chain (``search.iteration.STEP_CHAIN``) is walked with the cores shared: while k
+ranks have work and k > cores, each advances at cores / k of its own speed; a rank that
+reached a collective waits without using a core; the collective's own duration is work
+(``--collectives-wait``: it is not). A plan that leaves one rank idle then lets the other two
+run at full speed, which the fitted average cannot see: the stored ranking sets where the
+random plan measured fastest at 3 ranks (hot-few) are such plans.
+
+Printed per variant: GMAE over all stored plans, at 2 and 3 ranks, per stored run at 3
+ranks, and (right, wrong, ties) of the plan predicted fastest (``iteration_stored_ranking``'s
+rule for a decided set).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from iteration_benchmark import stored_plans
+from iteration_stored_ranking import RESULTS, RUNS, ranking
+
+from neuroshard.costmodels import resolve_cost_models
+from neuroshard.costmodels.dense import ITERATION_KEY, OperatorModels, load_operator_models
+from neuroshard.costmodels.metrics import gmae
+from neuroshard.search.iteration import STEP_CHAIN, critical_path, operator_durations
+
+
+def shared_walk(durations: list[dict[str, float]], cores: int, collectives_work: bool = True) -> float:
+    """The period of the step chain when the ranks share ``cores`` (processor sharing)."""
+    ranks = len(durations)
+    clock = 0.0
+    queues: list[list[list]] = [[] for _ in range(ranks)]
+
+    def run() -> None:
+        nonlocal clock
+        while any(queues):
+            active = [r for r in range(ranks) if queues[r]]
+            rate = min(1.0, cores / len(active))
+            dt = min(queues[r][0][1] for r in active) / rate
+            clock += dt
+            for r in active:
+                queues[r][0][1] -= dt * rate
+                if queues[r][0][1] <= 1e-12:
+                    queues[r].pop(0)
+
+    for term, collective in STEP_CHAIN:
+        own = [d.get(term, 0.0) for d in durations]
+        if collective is not None:
+            run()  # everyone reaches the collective first
+            if not collectives_work:
+                clock += max(own)
+                continue
+        for r in range(ranks):
+            if own[r] > 0:
+                queues[r].append([term, own[r]])
+        if collective is not None:
+            run()
+    run()
+    return clock
+
+
+def with_overheads_at(ops: OperatorModels, durations: list[dict[str, float]], ranks: int) -> tuple[list[dict], float, float]:
+    """``durations`` with the overheads fitted nearest ``ranks`` ranks, and that fit's period line."""
+    out = [dict(d) for d in durations]
+    for term, per in ops.overheads_.items():
+        if term == ITERATION_KEY:
+            continue
+        fixed, scale = per[min(per, key=lambda r: (abs(r - ranks), r))]
+        for row in out:
+            if term in row:
+                row[term] = fixed + scale * row[term]
+    per = ops.overheads_[ITERATION_KEY]
+    fixed, scale = per[min(per, key=lambda r: (abs(r - ranks), r))]
+    return out, fixed, scale
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cores", type=int, default=2, help="cores of the machine that ran the stored runs")
+    args = ap.parse_args()
+    models, ops = resolve_cost_models(None), load_operator_models(None)
+    points = []
+    for suite, run in RUNS:
+        for config, tables, plan, row in stored_plans(suite, RESULTS / run / "configs.jsonl", models):
+            durations, _ = operator_durations(plan, tables, models, ops, config[3], config[4])
+            ranks = plan.num_devices
+            variants = {}
+            at_ranks, fixed, scale = with_overheads_at(ops, durations, ranks)
+            path = critical_path(at_ranks)[2]
+            variants["shipped (fitted at 3 ranks)"] = max(path, fixed + scale * path)
+            at_cores, fixed, scale = with_overheads_at(ops, durations, min(ranks, args.cores))
+            for name, work in (("shared cores", True), ("shared cores, collectives wait", False)):
+                path = shared_walk(at_cores, args.cores, work)
+                variants[name] = max(path, fixed + scale * path)
+            points.append({"run": run, "seed": config[2], "ranks": ranks, "plan": row["plan"],
+                           "measured": row["measured_ms"], "run1": row["run1_ms"], "run2": row["run2_ms"],
+                           "variants": variants})
+    measured = np.array([p["measured"] for p in points])
+    print(f"{len(points)} plans in {len({(p['run'], p['seed']) for p in points})} sets; GMAE against the "
+          f"measured iteration, at 3 ranks per stored run")
+    runs = [run for _, run in RUNS]
+    print(f"{'variant':32s} {'all':>6s} {'2 ranks':>8s} {'3 ranks':>8s}  " + " ".join(f"{r[-12:]:>12s}" for r in runs)
+          + "  right/wrong/ties")
+    for name in points[0]["variants"]:
+        predicted = np.array([p["variants"][name] for p in points])
+
+        def err(keep) -> float:
+            idx = [i for i, p in enumerate(points) if keep(p)]
+            return 100 * gmae(predicted[idx], measured[idx]) if idx else float("nan")
+        right, wrong, ties = ranking(points, lambda p, name=name: p["variants"][name])
+        print(f"{name:32s} {err(lambda p: True):5.1f}% {err(lambda p: p['ranks'] == 2):7.1f}% "
+              f"{err(lambda p: p['ranks'] == 3):7.1f}%  "
+              + " ".join(f"{err(lambda p, r=r: p['run'] == r and p['ranks'] == 3):11.1f}%" for r in runs)
+              + f"  {right}/{wrong}/{ties}")
+
+
+if __name__ == "__main__":
+    main()
