@@ -145,9 +145,14 @@ def run_config(config, models, ops, iterations: int, warmup: int, with_random: b
         terms_pred = {t: float(np.mean([row.get(t, 0.0) for row in predicted[n].per_rank])) for t in ITERATION_TERMS}
         terms_meas = {t: float(np.mean([0.5 * (ra.get(t, 0.0) + rb.get(t, 0.0))
                                         for ra, rb in zip(a.breakdown, b.breakdown)])) for t in ITERATION_TERMS}
+        # per rank too (since session 22): which rank a plan loads is what the rank means hide
+        per_rank_pred = [{t: round(float(row.get(t, 0.0)), 4) for t in ITERATION_TERMS} for row in predicted[n].per_rank]
+        per_rank_meas = [{t: round(float(0.5 * (ra.get(t, 0.0) + rb.get(t, 0.0))), 4) for t in ITERATION_TERMS}
+                         for ra, rb in zip(a.breakdown, b.breakdown)]
         rows.append({"plan": n, "predicted_ms": predicted[n].iteration_ms, "measured_ms": mean,
                      "run1_ms": a.iteration_ms, "run2_ms": b.iteration_ms,
-                     "terms_predicted": terms_pred, "terms_measured": terms_meas})
+                     "terms_predicted": terms_pred, "terms_measured": terms_meas,
+                     "per_rank_predicted": per_rank_pred, "per_rank_measured": per_rank_meas})
     return {"family": family, "tables": count, "seed": seed, "model": model.name, "batch": batch,
             "devices": devices, "plans": rows}
 
@@ -186,7 +191,7 @@ def summarize(results: list[dict]) -> dict:
                           "measured_ratio_iteration_to_embedding": round(pick["measured_ms"] / emb["measured_ms"], 4)})
     # GMAE as Lin et al. and costmodels.metrics define it; ratio_error is what this benchmark called
     # GMAE before formats revision 17 (docs/results.md, session 22)
-    return {"points": int(len(pred)), "gmae": round(gmae(pred, meas), 4), "aa_gmae": round(aa, 4),
+    return {"points": len(pred), "gmae": round(gmae(pred, meas), 4), "aa_gmae": round(aa, 4),
             "ratio_error": round(ratio_error(pred, meas), 4), "aa_ratio_error": round(ratio_error(run1, run2), 4),
             "per_configuration_gmae": [round(gmae(np.array([r["predicted_ms"] for r in c["plans"]]),
                                                   np.array([r["measured_ms"] for r in c["plans"]])), 4) for c in results],
