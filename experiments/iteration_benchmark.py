@@ -157,6 +157,15 @@ def run_config(config, models, ops, iterations: int, warmup: int, with_random: b
             "devices": devices, "plans": rows}
 
 
+def term_error(predicted: np.ndarray, measured: np.ndarray) -> dict:
+    """One term's mean predicted and measured ms over plans, its GMAE and ratio error; plans
+    without the term (both 0) are left out (no exact hit of the model)."""
+    held = (predicted > 1e-3) | (measured > 1e-3)
+    p, m = np.maximum(predicted[held], 1e-3), np.maximum(measured[held], 1e-3)
+    return {"predicted_ms": float(p.mean()), "measured_ms": float(m.mean()), "gmae": gmae(p, m),
+            "ratio_error": ratio_error(p, m)}
+
+
 def summarize(results: list[dict]) -> dict:
     pred = np.array([r["predicted_ms"] for c in results for r in c["plans"]])
     meas = np.array([r["measured_ms"] for c in results for r in c["plans"]])
@@ -168,10 +177,7 @@ def summarize(results: list[dict]) -> dict:
         p = np.array([r["terms_predicted"][t] for c in results for r in c["plans"]])
         m = np.array([r["terms_measured"][t] for c in results for r in c["plans"]])
         if m.sum() > 0:
-            held = (p > 1e-3) | (m > 1e-3)  # plans without the term (both 0) are no exact hit of the model
-            p, m = np.maximum(p[held], 1e-3), np.maximum(m[held], 1e-3)
-            terms[t] = {"predicted_ms": round(float(p.mean()), 3), "measured_ms": round(float(m.mean()), 3),
-                        "gmae": round(gmae(p, m), 3), "ratio_error": round(ratio_error(p, m), 3)}
+            terms[t] = {k: round(v, 3) for k, v in term_error(p, m).items()}
     right = ties = wrong = 0
     objective = []
     for c in results:

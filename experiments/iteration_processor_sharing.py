@@ -32,7 +32,7 @@ from iteration_benchmark import stored_plans
 from iteration_stored_ranking import RESULTS, RUNS, ranking
 
 from neuroshard.costmodels import resolve_cost_models
-from neuroshard.costmodels.dense import ITERATION_KEY, OperatorModels, load_operator_models
+from neuroshard.costmodels.dense import load_operator_models
 from neuroshard.costmodels.metrics import gmae
 from neuroshard.search.iteration import STEP_CHAIN, critical_path, operator_durations
 
@@ -71,21 +71,6 @@ def shared_walk(durations: list[dict[str, float]], cores: int, collectives_work:
     return clock
 
 
-def with_overheads_at(ops: OperatorModels, durations: list[dict[str, float]], ranks: int) -> tuple[list[dict], float, float]:
-    """``durations`` with the overheads fitted nearest ``ranks`` ranks, and that fit's period line."""
-    out = [dict(d) for d in durations]
-    for term, per in ops.overheads_.items():
-        if term == ITERATION_KEY:
-            continue
-        fixed, scale = per[min(per, key=lambda r: (abs(r - ranks), r))]
-        for row in out:
-            if term in row:
-                row[term] = fixed + scale * row[term]
-    per = ops.overheads_[ITERATION_KEY]
-    fixed, scale = per[min(per, key=lambda r: (abs(r - ranks), r))]
-    return out, fixed, scale
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cores", type=int, default=2, help="cores of the machine that ran the stored runs")
@@ -97,13 +82,12 @@ def main() -> None:
             durations, _ = operator_durations(plan, tables, models, ops, config[3], config[4])
             ranks = plan.num_devices
             variants = {}
-            at_ranks, fixed, scale = with_overheads_at(ops, durations, ranks)
-            path = critical_path(at_ranks)[2]
-            variants["shipped (fitted at 3 ranks)"] = max(path, fixed + scale * path)
-            at_cores, fixed, scale = with_overheads_at(ops, durations, min(ranks, args.cores))
+            at_ranks, _ = ops.with_overheads(durations)
+            variants["shipped (fitted at 3 ranks)"] = ops.with_period(critical_path(at_ranks)[2], ranks)
+            unshared = min(ranks, args.cores)  # the overheads of rank counts no core is shared at
+            at_cores, _ = ops.with_overheads(durations, ranks=unshared)
             for name, work in (("shared cores", True), ("shared cores, collectives wait", False)):
-                path = shared_walk(at_cores, args.cores, work)
-                variants[name] = max(path, fixed + scale * path)
+                variants[name] = ops.with_period(shared_walk(at_cores, args.cores, work), unshared)
             points.append({"run": run, "seed": config[2], "ranks": ranks, "plan": row["plan"],
                            "measured": row["measured_ms"], "run1": row["run1_ms"], "run2": row["run2_ms"],
                            "variants": variants})
@@ -116,7 +100,7 @@ def main() -> None:
     for name in points[0]["variants"]:
         predicted = np.array([p["variants"][name] for p in points])
 
-        def err(keep) -> float:
+        def err(keep, predicted=predicted) -> float:
             idx = [i for i, p in enumerate(points) if keep(p)]
             return 100 * gmae(predicted[idx], measured[idx]) if idx else float("nan")
         right, wrong, ties = ranking(points, lambda p, name=name: p["variants"][name])

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from iteration_benchmark import stored_plans  # noqa: E402
+from iteration_benchmark import stored_plans, term_error  # noqa: E402
 from neuroshard.constants import ITERATION_TERMS  # noqa: E402
 from neuroshard.costmodels import resolve_cost_models  # noqa: E402
 from neuroshard.costmodels.dense import load_operator_models  # noqa: E402
@@ -53,10 +53,9 @@ def main() -> None:
             for t in ITERATION_TERMS:
                 p, m = np.array(terms_pred[t]), np.array(terms_meas[t])
                 if m.sum() > 0:
-                    held = (p > 1e-3) | (m > 1e-3)  # plans without the term are no exact hit
-                    p, m = np.maximum(p[held], 1e-3), np.maximum(m[held], 1e-3)
-                    print(f"  {t:20s} predicted {p.mean():8.3f}  measured {m.mean():8.3f}  "
-                          f"GMAE {100 * gmae(p, m):6.1f}%  ratio error {100 * ratio_error(p, m):6.1f}%")
+                    e = term_error(p, m)
+                    print(f"  {t:20s} predicted {e['predicted_ms']:8.3f}  measured {e['measured_ms']:8.3f}  "
+                          f"GMAE {100 * e['gmae']:6.1f}%  ratio error {100 * e['ratio_error']:6.1f}%")
 
 
 if __name__ == "__main__":

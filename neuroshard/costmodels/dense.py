@@ -173,6 +173,11 @@ def _arrays(samples: Sequence[Mapping], kind: str, target: str) -> tuple[np.ndar
     return x, y
 
 
+def _nearest_ranks(per_ranks: Mapping[int, Any], ranks: int) -> int:
+    """The rank count of ``per_ranks`` nearest ``ranks`` (the smaller on a tie)."""
+    return min(per_ranks, key=lambda r: (abs(r - ranks), r))
+
+
 class OperatorModels(BaseEstimator):
     """The operator cost models of one machine (see the module docstring)."""
 
@@ -234,11 +239,13 @@ class OperatorModels(BaseEstimator):
     def one(self, kind: str, features: Sequence[float], target: str = "ms") -> float:
         return float(self.predict(kind, [features], target)[0])
 
-    def with_overheads(self, durations: Sequence[Mapping[str, float]]) -> tuple[list[dict[str, float]], str]:
+    def with_overheads(self, durations: Sequence[Mapping[str, float]],
+                       ranks: int | None = None) -> tuple[list[dict[str, float]], str]:
         """Each rank's term durations as real runs of the included runtime take them: per term,
-        ``fixed + scale x duration``, fitted on real runs at the nearest measured rank count
-        (``fit_overheads``); and where they come from, in words. Without overheads, as given."""
-        ranks = len(durations)
+        ``fixed + scale x duration``, fitted on real runs at the measured rank count nearest
+        ``ranks`` (default: the ranks of ``durations``; ``fit_overheads``); and where they come
+        from, in words. Without overheads, as given."""
+        ranks = len(durations) if ranks is None else ranks
         if not any(t != ITERATION_KEY for t in self.overheads_):
             return [dict(d) for d in durations], "none (the operators alone: `neuroshard collect overheads` measures them)"
         out = [dict(d) for d in durations]
@@ -246,7 +253,7 @@ class OperatorModels(BaseEstimator):
         for term, per_ranks in self.overheads_.items():
             if term == ITERATION_KEY:
                 continue
-            nearest = min(per_ranks, key=lambda r: (abs(r - ranks), r))
+            nearest = _nearest_ranks(per_ranks, ranks)
             counts.add(nearest)
             fixed, scale = per_ranks[nearest]
             for row in out:
@@ -266,7 +273,7 @@ class OperatorModels(BaseEstimator):
         per_ranks = self.overheads_.get(ITERATION_KEY)
         if not per_ranks:
             return period_ms
-        fixed, scale = per_ranks[min(per_ranks, key=lambda r: (abs(r - ranks), r))]
+        fixed, scale = per_ranks[_nearest_ranks(per_ranks, ranks)]
         return max(period_ms, fixed + scale * period_ms)
 
     # --------------------------------------------------------------- the file
