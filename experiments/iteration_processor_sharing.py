@@ -1,7 +1,7 @@
 """Issue 31, from the stored iteration runs (no timing): does a processor-sharing walk of the
 step explain what 3 ranks on 2 cores cost, plan by plan?
 
-    python experiments/iteration_processor_sharing.py [--cores 2]
+    python experiments/iteration_processor_sharing.py [--cores 2] [--capacity C ...] [--also SUITE RUN OPS.json]
 
 The shipped model prices 3 ranks on a 2-core machine with overheads fitted at 3 ranks
 (``fixed + scale x duration`` per term, and the period's stretch): the contention of ranks
@@ -37,8 +37,10 @@ from neuroshard.costmodels.metrics import gmae
 from neuroshard.search.iteration import STEP_CHAIN, critical_path, operator_durations
 
 
-def shared_walk(durations: list[dict[str, float]], cores: int, collectives_work: bool = True) -> float:
-    """The period of the step chain when the ranks share ``cores`` (processor sharing)."""
+def shared_walk(durations: list[dict[str, float]], cores: float, collectives_work: bool = True) -> float:
+    """The period of the step chain when the ranks share ``cores`` (processor sharing; a
+    fraction: cores that share memory bandwidth, caches or a physical core, see
+    ``capacity_walk``)."""
     ranks = len(durations)
     clock = 0.0
     queues: list[list[list]] = [[] for _ in range(ranks)]
@@ -71,13 +73,31 @@ def shared_walk(durations: list[dict[str, float]], cores: int, collectives_work:
     return clock
 
 
+def capacity_walk(durations: list[dict[str, float]], fitted_ranks: int, capacity: float,
+                  collectives_work: bool = True) -> float:
+    """The period when the machine's throughput is ``capacity`` ranks' worth (``capacity <
+    fitted_ranks``: the busy ranks slow each other down through what they share), the
+    ``durations`` being what a rank takes while ``fitted_ranks`` ranks are busy (the overheads
+    were fitted there): a rank busy alone runs up to ``fitted_ranks / capacity`` times faster,
+    which a plan leaving one rank idle gets and a balanced plan does not."""
+    scale = capacity / fitted_ranks
+    scaled = [{k: v * scale for k, v in d.items()} for d in durations]
+    return shared_walk(scaled, capacity, collectives_work)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cores", type=int, default=2, help="cores of the machine that ran the stored runs")
+    ap.add_argument("--capacity", type=float, nargs="*", default=[],
+                    help="also the variants 'capacity C' (capacity_walk): the machine's throughput C ranks' worth")
+    ap.add_argument("--also", nargs=3, action="append", default=[], metavar=("SUITE", "RUN", "OPS"),
+                    help="also this stored run (under experiments/results), predicted with its own operator costs")
     args = ap.parse_args()
-    models, ops = resolve_cost_models(None), load_operator_models(None)
+    models, shipped = resolve_cost_models(None), load_operator_models(None)
     points = []
-    for suite, run in RUNS:
+    runs = [(suite, run, shipped) for suite, run in RUNS]
+    runs += [(suite, run, load_operator_models(ops)) for suite, run, ops in args.also]
+    for suite, run, ops in runs:
         for config, tables, plan, row in stored_plans(suite, RESULTS / run / "configs.jsonl", models):
             durations, _ = operator_durations(plan, tables, models, ops, config[3], config[4])
             ranks = plan.num_devices
@@ -88,13 +108,16 @@ def main() -> None:
             at_cores, _ = ops.with_overheads(durations, ranks=unshared)
             for name, work in (("shared cores", True), ("shared cores, collectives wait", False)):
                 variants[name] = ops.with_period(shared_walk(at_cores, args.cores, work), unshared)
+            for capacity in args.capacity:
+                variants[f"capacity {capacity:g}"] = ops.with_period(capacity_walk(at_cores, unshared, capacity),
+                                                                      unshared)
             points.append({"run": run, "seed": config[2], "ranks": ranks, "plan": row["plan"],
                            "measured": row["measured_ms"], "run1": row["run1_ms"], "run2": row["run2_ms"],
                            "variants": variants})
     measured = np.array([p["measured"] for p in points])
     print(f"{len(points)} plans in {len({(p['run'], p['seed']) for p in points})} sets; GMAE against the "
           f"measured iteration, at 3 ranks per stored run")
-    runs = [run for _, run in RUNS]
+    runs = [run for _, run, _ in runs]
     print(f"{'variant':32s} {'all':>6s} {'2 ranks':>8s} {'3 ranks':>8s}  " + " ".join(f"{r[-12:]:>12s}" for r in runs)
           + "  right/wrong/ties")
     for name in points[0]["variants"]:
@@ -108,6 +131,14 @@ def main() -> None:
               f"{err(lambda p: p['ranks'] == 3):7.1f}%  "
               + " ".join(f"{err(lambda p, r=r: p['run'] == r and p['ranks'] == 3):11.1f}%" for r in runs)
               + f"  {right}/{wrong}/{ties}")
+    for _, run, _ in args.also:
+        print(f"\n{run} alone (its own operator costs): GMAE, right/wrong/ties")
+        mine = [p for p in points if p["run"] == run]
+        for name in mine[0]["variants"]:
+            predicted = np.array([p["variants"][name] for p in mine])
+            right, wrong, ties = ranking(mine, lambda p, name=name: p["variants"][name])
+            print(f"  {name:32s} {100 * gmae(predicted, np.array([p['measured'] for p in mine])):5.1f}%  "
+                  f"{right}/{wrong}/{ties}")
 
 
 if __name__ == "__main__":
