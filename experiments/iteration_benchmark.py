@@ -87,9 +87,10 @@ FRESH = [
     ("hot-few", 14, 57, MEDIUM, 2048, 3),
     ("dlrm-2022", 22, 58, DEFAULT_MODEL, 2560, 3),
 ]
-#: the ranking test again where this 2-core machine can decide it (session 23, seeds 61-66): two
-#: processes, one core each (session 22's two wrong decided sets were 3 ranks taking turns on 2
-#: cores, which the model does not simulate), the small default dense model, big batches
+#: the ranking test again at two processes, one per core as the VM reports it (session 23, seeds
+#: 61-66; session 22's two wrong decided sets were 3 ranks taking turns on 2 cores), the small
+#: default dense model, big batches. Its run showed the two ranks still share: a plan that loads
+#: one rank cost less than the critical path says (docs/results.md, session 23)
 TWO_PROCESS = [
     ("hot-few", 20, 61, DEFAULT_MODEL, 4096, 2),
     ("dlrm-2021", 24, 62, DEFAULT_MODEL, 4096, 2),
