@@ -114,32 +114,31 @@ def main() -> None:
             points.append({"run": run, "seed": config[2], "ranks": ranks, "plan": row["plan"],
                            "measured": row["measured_ms"], "run1": row["run1_ms"], "run2": row["run2_ms"],
                            "variants": variants})
-    measured = np.array([p["measured"] for p in points])
+
+    def gmae_pct(name: str, keep) -> float:
+        """The GMAE (%) of variant ``name`` over the plans ``keep`` selects (nan: none)."""
+        chosen = [p for p in points if keep(p)]
+        if not chosen:
+            return float("nan")
+        return 100 * gmae(np.array([p["variants"][name] for p in chosen]), np.array([p["measured"] for p in chosen]))
+
     print(f"{len(points)} plans in {len({(p['run'], p['seed']) for p in points})} sets; GMAE against the "
           f"measured iteration, at 3 ranks per stored run")
-    runs = [run for _, run, _ in runs]
-    print(f"{'variant':32s} {'all':>6s} {'2 ranks':>8s} {'3 ranks':>8s}  " + " ".join(f"{r[-12:]:>12s}" for r in runs)
+    names = [run for _, run, _ in runs]
+    print(f"{'variant':32s} {'all':>6s} {'2 ranks':>8s} {'3 ranks':>8s}  " + " ".join(f"{r[-12:]:>12s}" for r in names)
           + "  right/wrong/ties")
     for name in points[0]["variants"]:
-        predicted = np.array([p["variants"][name] for p in points])
-
-        def err(keep, predicted=predicted) -> float:
-            idx = [i for i, p in enumerate(points) if keep(p)]
-            return 100 * gmae(predicted[idx], measured[idx]) if idx else float("nan")
         right, wrong, ties = ranking(points, lambda p, name=name: p["variants"][name])
-        print(f"{name:32s} {err(lambda p: True):5.1f}% {err(lambda p: p['ranks'] == 2):7.1f}% "
-              f"{err(lambda p: p['ranks'] == 3):7.1f}%  "
-              + " ".join(f"{err(lambda p, r=r: p['run'] == r and p['ranks'] == 3):11.1f}%" for r in runs)
+        print(f"{name:32s} {gmae_pct(name, lambda p: True):5.1f}% {gmae_pct(name, lambda p: p['ranks'] == 2):7.1f}% "
+              f"{gmae_pct(name, lambda p: p['ranks'] == 3):7.1f}%  "
+              + " ".join(f"{gmae_pct(name, lambda p, r=r: p['run'] == r and p['ranks'] == 3):11.1f}%" for r in names)
               + f"  {right}/{wrong}/{ties}")
     for _, run, _ in args.also:
         print(f"\n{run} alone (its own operator costs): GMAE, right/wrong/ties")
         mine = [p for p in points if p["run"] == run]
         for name in mine[0]["variants"]:
-            predicted = np.array([p["variants"][name] for p in mine])
             right, wrong, ties = ranking(mine, lambda p, name=name: p["variants"][name])
-            print(f"  {name:32s} {100 * gmae(predicted, np.array([p['measured'] for p in mine])):5.1f}%  "
-                  f"{right}/{wrong}/{ties}")
-
+            print(f"  {name:32s} {gmae_pct(name, lambda p, run=run: p['run'] == run):5.1f}%  {right}/{wrong}/{ties}")
 
 if __name__ == "__main__":
     main()
