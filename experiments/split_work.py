@@ -4,12 +4,15 @@ same other tables, timed device by device with ``neuroshard measure``'s protocol
 interleaved run.
 
     python experiments/split_work.py --family criteo-terabyte --devices 4 --task 0 --tables t21 t22 t27 --calibrate
+    python experiments/split_work.py --family dlrm-2021 --devices 8 --seed 153 --tables t67 t57 t39 t44 --calibrate
 
 For each table named, five two-device plans are timed together: device 0 holds three of the
 task's other hottest tables, device 1 three more, and the table goes whole on device 0, or
 its column halves (each half does every lookup, at half the width), or its row halves (each
 does the lookups that fall in its rows), one on each device, or its four row blocks, two on
-each device (does the number of blocks cost?), or whole again (the A/A control). The total
+each device (does the number of blocks cost?), or its four column quarters, two on each device
+(what splitting a narrow table for memory made before ``MIN_COLUMN_SHARD_DIM``), or whole again
+(the A/A control). The total
 work of a plan is the sum of its two devices. With ``--calibrate`` each layout's total is
 also predicted by the pre-trained cost models and by the models calibrated on the task
 (``measured.calibrate``, as ``search --calibrate`` does): does the model see what a split
@@ -32,7 +35,8 @@ from neuroshard.tables import TableSet
 
 
 def layouts(name: str, tables: TableSet, fillers: tuple[list[str], list[str]]) -> dict[str, list[Shard]]:
-    """The table ``name`` whole, in column halves, row halves and row quarters beside the ``fillers``."""
+    """The table ``name`` whole, in column halves, row halves, row quarters and (widths that allow them)
+    column quarters beside the ``fillers``."""
     t = tables[name]
     whole = [Shard(n, 0, tables[n].num_embeddings, 0, tables[n].embedding_dim, d)
              for d, names in enumerate(fillers) for n in names]
@@ -44,6 +48,8 @@ def layouts(name: str, tables: TableSet, fillers: tuple[list[str], list[str]]) -
                                    Shard(name, rows, t.num_embeddings - rows, 0, t.embedding_dim, 1)],
             "row quarters": whole + [Shard(name, q * quarter, min(quarter, t.num_embeddings - q * quarter), 0,
                                            t.embedding_dim, q % 2) for q in range(4)],
+            **({"column quarters": whole + [Shard(name, 0, t.num_embeddings, q * (cols // 2), cols // 2, q // 2)
+                                            for q in range(4)]} if t.embedding_dim % 16 == 0 else {}),
             "whole again": whole + [Shard(name, 0, t.num_embeddings, 0, t.embedding_dim, 0)]}
 
 

@@ -67,6 +67,14 @@ TIER_PACKING_HEADROOM = 0.85
 DATA_PARALLEL = "data_parallel"
 #: TorchRec's sharding types, the layouts a table may take (``types.layout_kind`` names them)
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", DATA_PARALLEL)
+#: a table too large for a device and narrower than twice this is cut into row blocks (TorchRec's count
+#: of them), not first into column strips (``search.rowwise.split_for_memory``; TorchRec's planner makes
+#: no column strip narrower than this either: MIN_CW_DIM). Every strip does all of its table's lookups,
+#: and a narrow row's lookup costs nearly a wide one's. Measured (experiments/split_work.py, dlrm-2021's
+#: 110M-row, 16-wide table on two devices beside six hot tables, AMD EPYC): whole 51.3 ms of total work,
+#: four column strips 96.9 ms, four row blocks 58.7 ms; a 32-wide table 39.1, 61.0 and 40.9 ms; a
+#: 128-wide one 29.9, 34.0 and 31.3 ms (experiments/results/split_work_dlrm2021/output.txt)
+MIN_COLUMN_SHARD_DIM = 128
 
 # ------------------------------------------------------------------ the measured loop
 #: ``search --data-parallel``: never replicate a table, or replicate where it pays (``search.replicate``)

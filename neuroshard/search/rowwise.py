@@ -2,7 +2,12 @@
 
 A table larger than one device is split before any placement: first into column
 halves (widths stay multiples of 4), then, when even its narrowest column shard
-does not fit, into the fewest row ranges that do. Row splits of *hot* tables
+does not fit, into the fewest row ranges that do. A table narrower than twice
+``MIN_COLUMN_SHARD_DIM`` goes straight to row blocks when TorchRec's block count of them
+fits (one host's ranks or all ranks): every column strip does all of its table's lookups
+and a narrow row's lookup costs nearly a wide one's, so narrow strips multiply the work
+(the constant's comment has the measurements), and the search only splits further,
+never joins strips back. Row splits of *hot* tables
 that lower the simulated cost are proposed by the search itself; the simulator
 charges the reduction they add.
 
@@ -32,6 +37,7 @@ from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
+from ..constants import MIN_COLUMN_SHARD_DIM
 from ..errors import InfeasibleError
 from ..types import Footprint, Piece, split_rows
 from ..units import format_bytes
@@ -281,23 +287,34 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, footprint: Foot
     """Split every piece larger than a device: column halves while possible, then the
     fewest row blocks that fit; with ``num_devices``, as many as TorchRec runs (one
     host's ranks, ``local_world_size`` or TorchRec's default, or all ranks) when that
-    many are enough."""
+    many are enough, and then a table narrower than twice ``MIN_COLUMN_SHARD_DIM`` is cut
+    into those row blocks without column halves first (see the module docstring)."""
     out: list[Piece] = []
     todo = list(pieces)
+
+    def row_parts(piece: Piece) -> int:
+        max_rows = max(1, int(memory_bytes // footprint.row_bytes(piece)))
+        parts = math.ceil(piece.num_rows / max_rows)
+        if num_devices is not None:
+            local = local_world_size or default_local_world_size(num_devices)
+            parts = min((p for p in (local, num_devices) if p >= parts), default=parts)
+        return parts
+
+    def narrow_rows_fit(piece: Piece) -> bool:
+        """A narrow table whose row blocks TorchRec runs (its block count, on distinct ranks)."""
+        return (num_devices is not None and piece.num_cols < 2 * MIN_COLUMN_SHARD_DIM
+                and row_parts(piece) <= num_devices)
+
     while todo:
         piece = todo.pop()
         size = footprint.of(piece)
         if size <= memory_bytes:
             out.append(piece)
-        elif piece.can_halve_cols() and not (row_splits and footprint.prefers_row_splits(piece)):
+        elif piece.can_halve_cols() and not (row_splits and (footprint.prefers_row_splits(piece)
+                                                              or narrow_rows_fit(piece))):
             todo.extend(piece.halve_cols())
         elif row_splits:
-            max_rows = max(1, int(memory_bytes // footprint.row_bytes(piece)))
-            parts = math.ceil(piece.num_rows / max_rows)
-            if num_devices is not None:
-                local = local_world_size or default_local_world_size(num_devices)
-                parts = min((p for p in (local, num_devices) if p >= parts), default=parts)
-            out.extend(split_rows(piece, parts))
+            out.extend(split_rows(piece, row_parts(piece)))
         else:
             raise InfeasibleError(f"a shard of table #{piece.table} ({piece.num_rows} rows x {piece.num_cols} "
                                   f"columns) is {format_bytes(size - memory_bytes)} over device memory and "
