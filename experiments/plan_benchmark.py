@@ -15,8 +15,10 @@ an A/A control: the measured-greedy plan (the baseline to beat) a second time. I
 plans of two algorithms (refine keeping a baseline's plan, say) are timed once and share
 the measurement.
 With ``--calibrate`` each task first calibrates the cost models on its own tables
-(``neuroshard.measured.calibrate``) and adds NeuroShard's plan against them, and the
-plan of measured refinement from the same calibration (``neuroshard.measured.refine``,
+(``neuroshard.measured.calibrate``) and adds NeuroShard's plan against them as ``search
+--calibrate`` writes it (``measured.api.calibrated_search``: the pre-trained models' plan
+instead when it measures cheaper, the two timed together; before session 24 the calibrated
+models' plan unchecked), and the plan of measured refinement from the same calibration (``neuroshard.measured.refine``,
 ``--refine-rounds``). The A/A line also gives ``aa_spearman``: the Spearman of the control
 plan's devices against the same devices measured again, the ceiling the noise of the run
 puts on any model's within-plan Spearman.
@@ -139,15 +141,19 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
         plans[label] = shard(tables, devices=devices, memory=memory, cost_models=other, seed=index, **network)
         others["also"] = other
     if args.calibrate:
+        from neuroshard.measured.api import calibrated_search
         from neuroshard.measured.calibrate import start_calibration
+        from neuroshard.search.api import check_task
         from neuroshard.measured.refine import refine
         start = time.perf_counter()
         calibration = start_calibration(tables, models, devices=devices, sets=args.calibration_sets, seed=index)
         calibrated, report = calibration.fit()
         log.info("%s task %d: %s", family, index, report.format())
         start = time.perf_counter() - start
-        plans[CALIBRATED] = shard(tables, devices=devices, memory=memory, cost_models=calibrated, seed=index,
-                                  **network)
+        # as ``search --calibrate`` writes it: the calibrated models' plan unless the pre-trained models'
+        # measures cheaper (``measured.api.calibrated_search``; the pre-trained plan is "neuroshard")
+        plans[CALIBRATED] = calibrated_search(check_task(tables, devices, memory, "neuroshard", 4, index, **network),
+                                              models, calibrated)
         plans[CALIBRATED].provenance["calibration_s"] = start
         others["calibrated"] = calibrated
         if getattr(calibrated.compute, "set_size_coef_", None) is not None:  # the same calibration, uncorrected

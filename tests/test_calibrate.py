@@ -47,7 +47,7 @@ def test_search_calibrate_caches_per_task(tmp_path, monkeypatch, capsys):
     assert "held-out sets" in first and "+calibrated:calib" in first
     cached = list(cache_dir().glob("*.pt"))
     assert len(cached) == 1 and CostModels.load(cached[0]).name.endswith("+calibrated:calib")
-    assert main(args) == 0  # the second search finds the calibration in the cache: nothing is measured
+    assert main(args) == 0  # the second search finds the calibration in the cache: nothing is calibrated again
     assert "held-out sets" not in capsys.readouterr().out
 
 

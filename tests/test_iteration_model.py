@@ -162,6 +162,28 @@ def test_estimate_predicts_every_term_and_they_add_up_to_the_iteration(tmp_path,
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "t.json" in bad.stderr
 
 
+def test_estimate_warns_when_the_operator_costs_are_another_cpus(tmp_path, runtime_plan, runtime_tables):
+    """One CPU name covers several generations: ``estimate`` compares the operator file's
+    ``cpu_family`` and ``cpu_model_number`` too, and warns only when what it records differs."""
+    from neuroshard.costmodels.measure.store import cpu_generation, cpu_model, hardware_info
+    assert hardware_info("cpu").items() >= cpu_generation().items()  # what `collect dense` records
+    TableSet("rt", runtime_tables, batch_size=256).write(tmp_path / "t.json")
+    runtime_plan("mixed", 2).write(tmp_path / "p.json")
+    ops = load_operator_models()
+    outputs = {}
+    for name, generation in (("here", cpu_generation()), ("older", {"cpu_family": "1", "cpu_model_number": "1"})):
+        ops.hardware_ = {"cpu_model": cpu_model(), **generation}
+        ops.save(tmp_path / f"{name}.json")
+        out = run_cli("estimate", tmp_path / "p.json", "--tables", tmp_path / "t.json",
+                      "--operator-costs", tmp_path / f"{name}.json")
+        assert out.returncode == 0, out.stderr
+        outputs[name] = out.stdout
+    assert "warning: the operator costs were measured on" not in outputs["here"]
+    if cpu_generation():  # a system that tells the generation (Linux)
+        assert "warning: the operator costs were measured on" in outputs["older"]
+        assert "family 1" in outputs["older"] and "collect dense" in outputs["older"]
+
+
 def test_overheads_fit_each_term_and_stretch_the_period():
     points = [{"term": "dense_fwd_ms", "ranks": 2, "predicted_ms": p, "measured_ms": 0.5 + 1.5 * p} for p in (1, 2, 4, 8)]
     points += [{"term": "other_ms", "ranks": 2, "predicted_ms": 0.0, "measured_ms": m} for m in (0.2, 0.3, 0.25)]

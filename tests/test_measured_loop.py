@@ -323,3 +323,29 @@ def test_a_plan_far_ahead_in_one_run_is_still_timed_again_beside_the_next_cheape
     close = [(50.0, 0, None), (50.5, 1, None), (51.0, 2, None), (51.5, 3, None), (51.9, 4, None), (60.0, 5, None)]
     assert [f[1] for f in _finalists(close)] == [0, 1, 2, 3, 4][:MAX_FINALISTS]
     assert [f[1] for f in _finalists([(9.0, 0, None), (7.0, 1, None)])] == [1, 0]
+
+
+def test_a_calibrated_search_writes_whichever_models_plan_measures_cheaper():
+    """``search --calibrate`` (``measured.api.calibrated_search``): when the calibrated and the
+    pre-trained models plan the task differently, both plans are timed together (every device,
+    two runs) and the one measured cheaper is written, both costs in its provenance; when they
+    plan the same, nothing is timed."""
+    from neuroshard.costmodels import analytic_cost_models
+    from neuroshard.measured.api import calibrated_search
+    from neuroshard.search.api import check_task, search_task
+    task = check_task(TABLES, 3, "64MiB", "neuroshard", 4, 0)
+    pretrained, timer = load_cost_models(), FakeTimer()
+    same = calibrated_search(task, pretrained, pretrained, timer=timer)
+    assert same.provenance["calibration_check"] == {"pretrained_plan": "the same"} and timer.calls == 0
+    other = analytic_cost_models()  # stands in for a calibration that plans differently
+    assert search_task(task, other).layout_key() != same.layout_key()
+    written = calibrated_search(task, pretrained, other, timer=timer)
+    record = written.provenance["calibration_check"]
+    assert timer.calls == 2 and timer.devices_timed == 2 * 2 * 3
+    costs = record["measured_cost_ms"]
+    assert set(costs) == {"calibrated", "pre-trained"} and costs[record["written"]] == min(costs.values())
+    plans = {"calibrated": search_task(task, other), "pre-trained": same}
+    assert written.layout_key() == plans[record["written"]].layout_key()
+    for name, plan in plans.items():  # each cost: the fake hardware's slowest device, communication added
+        slowest = max(device_ms([s for s in plan.shards if s.device == d], TABLES) for d in range(3))
+        assert costs[name] >= slowest - 1e-3

@@ -478,26 +478,38 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     return polished, record
 
 
+def measured_choice(named: list[tuple[str, Plan]], tables: TableSet, calibration: Any, models: Any,
+                    passes: int = COMPARE_PASSES, repeats: int = COMPARE_REPEATS,
+                    runs: int = FINAL_CHECK_RUNS) -> tuple[int, list[float]]:
+    """Which of ``named``'s plans ((name, plan)) measures cheapest here, and each plan's
+    measured cost (ms): every device of every plan timed together in ``runs`` interleaved
+    runs (``measure``'s protocol), each device's mean over the runs, communication
+    modelled (``_measured_cost``); a tie goes to the first. Raises ``NeuroShardError`` when
+    the plans cannot be timed now (e.g. no memory for them)."""
+    which = list(range(len(named)))
+    plans = [plan for _, plan in named]
+    timed = [_time_plans(plans, which, tables, calibration, models, passes, repeats) for _ in range(runs)]
+    batch = calibration.models.batch_size
+    costs = [_measured_cost(p, np.mean([run[k][2] for run in timed], axis=0), tables, models, batch)
+             for k, p in enumerate(plans)]
+    return min(which, key=lambda k: (costs[k], k)), costs
+
+
 def final_check(started: Plan, polished: Plan, tables: TableSet, calibration: Any, models: Any,
                 passes: int = COMPARE_PASSES, repeats: int = COMPARE_REPEATS,
                 runs: int = FINAL_CHECK_RUNS) -> tuple[Plan, dict]:
     """The plan polish writes, and its record: ``polished`` and ``started`` (the plan polish
-    started from), every device of both timed together in ``runs`` interleaved runs, and
-    ``polished`` only when its measured cost (each device's mean over the runs, communication
-    modelled) is lower. Each change was judged on its two devices alone, the others scaled by
-    those two's drift, so kept changes can add up to a plan no faster. When the plans cannot be
-    timed now (e.g. no memory), ``polished`` stays, as before this check."""
-    timed = []
+    started from) measured together (``measured_choice``), and ``polished`` only when its
+    measured cost is lower. Each change was judged on its two devices alone, the others
+    scaled by those two's drift, so kept changes can add up to a plan no faster. When the
+    plans cannot be timed now (e.g. no memory), ``polished`` stays, as before this check."""
     try:
-        for _ in range(runs):
-            timed.append(_time_plans([started, polished], [0, 1], tables, calibration, models, passes, repeats))
+        best, (before, after) = measured_choice([("started", started), ("polished", polished)], tables,
+                                                calibration, models, passes, repeats, runs)
     except NeuroShardError as exc:
         log.warning("polish: the final check could not be timed: %s", exc)
         return polished, {"stopped": str(exc).splitlines()[0]}
-    batch = calibration.models.batch_size
-    before, after = (_measured_cost(p, np.mean([run[k][2] for run in timed], axis=0), tables, models, batch)
-                     for k, p in enumerate((started, polished)))
-    kept = after < before
+    kept = best == 1
     if not kept:
         log.info("polish: the polished plan measured %.2f ms against %.2f for the plan it started from, "
                  "timed together; keeping the plan it started from", after, before)
@@ -505,5 +517,5 @@ def final_check(started: Plan, polished: Plan, tables: TableSet, calibration: An
                                              "polished_cost_ms": round(after, 4), "kept": kept}
 
 
-__all__ = ["refine", "polish", "final_check", "final_judgement", "format_judgement", "default_polish_steps",
+__all__ = ["refine", "polish", "final_check", "measured_choice", "final_judgement", "format_judgement", "default_polish_steps",
            "check_refine", "DEFAULT_ROUNDS"]

@@ -109,6 +109,14 @@ def _search(args: argparse.Namespace) -> int:
     bound = plan.format_bound()
     if bound:
         say(bound)
+    checked = prov.get("calibration_check")
+    if checked:
+        say("calibrate: " + ("the pre-trained models plan the same" if "pretrained_plan" in checked else
+                             f"the plans could not be timed ({checked['stopped']}); the calibrated models' written"
+                             if "stopped" in checked else
+                             "the calibrated and pre-trained models' plans timed together on this machine: "
+                             + ", ".join(f"{n} {ms:.2f} ms" for n, ms in checked["measured_cost_ms"].items())
+                             + f"; written: the {checked['written']} plan"))
     refine = prov.get("refine", {})
     if refine:
         say(f"refine: every time below was measured on this machine ({refine.get('hardware') or 'unrecorded'}) at "
@@ -201,6 +209,7 @@ def _estimate(args: argparse.Namespace) -> int:
     from ..cli_options import model_option
     from ..costmodels import resolve_cost_models
     from ..costmodels.dense import load_operator_models
+    from ..costmodels.measure.store import other_cpu
     from ..plan import Plan
     from ..tables import TableSet
     from ..validate import check_output
@@ -210,12 +219,17 @@ def _estimate(args: argparse.Namespace) -> int:
     tables = TableSet.read(args.tables)
     plan = Plan.read(args.plan)
     plan.check_matches(tables)
-    estimate = estimate_iteration(plan, tables, resolve_cost_models(args.cost_model),
-                                  load_operator_models(args.operator_costs), model_option(args),
+    operators = load_operator_models(args.operator_costs)
+    estimate = estimate_iteration(plan, tables, resolve_cost_models(args.cost_model), operators, model_option(args),
                                   batch_size=args.batch_size)
     print(estimate.format())
     print(f"sources: {estimate.sources['embedding']}; operators measured on {estimate.sources['operators']}; "
           f"GPU terms {estimate.sources['gpu_terms']}")
+    elsewhere = other_cpu(operators.hardware_)
+    if elsewhere:
+        print(f"warning: the operator costs were {elsewhere}: the estimate is for that CPU; `neuroshard collect "
+              f"dense` and `collect overheads` measure this one (on a newer CPU of the same name the shipped file "
+              f"was 33.5% off per step, 7.0% after: docs/results.md, session 23)")
     if args.output:
         from ..io import atomic_write_text
         atomic_write_text(args.output, json.dumps(estimate.to_dict(), indent=1) + "\n")

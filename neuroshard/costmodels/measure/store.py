@@ -69,6 +69,43 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_generation() -> dict:
+    """This CPU's ``cpu family`` and ``model`` numbers (``/proc/cpuinfo``; empty where it has
+    none): one model name covers CPUs of different generations ("AMD EPYC": family 25 and
+    26, 37% apart in the included runtime's step, docs/results.md session 23)."""
+    keys = {"cpu family": "cpu_family", "model": "cpu_model_number"}
+    out: dict = {}
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                name = keys.get(key.strip().lower())
+                if name and name not in out:
+                    out[name] = value.strip()
+                if len(out) == len(keys) or not line.strip():
+                    break
+    except OSError:
+        pass
+    return out
+
+
+def other_cpu(hardware: dict) -> str | None:
+    """How the CPU of a ``hardware`` record (``hardware_info``'s) differs from this one, in
+    words; None when it is the same as far as the record tells (an older record without
+    ``cpu_family`` is compared by name only)."""
+    here = {"cpu_model": cpu_model(), **cpu_generation()}
+    differ = [k for k in ("cpu_model", "cpu_family", "cpu_model_number")
+              if hardware.get(k) is not None and here.get(k) is not None and str(hardware[k]) != str(here[k])]
+    if not differ:
+        return None
+
+    def words(h: dict) -> str:
+        generation = ", ".join(f"{k.replace('cpu_', '').replace('_', ' ')} {h[k]}"
+                               for k in ("cpu_family", "cpu_model_number") if h.get(k) is not None)
+        return f"{h.get('cpu_model', 'unknown')}" + (f" ({generation})" if generation else "")
+    return f"measured on {words(hardware)}, this machine is {words(here)}"
+
+
 def same_cpu(record: dict) -> bool:
     """Whether cost data or a checkpoint with this ``hardware`` record (``{"hardware": {...},
     "config": {...}}``) was measured on a CPU like this one: the same model name and, where
@@ -85,8 +122,8 @@ def same_cpu(record: dict) -> bool:
 
 def hardware_info(backend: str) -> dict:
     """Where measurements run: CPU model, core count, GPU (if the backend uses one), host."""
-    info = {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "hostname": platform.node(),
-            "machine": platform.machine(), "gpu": None}
+    info = {"cpu_model": cpu_model(), **cpu_generation(), "cpu_count": os.cpu_count(),
+            "hostname": platform.node(), "machine": platform.machine(), "gpu": None}
     if backend == "cuda":
         import torch
         if torch.cuda.is_available():
