@@ -1,0 +1,66 @@
+"""Issue 25's targets over every plan-benchmark run with the reference instrument.
+
+    python experiments/issue25_tally.py
+
+Reads the ``tasks.csv`` of each run in ``RUNS`` (``plan_benchmark.py --one-host --calibrate
+--refine-rounds 1``, timed with ``measure``'s reference device: sessions 18-24), keeps each
+task's most recent run (a task is its family, device count, tables and memory: a task timed
+again after a change counts once, as last measured), and prints per device count the
+geometric mean and worst of ``--refine``'s and plain ``search``'s max device over the best
+baseline's, the calibrated search's, the A/A control's, and refine's total work over the
+least of the baselines': the figures issue 25's "Done when" names.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+RESULTS = Path(__file__).resolve().parent / "results"
+#: oldest first: a later run of the same task replaces an earlier one
+RUNS = ["plan_benchmark_issue25_session18", "plan_benchmark_issue25_session19_8dev",
+        "plan_benchmark_issue25_session21_8dev", "plan_benchmark_issue25_session22",
+        "plan_benchmark_issue25_session23_8dev", "plan_benchmark_issue25_session23_8dev_seed153",
+        "plan_benchmark_issue25_session23_16dev", "plan_benchmark_issue25_session23_16dev_kaggle",
+        "plan_benchmark_issue25_session24_8dev_seed153", "plan_benchmark_issue25_session24_8dev_seed155",
+        "plan_benchmark_issue25_session24_4dev_seed155", "plan_benchmark_issue25_session24_16dev_seed157"]
+TASK = ["family", "devices", "tables", "memory_bytes"]
+ROWS = {"refine": "neuroshard-refined", "plain": "neuroshard", "calibrated": "neuroshard-calibrated"}
+
+
+def geomean(x: pd.Series) -> float:
+    return float(np.exp(np.log(x.astype(float)).mean()))
+
+
+def tally(runs: list[str]) -> pd.DataFrame:
+    frames = []
+    for order, run in enumerate(runs):
+        path = RESULTS / run / "tasks.csv"
+        if path.exists():
+            frames.append(pd.read_csv(path).assign(run=run, order=order))
+    rows = pd.concat(frames, ignore_index=True)
+    latest = rows.groupby(TASK)["order"].transform("max")
+    rows = rows[rows["order"] == latest]
+    out = []
+    for devices, part in rows.groupby("devices"):
+        line = {"devices": devices, "tasks": len(part.drop_duplicates(TASK))}
+        for label, algorithm in ROWS.items():
+            g = part[part["algorithm"] == algorithm]
+            line[f"{label}_geomean"] = geomean(g["ratio_to_best_baseline"])
+            line[f"{label}_worst"] = float(g["ratio_to_best_baseline"].max())
+        line["refine_total_work"] = geomean(part[part["algorithm"] == ROWS["refine"]]["total_ratio_to_least_baseline"])
+        line["aa_geomean"] = geomean(part[part["algorithm"] == "A/A"]["aa_ratio"])
+        line["runs"] = ", ".join(sorted(set(part["run"].str.replace("plan_benchmark_issue25_", ""))))
+        out.append(line)
+    return pd.DataFrame(out)
+
+
+def main() -> None:
+    pd.set_option("display.width", 250)
+    print("# python experiments/issue25_tally.py")
+    print(tally(RUNS).round(3).to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
