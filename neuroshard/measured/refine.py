@@ -517,5 +517,5 @@ def final_check(started: Plan, polished: Plan, tables: TableSet, calibration: An
                                              "polished_cost_ms": round(after, 4), "kept": kept}
 
 
-__all__ = ["refine", "polish", "final_check", "measured_choice", "final_judgement", "format_judgement", "default_polish_steps",
-           "check_refine", "DEFAULT_ROUNDS"]
+__all__ = ["refine", "polish", "final_check", "measured_choice", "final_judgement", "format_judgement",
+           "default_polish_steps", "check_refine", "DEFAULT_ROUNDS"]

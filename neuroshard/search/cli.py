@@ -111,8 +111,8 @@ def _search(args: argparse.Namespace) -> int:
         say(bound)
     checked = prov.get("calibration_check")
     if checked:
-        say("calibrate: " + ("the pre-trained models plan the same" if "pretrained_plan" in checked else
-                             f"the plans could not be timed ({checked['stopped']}); the calibrated models' written"
+        say("calibrate: " + ("the pre-trained models' plan is the same" if "pretrained_plan" in checked else
+                             f"the plans could not be timed ({checked['stopped']}); the calibrated models' plan written"
                              if "stopped" in checked else
                              "the calibrated and pre-trained models' plans timed together on this machine: "
                              + ", ".join(f"{n} {ms:.2f} ms" for n, ms in checked["measured_cost_ms"].items())
