@@ -24,7 +24,8 @@ RUNS = ["plan_benchmark_issue25_session18", "plan_benchmark_issue25_session19_8d
         "plan_benchmark_issue25_session23_8dev", "plan_benchmark_issue25_session23_8dev_seed153",
         "plan_benchmark_issue25_session23_16dev", "plan_benchmark_issue25_session23_16dev_kaggle",
         "plan_benchmark_issue25_session24_8dev_seed153", "plan_benchmark_issue25_session24_8dev_seed155",
-        "plan_benchmark_issue25_session24_4dev_seed155", "plan_benchmark_issue25_session24_16dev_seed157"]
+        "plan_benchmark_issue25_session24_4dev_seed155", "plan_benchmark_issue25_session24_16dev_seed157",
+        "plan_benchmark_issue25_session24_8dev_seed157", "plan_benchmark_issue25_session24_4dev_seed157"]
 TASK = ["family", "devices", "tables", "memory_bytes"]
 ROWS = {"refine": "neuroshard-refined", "plain": "neuroshard", "calibrated": "neuroshard-calibrated"}
 
