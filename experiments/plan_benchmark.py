@@ -43,13 +43,16 @@ do more work, apart from how fast the machine ran that day.
 Results go
 to ``--out`` (default ``experiments/results/plan_benchmark``): ``tasks.csv`` (one row per task and plan,
 appended as each task finishes, so an interrupted run resumes where it stopped),
-``summary.csv``, ``summary.md`` and ``ratios.png``.
+``summary.csv``, ``summary.md``, ``ratios.png`` and, with ``--refine-rounds``, each task's
+refine record (``refine_<family>_<D>dev_task<N>.json``: every plan refine timed, its finalists'
+two runs, polish's steps).
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -192,6 +195,10 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                                         seed=index, **network)
             plans[REFINED].provenance["calibration_s"] = plans[CALIBRATED].provenance["calibration_s"] + (
                 time.perf_counter() - start)
+            # refine's record (every plan it timed, the finalists' two runs, polish's steps): a task it
+            # loses can be traced to its choice or to its candidates
+            (Path(args.out) / f"refine_{family}_{devices}dev_task{index}.json").write_text(
+                json.dumps(plans[REFINED].provenance["refine"], indent=1, default=str) + "\n")
     for algo in algorithms(args.torchrec):
         params = {"n_trials": args.bayes_trials} if algo == "bayes" else {}
         if algo == "measured-greedy":
