@@ -10,7 +10,7 @@ from neuroshard.costmodels import load_cost_models
 from neuroshard.errors import NeuroShardError
 from neuroshard.measured.calibrate import start_calibration
 from neuroshard.measured.judge import PlanJudge
-from neuroshard.measured.refine import FINALIST_MARGIN, MAX_FINALISTS, MIN_FINALISTS, _finalists, refine
+from neuroshard.measured.refine import FINALIST_MARGIN, FINALIST_RUNS, MAX_FINALISTS, MIN_FINALISTS, _finalists, refine
 from neuroshard.tables import Table, TableSet
 
 TABLES = TableSet("fake-hw", [Table(f"t{i}", 2_000 * (i + 1), 16 if i % 2 else 32, 1.0 + 2 * (i % 4),
@@ -76,15 +76,17 @@ def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
     timed = [e for e in record["rounds"] + record["compared"] if "final_measured_cost_ms" in e]
     chosen = (record["rounds"][record["chosen_round"]] if record["chosen_round"] is not None
               else next(c for c in record["compared"] if c["algorithm"] == record["chosen"]))
-    finalists = [e for e in timed if "final_mean_cost_ms" in e]
-    # timed twice: the MIN_FINALISTS cheapest of the first run and any other within FINALIST_MARGIN of the
-    # cheapest (at most MAX_FINALISTS), chosen by their mean
+    finalists = [e for e in timed if "final_median_cost_ms" in e]
+    # timed FINALIST_RUNS times: the MIN_FINALISTS cheapest of the first run and any other within
+    # FINALIST_MARGIN of the cheapest (at most MAX_FINALISTS), chosen by each device's median over the runs
     ranked = sorted(e["final_measured_cost_ms"] for e in timed)
     assert len(ranked) >= 2 and len(finalists) == len(
         [c for k, c in enumerate(ranked) if k < MIN_FINALISTS or c <= ranked[0] * (1 + FINALIST_MARGIN)][:MAX_FINALISTS])
     assert max(e["final_measured_cost_ms"] for e in finalists) <= max(
         ranked[min(MIN_FINALISTS, len(ranked)) - 1], ranked[0] * (1 + FINALIST_MARGIN)) + 1e-3
-    assert chosen["final_mean_cost_ms"] == min(e["final_mean_cost_ms"] for e in finalists)
+    assert chosen["final_median_cost_ms"] == min(e["final_median_cost_ms"] for e in finalists)
+    assert all(len(e["final_runs_cost_ms"]) == FINALIST_RUNS and e["final_runs_cost_ms"][0] == e["final_measured_cost_ms"]
+               and e["final_runs_cost_ms"][1] == e["final_measured_cost_ms_again"] for e in finalists)
     # polish keeps only changes that lower the measured cost, and the written plan is what it kept
     polish = record["polish"]
     assert 0 <= polish["accepted"] <= polish["steps"] <= 4

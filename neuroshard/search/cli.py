@@ -86,6 +86,18 @@ def _judge_option(args: argparse.Namespace) -> dict:
     return {"judge": RuntimeJudge()}
 
 
+def _again(entry: dict) -> str:
+    """A finalist's later timing runs in refine's record: all runs and the median that chose
+    (formats revision 19), or the second run and the mean of two (earlier plans); "" for a plan
+    timed once."""
+    if "final_median_cost_ms" in entry:
+        runs = ", ".join(f"{c:.2f}" for c in entry["final_runs_cost_ms"][1:])
+        return f" (again {runs}; each device's median {entry['final_median_cost_ms']:.2f})"
+    if "final_mean_cost_ms" in entry:
+        return f" (again {entry['final_measured_cost_ms_again']:.2f}, mean {entry['final_mean_cost_ms']:.2f})"
+    return ""
+
+
 def _search(args: argparse.Namespace) -> int:
     from ..measured.api import shard
     from ..measured.refine import format_judgement
@@ -130,9 +142,7 @@ def _search(args: argparse.Namespace) -> int:
         finals = [(f"round {r['round']}", r) for r in refine.get("rounds", [])]
         finals += [(c["algorithm"], c) for c in refine.get("compared", [])]
         say("refine, all plans in one timed run: " + "; ".join(
-            f"{name} {e['final_measured_cost_ms']:.2f} ms" + (
-                f" (again {e['final_measured_cost_ms_again']:.2f}, mean {e['final_mean_cost_ms']:.2f})"
-                if "final_mean_cost_ms" in e else "") if "final_measured_cost_ms" in e
+            f"{name} {e['final_measured_cost_ms']:.2f} ms" + _again(e) if "final_measured_cost_ms" in e
             else f"{name} {'no plan' if 'failed' in e else 'same plan as above'}" for name, e in finals)
             + ("" if "judge" in refine else f"; written: {refine['chosen']}'s plan"))
     if "polish" in refine:
