@@ -28,7 +28,8 @@ RUNS = ["plan_benchmark_issue25_session18", "plan_benchmark_issue25_session19_8d
         "plan_benchmark_issue25_session24_4dev_seed155", "plan_benchmark_issue25_session24_16dev_seed157",
         "plan_benchmark_issue25_session24_8dev_seed157", "plan_benchmark_issue25_session24_4dev_seed157",
         "plan_benchmark_issue25_session25_8dev_seed159", "plan_benchmark_issue25_session25_8dev_seed159_again",
-        "plan_benchmark_issue25_session25_8dev_seed161"]
+        "plan_benchmark_issue25_session25_8dev_seed161",
+        "plan_benchmark_issue25_session25_4dev_seed161"]
 TASK = ["family", "devices", "tables", "memory_bytes"]
 #: a task whose A/A control (measured-greedy's plan timed twice in the run) is more than this far
 #: from 1 was measured in a broken run (session 25: 0.697, a big-table device 40% slow for a whole
