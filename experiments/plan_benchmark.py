@@ -19,7 +19,9 @@ With ``--calibrate`` each task first calibrates the cost models on its own table
 --calibrate`` writes it (``measured.api.calibrated_search``: the pre-trained models' plan
 instead when it measures cheaper, the two timed together; before session 24 the calibrated
 models' plan unchecked), and the plan of measured refinement from the same calibration (``neuroshard.measured.refine``,
-``--refine-rounds``). The A/A line also gives ``aa_spearman``: the Spearman of the control
+``--refine-rounds``). ``--row-blocks any`` lets our searches (plain, calibrated, refine's) cut
+tables into row blocks TorchRec does not run (``constants.ROW_BLOCKS``); the baselines plan as
+always. The A/A line also gives ``aa_spearman``: the Spearman of the control
 plan's devices against the same devices measured again, the ceiling the noise of the run
 puts on any model's within-plan Spearman.
 
@@ -61,7 +63,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from neuroshard.constants import TIMING_PASSES, TIMING_REPEATS
+from neuroshard.constants import DEFAULT_ROW_BLOCKS, ROW_BLOCKS, TIMING_PASSES, TIMING_REPEATS
 from neuroshard.costmodels import CostModels, load_cost_models
 from neuroshard.costmodels.metrics import gmae
 from neuroshard.datasets.families import FAMILIES, family_tasks
@@ -136,6 +138,9 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
     plans, rows = {}, []
     # --one-host: every plan is for one host of D GPUs (analytic NVLink exchange, TorchRec's constants)
     network = {"topology": Topology(devices, local_world_size=devices)} if args.one_host else {}
+    # --row-blocks any: our searches may cut tables into row blocks TorchRec does not run (the
+    # baselines' are as always: the memory split's TorchRec counts; measured-greedy's its own)
+    ours = {**network, **({"row_blocks": args.row_blocks} if args.row_blocks != "torchrec" else {})}
     calibrated = None
     others = {}  # label -> models: every plan's estimate error is also reported under each
     if args.also_model:
@@ -155,7 +160,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
         start = time.perf_counter() - start
         # as ``search --calibrate`` writes it: the calibrated models' plan unless the pre-trained models'
         # measures cheaper (``measured.api.calibrated_search``; the pre-trained plan is "neuroshard")
-        plans[CALIBRATED] = calibrated_search(check_task(tables, devices, memory, "neuroshard", 4, index, **network),
+        plans[CALIBRATED] = calibrated_search(check_task(tables, devices, memory, "neuroshard", 4, index, **ours),
                                               models, calibrated)
         plans[CALIBRATED].provenance["calibration_s"] = start
         others["calibrated"] = calibrated
@@ -164,7 +169,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
             plain.set_size_coef_ = None
             uncorrected = CostModels(plain, calibrated.comm, calibrated.batch_size, name=calibrated.name + "-uncorrected")
             plans[UNCORRECTED] = shard(tables, devices=devices, memory=memory, cost_models=uncorrected, seed=index,
-                                       **network)
+                                       **ours)
         if args.refine_rounds:
             start = time.perf_counter()
             if args.polish_ab:  # refine's plan, polished once, written with and without polish's final check
@@ -176,7 +181,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                     polish,
                 )
                 chosen = refine(tables, devices, memory, calibration, args.refine_rounds, models=calibrated,
-                                seed=index, polish_steps=0, **network)
+                                seed=index, polish_steps=0, **ours)
                 sets = calibration.sim.device_sets(chosen)
                 compute = np.zeros(devices)
                 used = [d for d, s in enumerate(sets) if s]
@@ -192,7 +197,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                     plans[name] = plan
             else:
                 plans[REFINED] = refine(tables, devices, memory, calibration, args.refine_rounds, models=calibrated,
-                                        seed=index, **network)
+                                        seed=index, **ours)
             plans[REFINED].provenance["calibration_s"] = plans[CALIBRATED].provenance["calibration_s"] + (
                 time.perf_counter() - start)
             # refine's record (every plan it timed, the finalists' two runs, polish's steps): a task it
@@ -206,7 +211,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
         start = time.perf_counter()
         try:
             plans[algo] = shard(tables, devices=devices, memory=memory, algorithm=algo, cost_models=models,
-                                seed=index, **network, **params)
+                                seed=index, **(ours if algo == "neuroshard" else network), **params)
         except NeuroShardError as exc:
             log.warning("%s task %d on %d devices: %s found no plan: %s", family, index, devices, algo, exc)
             rows.append({"algorithm": algo, "failed": str(exc).splitlines()[0]})
@@ -385,6 +390,8 @@ def main() -> None:
                              "polish's final check against the refined plan: 'neuroshard-refined') and as polished "
                              "('neuroshard-refined-unchecked'; session 13's first run compared polish objectives "
                              "instead: its results folder's README)")
+    parser.add_argument("--row-blocks", choices=ROW_BLOCKS, default=DEFAULT_ROW_BLOCKS,
+                        help="row splits our searches may make (any: also 2, 4, ... blocks, which TorchRec does not run)")
     parser.add_argument("--one-host", action="store_true",
                         help="plan for one host of D GPUs: the exchange costed as bytes over NVLink (600 GB/s, "
                              "TorchRec's constant) instead of by the communication models measured on this machine's "

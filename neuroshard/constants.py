@@ -75,6 +75,15 @@ SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "gr
 #: four column strips 96.9 ms, four row blocks 58.7 ms; a 32-wide table 39.1, 61.0 and 40.9 ms; a
 #: 128-wide one 29.9, 34.0 and 31.3 ms (experiments/results/split_work_dlrm2021/output.txt)
 MIN_COLUMN_SHARD_DIM = 128
+#: which row splits a search may make: "torchrec", only the block counts TorchRec runs (one host's
+#: ranks, or all ranks: every plan exports); "any", also 2, 4, ... blocks on any devices (NeuroShard's
+#: runtime and ``measure`` run them, the TorchRec exporter refuses them; measured-greedy always makes
+#: them). Measured (experiments/row_blocks.py, criteo-terabyte, 8 devices, seed 161, AMD EPYC): two
+#: pooling-100 tables of 25.6M rows cost 26 and 25 ms alone, each device's slowest; placed with the rest,
+#: the two cut into 8 row blocks added 30.5 ms of total work (+18%, slowest device 1.06x size-lookup's),
+#: into column halves 21.1 ms (+12%, 1.06x), into row halves 7.6 ms (+4%, 0.91x); A/A 1.02x
+ROW_BLOCKS = ("torchrec", "any")
+DEFAULT_ROW_BLOCKS = "torchrec"
 
 # ------------------------------------------------------------------ the measured loop
 #: ``search --data-parallel``: never replicate a table, or replicate where it pays (``search.replicate``)

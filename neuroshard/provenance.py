@@ -29,6 +29,7 @@ class Provenance(MutableMapping):
     search_time_s: float | None = None
     cost_model_path: str | None = None
     neuroshard_version: str | None = None
+    row_blocks: str | None = None             # "any": row splits TorchRec does not run allowed (revision 20)
     risk: float | None = None                 # an ensemble's risk factor the search charged
     cost_precision: str | None = None         # the precision the estimate's compute is for
     cost_precision_scaling: dict | None = None  # the measured ratio that carried it there

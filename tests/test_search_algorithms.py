@@ -292,3 +292,47 @@ def test_no_plan_keeps_a_table_in_column_strips_on_one_device(shipped_models):
         blocks.setdefault((s.table, s.device, s.row_offset, s.num_rows), []).append(s.num_cols)
     assert all(len(widths) == 1 for widths in blocks.values()), blocks
     assert len({s.table for s in plan.shards}) == len(tables)
+
+
+def test_row_blocks_counts_and_check():
+    """``row_blocks``: TorchRec's block counts by default; "any" adds every power of two
+    below the devices; another word is refused in one line before any work."""
+    from neuroshard.search.rowwise import block_counts
+    assert block_counts(8, 8) == [8]
+    assert block_counts(16, 8) == [8, 16]
+    assert block_counts(8, 8, "any") == [2, 4, 8]
+    assert block_counts(6, 6, "any") == [2, 4, 6]
+    tables = generate("dlrm-2021", 8, seed=1)
+    with pytest.raises(NeuroShardError, match="row_blocks must be one of torchrec, any"):
+        shard(tables, 2, None, row_blocks="rows")
+
+
+def test_row_blocks_any_cuts_a_hot_table_in_row_halves_and_export_says_why_not(shipped_models):
+    """criteo-terabyte on 8 devices (seed 161): a pooling-100 table costs more alone than the
+    mean device. With TorchRec's layouts (default) every split of it is a column split or 8
+    row blocks, and the written plan exports; with ``row_blocks="any"`` the search cuts hot
+    tables into fewer row blocks (never column strips for balance) and says so in the
+    provenance, and the TorchRec exporter refuses the plan naming the option."""
+    from neuroshard.datasets.families import family_tasks
+    from neuroshard.types import ceil_blocks
+    from neuroshard.topology import Topology
+    from neuroshard.torchrec.export import torchrec_sharding
+    tables, memory = family_tasks("criteo-terabyte", 8, 1, (8, 12), seed=161)[0]
+    one_host = Topology(8, local_world_size=8)
+    default = shard(tables, 8, memory, cost_models=shipped_models, topology=one_host)
+    assert "row_blocks" not in default.provenance
+    torchrec_sharding(default, local_world_size=8)  # every layout is one TorchRec runs
+    free = shard(tables, 8, memory, cost_models=shipped_models, topology=one_host, row_blocks="any")
+    assert free.provenance["row_blocks"] == "any"
+    blocks = {}
+    for s in free.shards:
+        blocks.setdefault(s.table, []).append(s)
+    hot = [t.name for t in tables if t.pooling_factor >= 100]
+    assert hot and all(1 < len(blocks[h]) < 8 for h in hot), {h: len(blocks[h]) for h in hot}
+    for h in hot:  # row blocks of the whole width, TorchRec's ceil sizes, on distinct devices
+        rows = sorted(blocks[h], key=lambda s: s.row_offset)
+        assert all(s.num_cols == tables[h].embedding_dim for s in rows)
+        assert [(s.row_offset, s.num_rows) for s in rows] == ceil_blocks(tables[h].num_embeddings, len(rows))
+        assert len({s.device for s in rows}) == len(rows)
+    with pytest.raises(NeuroShardError, match="--row-blocks torchrec"):
+        torchrec_sharding(free, local_world_size=8)

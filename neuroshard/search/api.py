@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..constants import DEFAULT_DATA_PARALLEL, FP32_BYTES, OBJECTIVES
+from ..constants import DEFAULT_DATA_PARALLEL, DEFAULT_ROW_BLOCKS, FP32_BYTES, OBJECTIVES, ROW_BLOCKS
 from ..constraints import check_capacity
 from ..constraints import check_feasible as check_constraints_feasible
 from ..costmodels import CostModels, resolve_cost_models
@@ -35,7 +35,7 @@ from ..version import __version__
 from .iteration import estimate_iteration
 from .registry import REPLICATING_ALGORITHMS, get_algorithm, get_trait, make_params, with_trait
 from .replicate import check_data_parallel, forced_tables, search_with_replication
-from .rowwise import runnable_row_splits
+from .rowwise import align_row_blocks, runnable_row_splits
 from .simulator import Simulator, replicated_bytes
 from .tiers import choose_tiers
 
@@ -94,12 +94,19 @@ def as_table_set(tables: TableSet | list[Table]) -> TableSet:
 def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm: str, search_time_s: float) -> Plan:
     """A validated plan carrying the simulator's estimate (with the batch size it is for)
     and the search's provenance. Row-split tables are first laid out as TorchRec runs
-    them (``rowwise.runnable_row_splits``: blocks in rank order, else re-cut or joined)."""
+    them (``rowwise.runnable_row_splits``: blocks in rank order, else re-cut or joined);
+    with ``row_blocks="any"`` only aligned (``rowwise.align_row_blocks``: a strip's blocks on one
+    device joined), as NeuroShard's runtime runs them."""
     room = sim.memory_limits(memory_bytes) - replicated_bytes(sim, sim.data_parallel_tables)  # what shards may use
-    pieces, devices = runnable_row_splits(
-        placement.pieces, placement.devices, sim.num_devices, sim.footprint, room,
-        lambda pieces, devices: float(sim.evaluate(pieces, devices[None, :]).max_ms[0]),
-        local_world_size=sim.local_world_size, allowed=sim.allows_placement)
+    if sim.row_blocks == "any":
+        pieces, devices = align_row_blocks(placement.pieces, placement.devices, sim.footprint, room)
+        if not sim.allows_placement(pieces, devices):  # joining a strip may leave a constrained table too few shards
+            pieces, devices = placement.pieces, placement.devices
+    else:
+        pieces, devices = runnable_row_splits(
+            placement.pieces, placement.devices, sim.num_devices, sim.footprint, room,
+            lambda pieces, devices: float(sim.evaluate(pieces, devices[None, :]).max_ms[0]),
+            local_world_size=sim.local_world_size, allowed=sim.allows_placement)
     placement = Placement(pieces, devices, placement.cost_ms, placement.details)
     estimate = sim.plan_estimate(sim.evaluate(placement.pieces, placement.devices[None, :], risk=0.0))  # the mean
     models = sim.cost_models
@@ -112,6 +119,8 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
     if getattr(models, "path", None):
         provenance["cost_model_path"] = str(models.path)
     provenance["neuroshard_version"] = __version__
+    if sim.row_blocks != DEFAULT_ROW_BLOCKS:  # row splits TorchRec does not run may be in the plan
+        provenance["row_blocks"] = sim.row_blocks
     if sim.risk:  # an ensemble: the search charged mean x exp(risk x spread) per device set
         provenance["risk"] = sim.risk
     if sim.bytes_per_element != 4 or sim.cost_precision != COST_PRECISION:  # what the estimate's compute is for
@@ -157,6 +166,7 @@ class Task:
     objective: str = "embedding"  # what the plans are ranked by: ``OBJECTIVES``
     model: Any = None           # the dense part (``ModelSpec``) the iteration objective prices; None: the default DLRM
     operator_costs: Any = None  # operator cost models of the iteration objective (``OperatorModels`` or a path); None: shipped
+    row_blocks: str = DEFAULT_ROW_BLOCKS  # which row splits the search may make (``constants.ROW_BLOCKS``)
 
     @property
     def replicating(self) -> bool:
@@ -169,6 +179,7 @@ class Task:
         positional ones), e.g. to search the same task again with other models."""
         return dict(optimizer=self.optimizer, data_parallel=self.data_parallel, topology=self.topology,
                     comm_precision=self.comm_precision, **self.params,
+                    **({} if self.row_blocks == DEFAULT_ROW_BLOCKS else {"row_blocks": self.row_blocks}),
                     **({} if self.tier_costs is None else {"tier_costs": self.tier_costs}),
                     **({} if self.objective == "embedding" else {"objective": self.objective, "model": self.model,
                                                                 "operator_costs": self.operator_costs}))
@@ -197,7 +208,7 @@ def check_task(tables: TableSet | list[Table], devices: int, memory: int | str |
                algorithm: str = "neuroshard", bytes_per_element: int = FP32_BYTES, seed: int = 0, *,
                optimizer: str = DEFAULT_OPTIMIZER, data_parallel: str = DEFAULT_DATA_PARALLEL, topology: Any = None,
                comm_precision: str = "fp32", tier_costs: Any = None, objective: str = "embedding", model: Any = None,
-               operator_costs: Any = None, **params: Any) -> Task:
+               operator_costs: Any = None, row_blocks: str = DEFAULT_ROW_BLOCKS, **params: Any) -> Task:
     """Every argument of ``shard`` checked, and the task refused (one line) when no plan can
     exist, before any work: the measured loop calls this before minutes of timing."""
     tables = as_table_set(tables)
@@ -208,6 +219,8 @@ def check_task(tables: TableSet | list[Table], devices: int, memory: int | str |
     data_parallel = check_data_parallel(data_parallel)
     comm_precision = check_comm_precision(comm_precision)
     tier_costs = check_tier_costs(tier_costs)
+    if row_blocks not in ROW_BLOCKS:
+        raise NeuroShardError(f"row_blocks must be one of {', '.join(ROW_BLOCKS)}, got {row_blocks!r}"[:200])
     if objective not in OBJECTIVES:
         raise NeuroShardError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}"[:200])
     if objective == "iteration":  # a bad model or operator-costs file fails before any work
@@ -235,7 +248,7 @@ def check_task(tables: TableSet | list[Table], devices: int, memory: int | str |
                  "front instead of its beam (parameter large_task); other algorithms as usual", len(tables), devices)
     return Task(tables, devices, memory, memory_bytes, limits, algorithm, bytes_per_element, seed, optimizer,
                 data_parallel, topology, comm_precision, dict(params), forced, tier_costs, objective, model,
-                operator_costs)
+                operator_costs, row_blocks)
 
 
 def _model_spec(model: Any) -> ModelSpec:
@@ -250,7 +263,7 @@ def _model_spec(model: Any) -> ModelSpec:
 def search_task(task: Task, models: CostModels) -> Plan:
     """The plan ``task.algorithm`` finds for a checked task against ``models``."""
     sim = Simulator(task.tables, task.devices, models, task.bytes_per_element, optimizer=task.optimizer,
-                    topology=task.topology, comm_precision=task.comm_precision)
+                    topology=task.topology, comm_precision=task.comm_precision, row_blocks=task.row_blocks)
     if sim.cost_precision != precision_of(task.bytes_per_element):
         log.warning("bytes_per_element=%d sizes the shards in memory, but no measured ratio carries the cost "
                     "models' %s kernels to %s: the cost estimates (and the search's choices) are for %s",

@@ -38,7 +38,7 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
     table_blocks = {}  # row blocks per table: the same for all its strips (a regular grid, see rowwise)
     for strip, blocks in start_strips.items():
         table_blocks[strip.table] = max(blocks, table_blocks.get(strip.table, 1))
-    valid_rows = sorted({sim.local_world_size, sim.num_devices})
+    valid_rows = sim.row_block_counts
     table_costs = sim.single_costs_ms(whole_pieces(sim.tables))
     searched = [int(t) for t in np.argsort(-table_costs, kind="stable")[:params.max_tables]]
     mean_width = sim.total_dim / sim.num_devices
@@ -92,7 +92,8 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
         log.info("no Bayesian trial fit in memory; placing with extra memory splits")
         best = place_with_splits(start, lambda pieces: _feasible(sim, pieces, greedy(pieces, math.inf)),
                                  sim.footprint, num_devices=sim.num_devices,
-                                 local_world_size=sim.local_world_size, allowed=sim.allowed)
+                                 local_world_size=sim.local_world_size, allowed=sim.allowed,
+                                 counts=sim.row_block_counts)
     best.details = {"parameters": {**asdict(params), "seed": seed}, "simulated_cost_ms": best.cost_ms,
                     "best_trial": study.best_trial.params if study.best_value < 1e30 else None}
     return best

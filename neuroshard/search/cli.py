@@ -22,10 +22,12 @@ from ..constants import (
     COMPUTE_KERNELS,
     DATA_PARALLEL_CHOICES,
     DEFAULT_DATA_PARALLEL,
+    DEFAULT_ROW_BLOCKS,
     MAX_CALIBRATION_SETS,
     MIN_CALIBRATION_SETS,
     OBJECTIVES,
     REFINE_JUDGES,
+    ROW_BLOCKS,
 )
 from ..errors import NeuroShardError
 from ..exporters import exporter_names
@@ -113,7 +115,8 @@ def _search(args: argparse.Namespace) -> int:
                  calibrate=args.calibrate, cost_models=args.cost_model, bytes_per_element=args.bytes_per_element,
                  seed=args.seed, optimizer=args.optimizer, data_parallel=args.data_parallel,
                  comm_precision=args.comm_precision, topology=topology, refine=args.refine,
-                 tier_costs=args.tier_costs, **_judge_option(args), **_objective_options(args),
+                 tier_costs=args.tier_costs, row_blocks=args.row_blocks, **_judge_option(args),
+                 **_objective_options(args),
                  **dict(args.param or []))
     say = write_output(args.output, json.dumps(plan.validate().to_dict(), indent=1) + "\n")
     say(plan.format_summary())
@@ -307,6 +310,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="auto: the neuroshard search may replicate small, hot tables on every device (their "
                         "gradients all-reduced) when the cost models find it cheaper; never: shard every table "
                         f"(default: {DEFAULT_DATA_PARALLEL})")
+    p.add_argument("--row-blocks", choices=ROW_BLOCKS, default=DEFAULT_ROW_BLOCKS,
+                   help="row splits the search may make: torchrec, only the block counts TorchRec runs (one host's "
+                        "ranks or all ranks: every plan exports); any, also 2, 4, ... blocks on any devices, for "
+                        "plans NeuroShard's runtime trains (the TorchRec exporter refuses them; on this project's "
+                        "CPU a hot table's row halves cost its work whole, 8 blocks much more) (default: "
+                        f"{DEFAULT_ROW_BLOCKS})")
     add_comm_precision(p)
     add_topology_options(p)
     p.add_argument("--tier-costs", choices=("analytic", "measured"), default="analytic",

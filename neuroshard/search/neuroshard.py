@@ -31,7 +31,9 @@ Two levels, both judged by the simulator (the pre-trained cost models):
   simulated slower than the classic heuristics' best, and on easy tasks (few devices,
   many small tables) where balancing sums is already near-ideal it loses nothing.
 
-Tables too large for one device are split first (``rowwise.split_for_memory``).
+Tables too large for one device are split first (``rowwise.split_for_memory``). Row splits
+are TorchRec's block counts unless the task says ``row_blocks="any"`` (``Simulator.row_block_counts``);
+then the search also cuts 2, 4, ... row blocks and splits for balance by rows only (``rows_only``).
 """
 from __future__ import annotations
 
@@ -64,7 +66,8 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
     def place(pieces: list[Piece]) -> Placement:
         return place_with_splits(pieces, lambda p: place_many(sim, [p], memory_bytes, params)[0],
                                  sim.footprint, params.row_splits, num_devices=sim.num_devices,
-                                 local_world_size=sim.local_world_size, allowed=sim.allowed)
+                                 local_world_size=sim.local_world_size, allowed=sim.allowed,
+                                 counts=sim.row_block_counts)
 
     best = place(start)
     least_split = best  # the state before any split the beam adds (tables too big for a device are cut)
@@ -227,13 +230,14 @@ def split_heaviest(sim: Simulator, pieces: list[Piece], params: NeuroShardParams
                    max_rounds: int = 64, bound: float | None = None) -> list[Piece]:
     """The pieces with every table whose piece costs more than the balanced bound (alone, by
     the compute model) split until none does or nothing splits further: its column strip
-    halved, else (``row_splits``) re-cut into the row blocks TorchRec runs. What the beam
+    halved, else (``row_splits``) its table re-cut into the next of ``Simulator.row_block_counts``
+    (rows only with ``row_blocks="any"``: ``rows_only``). What the beam
     search finds one split at a time on small tasks, in a few batched rounds: a piece
     costlier than the bound keeps its device above it whatever the placement. ``bound``
     (ms): a fixed bound, e.g. the mean device of a placement (fused sets cost less than
     their shards alone, so the pieces' costs alone over the devices overstate it); None:
     the pieces' costs alone, summed and spread evenly, in every round."""
-    valid = sorted({sim.local_world_size, sim.num_devices})
+    valid = sim.row_block_counts
     fixed = bound
     for _ in range(max_rounds):
         costs = sim.single_costs_ms(pieces)
@@ -248,14 +252,25 @@ def split_heaviest(sim: Simulator, pieces: list[Piece], params: NeuroShardParams
                 continue
             done.add(p.table)
             j = pieces.index(p)
-            for child in (halve_strip_cols(pieces, j),
-                          split_table_rows(pieces, j, valid_parts=valid) if params.row_splits else None):
-                if child is not None and sim.allowed(child):
-                    pieces, split_any = child, True
-                    break
+            children = [c for c in (None if rows_only(sim, params) else halve_strip_cols(pieces, j),
+                                    split_table_rows(pieces, j, valid_parts=valid) if params.row_splits else None)
+                        if c is not None and sim.allowed(c)]
+            if children:  # column halves first, as TorchRec's layouts favour (rows only: ``rows_only``)
+                pieces, split_any = children[0], True
         if not split_any:
             break
     return pieces
+
+
+def rows_only(sim: Simulator, params: NeuroShardParams) -> bool:
+    """Whether the search splits tables for balance by rows only: with ``row_blocks="any"``
+    a table's two row halves cost about its work whole, and its column halves more (each does
+    all of the table's lookups). Measured (experiments/split_work.py, AMD EPYC; extra total
+    work of column halves against row halves): criteo-terabyte's pooling-100 table +8.1 against
+    +0.4 ms, pooling 27 +1.3 against -1.3; dlrm-2021's four hottest +14.4/+3.7, +8.0/+1.0,
+    +4.1/+0.6, +1.4/+0.2; only a cold table (pooling 3) cost less in columns (-2.2 against -1.2).
+    Tables too large for a device are still split as ``split_for_memory`` does."""
+    return sim.row_blocks == "any" and params.row_splits
 
 
 def split_children(sim: Simulator, pieces: list[Piece], params: NeuroShardParams) -> list[list[Piece]]:
@@ -269,9 +284,9 @@ def split_children(sim: Simulator, pieces: list[Piece], params: NeuroShardParams
     by_size = [int(i) for i in np.argsort(-sizes, kind="stable")[:params.top_n]]
     by_cost = [int(i) for i in np.argsort(-costs, kind="stable")[:params.top_n]]
     candidates = list(dict.fromkeys(by_size + by_cost))
-    children = [halve_strip_cols(pieces, i) for i in candidates]
+    children = [] if rows_only(sim, params) else [halve_strip_cols(pieces, i) for i in candidates]
     if params.row_splits:
-        valid = sorted({sim.local_world_size, sim.num_devices})  # the row splits TorchRec runs
+        valid = sim.row_block_counts  # the row splits TorchRec runs (and more with row_blocks="any")
         children += [split_table_rows(pieces, i, valid_parts=valid) for i in candidates]
     unique = {tuple(c): c for c in children if c is not None and sim.allowed(c)}  # per-table constraints
     return list(unique.values())

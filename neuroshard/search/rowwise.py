@@ -28,6 +28,12 @@ checks, refusing what TorchRec would run wrong. Before a plan is written,
 ``align_row_blocks`` puts each strip's blocks on its devices in ascending order
 (TorchRec's rank order) and joins a strip whose blocks all landed on one device, and
 neighbouring column strips whose blocks pair up on the same devices (``join_column_strips``).
+
+**Unless told otherwise** (``row_blocks="any"``, ``constants.ROW_BLOCKS``): the block
+counts are then also 2, 4, ... (``block_counts``), still TorchRec's ceil sizes, on any
+distinct devices; only ``align_row_blocks`` runs before writing. NeuroShard's runtime runs
+such plans and the TorchRec exporter refuses them: for users of our runtime, whose hot
+tables cost less in row halves than in TorchRec's layouts (measured in the constant's comment).
 """
 from __future__ import annotations
 
@@ -37,7 +43,7 @@ from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
-from ..constants import MIN_COLUMN_SHARD_DIM
+from ..constants import DEFAULT_ROW_BLOCKS, MIN_COLUMN_SHARD_DIM
 from ..errors import InfeasibleError
 from ..types import Footprint, Piece, split_rows
 from ..units import format_bytes
@@ -281,23 +287,37 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
     return list(pieces), np.asarray(devices, dtype=np.int64)
 
 
+def block_counts(num_devices: int, local_world_size: int | None = None, row_blocks: str = DEFAULT_ROW_BLOCKS
+                 ) -> list[int]:
+    """The row block counts a search may cut a table into (``constants.ROW_BLOCKS``):
+    TorchRec's (one host's ranks, ``local_world_size`` or TorchRec's default, and all
+    ranks), and with ``"any"`` also every power of two below the devices."""
+    local = local_world_size or default_local_world_size(num_devices)
+    counts = {local, num_devices}
+    if row_blocks == "any":
+        counts |= {2 ** k for k in range(1, num_devices.bit_length()) if 2 ** k <= num_devices}
+    return sorted(c for c in counts if c > 1) or [num_devices]
+
+
 def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, footprint: Footprint,
                      row_splits: bool = True, num_devices: int | None = None,
-                     local_world_size: int | None = None) -> list[Piece]:
+                     local_world_size: int | None = None, counts: Sequence[int] | None = None) -> list[Piece]:
     """Split every piece larger than a device: column halves while possible, then the
-    fewest row blocks that fit; with ``num_devices``, as many as TorchRec runs (one
-    host's ranks, ``local_world_size`` or TorchRec's default, or all ranks) when that
-    many are enough, and then a table narrower than twice ``MIN_COLUMN_SHARD_DIM`` is cut
-    into those row blocks without column halves first (see the module docstring)."""
+    fewest row blocks that fit; with ``num_devices``, the fewest of ``counts`` (default
+    ``block_counts``: as many as TorchRec runs, one host's ranks, ``local_world_size`` or
+    TorchRec's default, or all ranks) that are enough, and then a table narrower than
+    twice ``MIN_COLUMN_SHARD_DIM`` is cut into those row blocks without column halves
+    first (see the module docstring)."""
     out: list[Piece] = []
     todo = list(pieces)
+    if num_devices is not None and counts is None:
+        counts = block_counts(num_devices, local_world_size)
 
     def row_parts(piece: Piece) -> int:
         max_rows = max(1, int(memory_bytes // footprint.row_bytes(piece)))
         parts = math.ceil(piece.num_rows / max_rows)
         if num_devices is not None:
-            local = local_world_size or default_local_world_size(num_devices)
-            parts = min((p for p in (local, num_devices) if p >= parts), default=parts)
+            parts = min((p for p in counts if p >= parts), default=parts)
         return parts
 
     def narrow_rows_fit(piece: Piece) -> bool:
@@ -324,15 +344,17 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, footprint: Foot
 
 def halve_largest(pieces: Sequence[Piece], footprint: Footprint, row_splits: bool = True,
                   num_devices: int | None = None, local_world_size: int | None = None,
-                  allowed: Callable[[list[Piece]], bool] | None = None) -> list[Piece] | None:
+                  allowed: Callable[[list[Piece]], bool] | None = None,
+                  counts: Sequence[int] | None = None) -> list[Piece] | None:
     """The pieces with the largest splittable one's strip halved along columns, else its
     table re-cut into twice the row blocks; None when nothing can be split further.
-    ``allowed`` (per-table constraints, ``Simulator.allowed``) skips splits it refuses."""
+    ``allowed`` (per-table constraints, ``Simulator.allowed``) skips splits it refuses;
+    ``counts``: the block counts tried first (default ``block_counts``, TorchRec's)."""
     for i in sorted(range(len(pieces)), key=lambda i: -footprint.of(pieces[i])):
         splits = [halve_strip_cols(pieces, i)]
-        if row_splits and num_devices is not None:  # TorchRec's block counts first
-            local = local_world_size or default_local_world_size(num_devices)
-            splits.append(split_table_rows(pieces, i, valid_parts=sorted({local, num_devices})))
+        if row_splits and num_devices is not None:  # the search's block counts first
+            splits.append(split_table_rows(pieces, i, valid_parts=counts or block_counts(num_devices,
+                                                                                           local_world_size)))
         if row_splits:
             splits.append(split_table_rows(pieces, i))
         if row_splits and footprint.prefers_row_splits(pieces[i]):  # a cached table: rows before columns
@@ -346,7 +368,8 @@ def halve_largest(pieces: Sequence[Piece], footprint: Footprint, row_splits: boo
 def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], PlacedT | None],
                       footprint: Footprint, row_splits: bool = True, max_attempts: int = 256,
                       num_devices: int | None = None, local_world_size: int | None = None,
-                      allowed: Callable[[list[Piece]], bool] | None = None) -> PlacedT:
+                      allowed: Callable[[list[Piece]], bool] | None = None,
+                      counts: Sequence[int] | None = None) -> PlacedT:
     """``place(pieces)``; while it cannot pack the pieces into memory, halve the largest
     piece and try again. InfeasibleError when splitting does not help."""
     current = list(pieces)
@@ -356,7 +379,7 @@ def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], Pl
             if attempt:
                 log.info("packed after %d extra memory splits (%d shards)", attempt, len(current))
             return placed
-        smaller = halve_largest(current, footprint, row_splits, num_devices, local_world_size, allowed)
+        smaller = halve_largest(current, footprint, row_splits, num_devices, local_world_size, allowed, counts)
         if smaller is None:
             break
         current = smaller

@@ -50,7 +50,9 @@ from ..constants import (
     COMM_EXTRAPOLATION,
     DEFAULT_INTER_HOST_GBPS,
     DEFAULT_INTRA_HOST_GBPS,
+    DEFAULT_ROW_BLOCKS,
     FP32_BYTES,
+    ROW_BLOCKS,
     default_local_world_size,
 )
 from ..constraints import allowed_state, conform, device_mask, table_constraints
@@ -69,7 +71,7 @@ from ..tiers import IN_DEVICE_MEMORY, Tier, device_bytes_array
 from ..topology import Topology, device_memory, ranks_per_host
 from ..types import Estimate, Footprint, Piece, whole_pieces
 from ..validate import check_comm_precision
-from .rowwise import split_for_memory
+from .rowwise import block_counts, split_for_memory
 
 _DIM = FEATURE_NAMES.index("dim")
 _LOG_SIZE = FEATURE_NAMES.index("log2_size_bytes")
@@ -87,8 +89,12 @@ class Simulator:
     def __init__(self, tables: TableSet, num_devices: int, cost_models: CostModels, bytes_per_element: int = FP32_BYTES,
                  *, optimizer: str = DEFAULT_OPTIMIZER, data_parallel_tables: Sequence[str] = (),
                  risk: float | None = None, topology: Topology | None = None, comm_precision: str = "fp32",
-                 tiers: Sequence[Tier] | None = None):
+                 tiers: Sequence[Tier] | None = None, row_blocks: str = DEFAULT_ROW_BLOCKS):
         self.tables = tables
+        if row_blocks not in ROW_BLOCKS:
+            raise NeuroShardError(f"row_blocks must be one of {', '.join(ROW_BLOCKS)}, got {row_blocks!r}")
+        #: which row splits the search may make (``constants.ROW_BLOCKS``)
+        self.row_blocks = row_blocks
         self.num_devices = int(num_devices)
         self.cost_models = cost_models
         self.bytes_per_element = int(bytes_per_element)
@@ -140,6 +146,8 @@ class Simulator:
         self.hosts_stated = self.network is not None
         #: ranks per host of row splits kept on one host (TorchRec's default without hosts)
         self.local_world_size = ranks_per_host(self.network or topology, self.num_devices)
+        #: the row block counts a search may cut a table into (``rowwise.block_counts``)
+        self.row_block_counts = block_counts(self.num_devices, self.local_world_size, self.row_blocks)
         #: devices per host when the exchange is costed over hosts (the placers keep such row splits on one host)
         self.host_size = self.network.local_world_size if self.hosts_stated else None
         self._speed = None if topology is None or topology.relative_speed is None else topology.speeds()
@@ -224,7 +232,8 @@ class Simulator:
         key = (int(np.max(memory_bytes)), bool(row_splits))  # per-device memory: split for the largest device
         if key not in self._memory_splits:
             self._memory_splits[key] = split_for_memory(self.sharded_pieces(), key[0], self.footprint, row_splits,
-                                                        self.num_devices, local_world_size=self.local_world_size)
+                                                        self.num_devices, local_world_size=self.local_world_size,
+                                                        counts=self.row_block_counts)
             if self.constraints is not None:
                 self._memory_splits[key] = self._conform(self._memory_splits[key], memory_bytes, row_splits)
         return list(self._memory_splits[key])

@@ -188,7 +188,14 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
             records[table.name] = {"sharding_type": DATA_PARALLEL, "compute_kernel": DATA_PARALLEL_KERNEL,
                                    "ranks": list(range(world))}
             continue
-        kind, shards = torchrec_layout(plan, table.name, local)
+        try:
+            kind, shards = torchrec_layout(plan, table.name, local)
+        except NeuroShardError as exc:
+            if (plan.provenance or {}).get("row_blocks", "torchrec") != "torchrec":  # the search was told so
+                raise NeuroShardError(f"{exc} (the plan was searched with --row-blocks "
+                                      f"{plan.provenance['row_blocks']}: search with --row-blocks torchrec for a "
+                                      f"plan TorchRec runs)") from None
+            raise
         kernel, params = tier_kernel(tiers[table.name], algorithm)
         if kernel is None:  # device memory: the kernel asked for
             kernel, params = compute_kernel, cache
