@@ -9,7 +9,8 @@ again after a change counts once, as last measured), and prints per device count
 geometric mean and worst of ``--refine``'s and plain ``search``'s max device over the best
 baseline's, the calibrated search's, the A/A control's (and how many tasks' A/A is more than
 ``AA_BROKEN`` from 1), and refine's total work over the least of the baselines': the figures
-issue 25's "Done when" names.
+issue 25's "Done when" names. Then the same over ``RUNS_ANY``, our searches with
+``--row-blocks any``.
 """
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ RUNS = ["plan_benchmark_issue25_session18", "plan_benchmark_issue25_session19_8d
         "plan_benchmark_issue25_session25_8dev_seed159", "plan_benchmark_issue25_session25_8dev_seed159_again",
         "plan_benchmark_issue25_session25_8dev_seed161",
         "plan_benchmark_issue25_session25_4dev_seed161"]
+#: our searches with ``--row-blocks any`` (session 26 on): row splits TorchRec does not run, a mode of
+#: its own (the runs above are TorchRec's layouts), tallied apart
+RUNS_ANY = ["plan_benchmark_issue25_session26_8dev_seed163_any", "plan_benchmark_issue25_session26_8dev_seed163_any_again",
+            "plan_benchmark_issue25_session26_4dev_seed163_any", "plan_benchmark_issue25_session26_8dev_seed165_any"]
 TASK = ["family", "devices", "tables", "memory_bytes"]
 #: a task whose A/A control (measured-greedy's plan timed twice in the run) is more than this far
 #: from 1 was measured in a broken run (session 25: 0.697, a big-table device 40% slow for a whole
@@ -71,6 +76,8 @@ def main() -> None:
     pd.set_option("display.width", 250)
     print("# python experiments/issue25_tally.py")
     print(tally(RUNS).round(3).to_string(index=False))
+    print("\n# our searches with --row-blocks any (row splits TorchRec does not run)")
+    print(tally(RUNS_ANY).round(3).to_string(index=False))
 
 
 if __name__ == "__main__":

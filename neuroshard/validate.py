@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .constants import COMM_PRECISIONS
+from .constants import COMM_PRECISIONS, ROW_BLOCKS
 from .errors import FormatError, NeuroShardError
 from .io import is_special_file, write_target
 from .units import parse_bytes
@@ -186,6 +186,13 @@ def check_bytes_per_element(value: Any, name: str = "bytes_per_element") -> int:
 def check_comm_precision(value: Any, name: str = "comm_precision") -> str:
     if value not in COMM_PRECISIONS:
         raise NeuroShardError(f"{name} must be one of {', '.join(COMM_PRECISIONS)}, got {value!r}")
+    return value
+
+
+def check_row_blocks(value: Any, name: str = "row_blocks") -> str:
+    """Which row splits a search may make (``constants.ROW_BLOCKS``)."""
+    if value not in ROW_BLOCKS:
+        raise NeuroShardError(f"{name} must be one of {', '.join(ROW_BLOCKS)}, got {value!r}"[:200])
     return value
 
 

@@ -31,7 +31,8 @@ def test_costs_positive_and_grow_with_pooling_and_width(kernel):
     low_pf = [Table("a", 20000, 32, 2.0, {"zipf_alpha": 0.5})]
     high_pf = [Table("a", 20000, 32, 32.0, {"zipf_alpha": 0.5})]
     narrow = [Table("b", 20000, 8, 16.0)]
-    wide = [Table("b", 20000, 128, 16.0)]
+    # 32x the width: 16x measured 1.48-1.7x with embedding_bag on an AMD EPYC (a flaky 1.5x bound), 32x 2.5-2.8x
+    wide = [Table("b", 20000, 256, 16.0)]
     costs = _mean_costs(bench, [low_pf, high_pf, narrow, wide])
     assert (costs > 0).all()
     assert costs[1] > 1.5 * costs[0], costs

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..constants import DEFAULT_DATA_PARALLEL, DEFAULT_ROW_BLOCKS, FP32_BYTES, OBJECTIVES, ROW_BLOCKS
+from ..constants import DEFAULT_DATA_PARALLEL, DEFAULT_ROW_BLOCKS, FP32_BYTES, OBJECTIVES
 from ..constraints import check_capacity
 from ..constraints import check_feasible as check_constraints_feasible
 from ..costmodels import CostModels, resolve_cost_models
@@ -29,6 +29,7 @@ from ..validate import (
     check_bytes_per_element,
     check_comm_precision,
     check_devices,
+    check_row_blocks,
     check_seed,
 )
 from ..version import __version__
@@ -219,8 +220,7 @@ def check_task(tables: TableSet | list[Table], devices: int, memory: int | str |
     data_parallel = check_data_parallel(data_parallel)
     comm_precision = check_comm_precision(comm_precision)
     tier_costs = check_tier_costs(tier_costs)
-    if row_blocks not in ROW_BLOCKS:
-        raise NeuroShardError(f"row_blocks must be one of {', '.join(ROW_BLOCKS)}, got {row_blocks!r}"[:200])
+    row_blocks = check_row_blocks(row_blocks)
     if objective not in OBJECTIVES:
         raise NeuroShardError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}"[:200])
     if objective == "iteration":  # a bad model or operator-costs file fails before any work

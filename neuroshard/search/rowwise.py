@@ -43,7 +43,7 @@ from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
-from ..constants import DEFAULT_ROW_BLOCKS, MIN_COLUMN_SHARD_DIM
+from ..constants import DEFAULT_ROW_BLOCKS, MIN_COLUMN_SHARD_DIM, default_local_world_size
 from ..errors import InfeasibleError
 from ..types import Footprint, Piece, split_rows
 from ..units import format_bytes
@@ -188,11 +188,6 @@ def fits_memory(devices: np.ndarray, sizes: np.ndarray, memory_bytes: int | np.n
     all, or (D,) per device)."""
     used = np.bincount(devices, weights=sizes, minlength=np.size(memory_bytes))
     return bool(np.all(used <= memory_bytes))
-
-
-def default_local_world_size(num_devices: int) -> int:
-    """Ranks per host TorchRec assumes by default: 8, or all when not a multiple of 8."""
-    return 8 if num_devices % 8 == 0 else num_devices
 
 
 def _runnable(strips: dict[tuple[int, int], list[tuple[Piece, int]]], num_devices: int, local: int) -> bool:

@@ -52,7 +52,6 @@ from ..constants import (
     DEFAULT_INTRA_HOST_GBPS,
     DEFAULT_ROW_BLOCKS,
     FP32_BYTES,
-    ROW_BLOCKS,
     default_local_world_size,
 )
 from ..constraints import allowed_state, conform, device_mask, table_constraints
@@ -70,7 +69,7 @@ from ..tables import TableSet
 from ..tiers import IN_DEVICE_MEMORY, Tier, device_bytes_array
 from ..topology import Topology, device_memory, ranks_per_host
 from ..types import Estimate, Footprint, Piece, whole_pieces
-from ..validate import check_comm_precision
+from ..validate import check_comm_precision, check_row_blocks
 from .rowwise import block_counts, split_for_memory
 
 _DIM = FEATURE_NAMES.index("dim")
@@ -91,10 +90,8 @@ class Simulator:
                  risk: float | None = None, topology: Topology | None = None, comm_precision: str = "fp32",
                  tiers: Sequence[Tier] | None = None, row_blocks: str = DEFAULT_ROW_BLOCKS):
         self.tables = tables
-        if row_blocks not in ROW_BLOCKS:
-            raise NeuroShardError(f"row_blocks must be one of {', '.join(ROW_BLOCKS)}, got {row_blocks!r}")
         #: which row splits the search may make (``constants.ROW_BLOCKS``)
-        self.row_blocks = row_blocks
+        self.row_blocks = check_row_blocks(row_blocks)
         self.num_devices = int(num_devices)
         self.cost_models = cost_models
         self.bytes_per_element = int(bytes_per_element)
