@@ -140,7 +140,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
     network = {"topology": Topology(devices, local_world_size=devices)} if args.one_host else {}
     # --row-blocks any: our searches may cut tables into row blocks TorchRec does not run (the
     # baselines' are as always: the memory split's TorchRec counts; measured-greedy's its own)
-    ours = {**network, **({"row_blocks": args.row_blocks} if args.row_blocks != "torchrec" else {})}
+    ours = {**network, "row_blocks": args.row_blocks}
     calibrated = None
     others = {}  # label -> models: every plan's estimate error is also reported under each
     if args.also_model:

@@ -252,11 +252,11 @@ def split_heaviest(sim: Simulator, pieces: list[Piece], params: NeuroShardParams
                 continue
             done.add(p.table)
             j = pieces.index(p)
-            children = [c for c in (None if rows_only(sim, params) else halve_strip_cols(pieces, j),
-                                    split_table_rows(pieces, j, valid_parts=valid) if params.row_splits else None)
-                        if c is not None and sim.allowed(c)]
-            if children:  # column halves first, as TorchRec's layouts favour (rows only: ``rows_only``)
-                pieces, split_any = children[0], True
+            for child in (None if rows_only(sim, params) else halve_strip_cols(pieces, j),
+                          split_table_rows(pieces, j, valid_parts=valid) if params.row_splits else None):
+                if child is not None and sim.allowed(child):
+                    pieces, split_any = child, True
+                    break
         if not split_any:
             break
     return pieces

@@ -290,7 +290,7 @@ def block_counts(num_devices: int, local_world_size: int | None = None, row_bloc
     local = local_world_size or default_local_world_size(num_devices)
     counts = {local, num_devices}
     if row_blocks == "any":
-        counts |= {2 ** k for k in range(1, num_devices.bit_length()) if 2 ** k <= num_devices}
+        counts |= {2 ** k for k in range(1, num_devices.bit_length())}
     return sorted(c for c in counts if c > 1) or [num_devices]
 
 

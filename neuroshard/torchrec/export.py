@@ -52,7 +52,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..constants import CACHE_ALGORITHMS, COMPUTE_KERNELS, DATA_PARALLEL
+from ..constants import CACHE_ALGORITHMS, COMPUTE_KERNELS, DATA_PARALLEL, DEFAULT_ROW_BLOCKS
 from ..errors import NeuroShardError
 from ..exporters import Exporter
 from ..optimizers import DEFAULT_OPTIMIZER, FBGEMM_OPTIMIZERS
@@ -191,7 +191,8 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
         try:
             kind, shards = torchrec_layout(plan, table.name, local)
         except NeuroShardError as exc:
-            if (plan.provenance or {}).get("row_blocks", "torchrec") != "torchrec":  # the search was told so
+            # the search was told it may cut row blocks TorchRec does not run: say so
+            if (plan.provenance or {}).get("row_blocks", DEFAULT_ROW_BLOCKS) != DEFAULT_ROW_BLOCKS:
                 raise NeuroShardError(f"{exc} (the plan was searched with --row-blocks "
                                       f"{plan.provenance['row_blocks']}: search with --row-blocks torchrec for a "
                                       f"plan TorchRec runs)") from None
