@@ -10,7 +10,8 @@ geometric mean and worst of ``--refine``'s and plain ``search``'s max device ove
 baseline's, the calibrated search's, the A/A control's (and how many tasks' A/A is more than
 ``AA_BROKEN`` from 1), and refine's total work over the least of the baselines': the figures
 issue 25's "Done when" names. Then the same over ``RUNS_ANY``, our searches with
-``--row-blocks any``.
+``--row-blocks any``, and where a run also timed the plain search with TorchRec's layouts
+(session 27 on), its ratio and the plain search's over it, paired by task.
 """
 from __future__ import annotations
 
@@ -35,13 +36,17 @@ RUNS = ["plan_benchmark_issue25_session18", "plan_benchmark_issue25_session19_8d
 #: its own (the runs above are TorchRec's layouts), tallied apart
 RUNS_ANY = ["plan_benchmark_issue25_session26_8dev_seed163_any", "plan_benchmark_issue25_session26_8dev_seed163_any_again",
             "plan_benchmark_issue25_session26_4dev_seed163_any", "plan_benchmark_issue25_session26_8dev_seed165_any",
-            "plan_benchmark_issue25_session26_16dev_seed163_any", "plan_benchmark_issue25_session26_16dev_seed163_any_dlrm"]
+            "plan_benchmark_issue25_session26_16dev_seed163_any", "plan_benchmark_issue25_session26_16dev_seed163_any_dlrm",
+            "plan_benchmark_issue25_session27_4dev_seed167_any"]
 TASK = ["family", "devices", "tables", "memory_bytes"]
 #: a task whose A/A control (measured-greedy's plan timed twice in the run) is more than this far
 #: from 1 was measured in a broken run (session 25: 0.697, a big-table device 40% slow for a whole
 #: run); such a task is run again, whatever our plans measured in it, and counted as last measured
 AA_BROKEN = 0.10
 ROWS = {"refine": "neuroshard-refined", "plain": "neuroshard", "calibrated": "neuroshard-calibrated"}
+#: the plain search with TorchRec's layouts, timed in the same run as the ``--row-blocks any`` plans
+#: (``plan_benchmark.TORCHREC_LAYOUTS``): what the option buys, task by task
+PAIRED = "neuroshard-torchrec-layouts"
 
 
 def geomean(x: pd.Series) -> float:
@@ -65,6 +70,13 @@ def tally(runs: list[str]) -> pd.DataFrame:
             line[f"{label}_geomean"] = geomean(g["ratio_to_best_baseline"])
             line[f"{label}_worst"] = float(g["ratio_to_best_baseline"].max())
         line["refine_total_work"] = geomean(part[part["algorithm"] == ROWS["refine"]]["total_ratio_to_least_baseline"])
+        paired = part[part["algorithm"] == PAIRED]  # --row-blocks any runs from session 27 on
+        if len(paired):
+            line["paired_tasks"] = len(paired)
+            line["torchrec_layouts_geomean"] = geomean(paired["ratio_to_best_baseline"])
+            mine = part[part["algorithm"] == ROWS["plain"]].set_index(TASK)["ratio_to_best_baseline"]
+            line["plain_over_torchrec_layouts"] = geomean(mine.loc[paired.set_index(TASK).index]
+                                                          / paired.set_index(TASK)["ratio_to_best_baseline"])
         aa = part[part["algorithm"] == "A/A"]["aa_ratio"]
         line["aa_geomean"] = geomean(aa)
         line["aa_outside_10pct"] = int(((aa < 1 / (1 + AA_BROKEN)) | (aa > 1 + AA_BROKEN)).sum())

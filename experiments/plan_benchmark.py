@@ -21,7 +21,8 @@ instead when it measures cheaper, the two timed together; before session 24 the 
 models' plan unchecked), and the plan of measured refinement from the same calibration (``neuroshard.measured.refine``,
 ``--refine-rounds``). ``--row-blocks any`` lets our searches (plain, calibrated, refine's) cut
 tables into row blocks TorchRec does not run (``constants.ROW_BLOCKS``); the baselines plan as
-always. The A/A line also gives ``aa_spearman``: the Spearman of the control
+always, and the plain search with TorchRec's layouts is timed in the same run as
+``neuroshard-torchrec-layouts`` (what the option buys, paired). The A/A line also gives ``aa_spearman``: the Spearman of the control
 plan's devices against the same devices measured again, the ceiling the noise of the run
 puts on any model's within-plan Spearman.
 
@@ -82,6 +83,8 @@ UNCORRECTED = "neuroshard-calibrated-uncorrected"  # the calibrated models witho
 CALIBRATED = "neuroshard-calibrated"  # with --calibrate: NeuroShard against models calibrated on the task
 REFINED = "neuroshard-refined"  # with --calibrate: then measured refinement (measured.refine) from that calibration
 UNCHECKED = "neuroshard-refined-unchecked"  # with --polish-ab: refine's polished plan without polish's final check
+#: with --row-blocks any: the plain search with TorchRec's layouts too, timed in the same run (a paired comparison)
+TORCHREC_LAYOUTS = "neuroshard-torchrec-layouts"
 #: columns of tasks.csv (every task's rows are written in this order)
 COLUMNS = ["family", "devices", "task", "tables", "memory_bytes", "algorithm", "failed", "max_compute_ms",
            "ratio_to_best_baseline", "balance", "estimated_max_compute_ms", "estimate_gmae", "estimate_spearman",
@@ -217,6 +220,9 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
             rows.append({"algorithm": algo, "failed": str(exc).splitlines()[0]})
             continue
         plans[algo].provenance["search_time_s"] = time.perf_counter() - start  # measured-greedy's timing included
+    if args.row_blocks != DEFAULT_ROW_BLOCKS:  # the same plain search with TorchRec's layouts, in the same run
+        plans[TORCHREC_LAYOUTS] = shard(tables, devices=devices, memory=memory, cost_models=models, seed=index,
+                                        **network)
     if "measured-greedy" in plans:
         plans[CONTROL] = plans["measured-greedy"]
     # identical plans (e.g. refine keeping a baseline's plan) are timed once and share that measurement:

@@ -48,8 +48,7 @@ def hand_cut(tables, devices: int, memory: int, models, hot: list[str], how: str
         pieces = (halve_strip_cols(pieces, i) if how == "column halves"
                   else split_table_rows(pieces, i, parts=2 if how == "row halves" else devices))
     placed = place_with_splits(pieces, lambda p: place_many(sim, [p], memory, params)[0], sim.footprint, True,
-                               num_devices=devices, local_world_size=devices, allowed=sim.allowed,
-                               counts=sim.row_block_counts)
+                               counts=sim.row_block_counts, allowed=sim.allowed)
     placed, _ = local_search(sim, placed, memory, params.local_search_steps, params.local_search_swaps)
     return make_plan(sim, placed, memory, f"hand: {how}", 0.0)
 

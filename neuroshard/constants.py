@@ -85,6 +85,19 @@ MIN_COLUMN_SHARD_DIM = 128
 ROW_BLOCKS = ("torchrec", "any")
 DEFAULT_ROW_BLOCKS = "torchrec"
 
+
+def block_counts(num_devices: int, local_world_size: int | None = None, row_blocks: str = DEFAULT_ROW_BLOCKS
+                 ) -> list[int]:
+    """The row block counts a search may cut a table into (``ROW_BLOCKS``):
+    TorchRec's (one host's ranks, ``local_world_size`` or TorchRec's default, and all
+    ranks), and with ``"any"`` also every power of two below the devices."""
+    local = local_world_size or default_local_world_size(num_devices)
+    counts = {local, num_devices}
+    if row_blocks == "any":
+        counts |= {2 ** k for k in range(1, num_devices.bit_length())}
+    return sorted(c for c in counts if c > 1) or [num_devices]
+
+
 # ------------------------------------------------------------------ the measured loop
 #: ``search --data-parallel``: never replicate a table, or replicate where it pays (``search.replicate``)
 DATA_PARALLEL_CHOICES = ("never", "auto")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from .constants import DATA_PARALLEL, SHARDING_TYPES
+from .constants import DATA_PARALLEL, SHARDING_TYPES, block_counts
 from .errors import FormatError, InfeasibleError
 from .optimizers import DEFAULT_OPTIMIZER, row_bytes, tables_bytes
 from .types import Piece, layout_kind, narrowest_cols, split_rows
@@ -179,7 +179,7 @@ def conform(pieces: list["Piece"], table: "Table", rule: TableConstraints, memor
     options: list[list[Piece]] = [[whole]]
     options += [strips(n) for n in range(2, most_strips + 1)]
     if row_splits:
-        options += [split_rows(whole, parts) for parts in sorted({local, num_devices}) if parts > 1]
+        options += [split_rows(whole, parts) for parts in block_counts(num_devices, local) if parts > 1]
         options += [[b for s in strips(n) for b in split_rows(s, local)] for n in range(2, most_strips + 1)
                     if local > 1]
     for option in options:

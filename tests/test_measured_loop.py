@@ -177,6 +177,37 @@ def test_polish_gives_half_of_a_table_too_heavy_to_move():
     assert after < 0.8 * measured.max()
 
 
+def test_polish_gives_row_halves_with_row_blocks_any():
+    """With ``row_blocks="any"`` a table too heavy to move is split as that search splits for
+    balance: two row blocks of its whole width (TorchRec's ceil sizes) on the two devices, and
+    the polished plan says ``row_blocks: any`` (the TorchRec exporter then names the option)."""
+    from dataclasses import replace
+
+    from neuroshard.measured.refine import polish
+    from neuroshard.search.api import shard
+    from neuroshard.topology import Topology
+
+    tables = TableSet("heavy", [Table("heavy", 4_001, 128, 10.0, {"zipf_alpha": 0.9})]
+                      + [Table(f"s{i}", 1_000, 8, 1.0, {"zipf_alpha": 0.9}) for i in range(4)], 4096)
+    calibration = start_calibration(tables, load_cost_models(), devices=2, sets=8, seed=0, timer=FakeTimer(),
+                                    epochs=5)
+    models, _ = calibration.fit()
+    # one host (NVLink-like exchange): on this CPU's gloo model the reduction a row split adds
+    # costs more than the halves save on these tiny tables, and polish rightly keeps the table whole
+    plan = shard(tables, 2, "64MiB", algorithm="size", cost_models=models, topology=Topology(2, local_world_size=2))
+    lopsided = replace(plan, shards=[replace(s, device=0 if s.table == "heavy" else 1) for s in plan.shards],
+                       estimate=None)
+    measured = np.array([device_ms(lopsided.shards_on(d), tables) for d in range(2)])
+    polished, record = polish(lopsided, tables, calibration, models, measured, steps=4, row_blocks="any")
+    assert record["accepted"] >= 1 and record["splits"] == 1
+    heavy = sorted((s.row_offset, s.num_rows, s.num_cols, s.device) for s in polished.shards if s.table == "heavy")
+    assert [(r, n, c) for r, n, c, _ in heavy] == [(0, 2001, 128), (2001, 2000, 128)] and {d for *_, d in heavy} == {0, 1}
+    assert polished.provenance["row_blocks"] == "any" and "row_blocks" not in lopsided.provenance
+    assert not polished.problems()
+    with pytest.raises(NeuroShardError, match="row_blocks"):
+        polish(lopsided, tables, calibration, models, measured, steps=1, row_blocks="some")
+
+
 def test_polish_works_down_a_plateau_of_equally_slow_devices():
     """Two of 8 devices are equally slow: relieving either lowers the slowest device by
     nothing, so judged by the slowest device alone (``top=1``, the default) polish stops at

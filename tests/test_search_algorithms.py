@@ -297,7 +297,7 @@ def test_no_plan_keeps_a_table_in_column_strips_on_one_device(shipped_models):
 def test_row_blocks_counts_and_check():
     """``row_blocks``: TorchRec's block counts by default; "any" adds every power of two
     below the devices; another word is refused in one line before any work."""
-    from neuroshard.search.rowwise import block_counts
+    from neuroshard.constants import block_counts
     assert block_counts(8, 8) == [8]
     assert block_counts(16, 8) == [8, 16]
     assert block_counts(8, 8, "any") == [2, 4, 8]

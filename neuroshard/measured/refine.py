@@ -51,7 +51,7 @@ from ..search.api import shard
 from ..search.registry import get_trait, with_trait
 from ..search.simulator import Simulator
 from ..tables import TableSet
-from ..validate import check_int
+from ..validate import check_int, check_row_blocks
 from .judge import PlanJudge, geometric_mean
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,8 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     if polish_steps is None:
         polish_steps = default_polish_steps(devices)
     if polish_steps:
-        chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps)
+        chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps,
+                                          row_blocks=search_options.get("row_blocks"))
     if judge is not None:
         named = [(f"round {i}" if i < len(history) else entries[i]["algorithm"], p) for i, p in enumerate(plans)]
         ours = record["chosen"] + ("" if chosen is plans[best] else ", polished")
@@ -327,13 +328,16 @@ def _top_mean(total_ms: np.ndarray, top: int) -> np.ndarray:
 def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured_ms: np.ndarray,
            steps: int = POLISH_STEPS, timing_passes: int = COMPARE_PASSES,
            timing_repeats: int = COMPARE_REPEATS, top: int = POLISH_TOP,
-           check: bool = True) -> tuple[Plan, dict]:
+           check: bool = True, row_blocks: str | None = None) -> tuple[Plan, dict]:
     """A measured local search from ``plan`` whose devices measured ``measured_ms`` (at the
     models' batch size): each step proposes the change off the slowest device that the
     models predict best (each device's prediction scaled by its measured/predicted ratio):
     the move of one shard to another device, its swap with a shard there, or (a whole
     table whose width halves) its split into column halves, one moving to another device:
-    a shard too heavy to move without overshooting can still give away half. The step
+    a shard too heavy to move without overshooting can still give away half. With
+    ``row_blocks="any"`` (None: the plan's own, ``provenance.row_blocks``) the table is split
+    into two row blocks instead, as that search splits for balance (``search.neuroshard.rows_only``),
+    and the polished plan says ``row_blocks: any``. The step
     times the two devices before and after the change in one interleaved run (the machine's
     speed drifts between runs; the other devices' times are scaled by that drift), and
     keeps the change only when the plan's measured objective drops by more than ``MIN_GAIN``
@@ -374,11 +378,13 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         split (a whole, unconstrained table whose width halves), its device bytes (a cached
         table's cache) and the devices it may go to (pinned tables; None: any)."""
         movable = np.array([p.row_offset == 0 and p.num_rows == tables[p.table].num_embeddings for p in pieces])
-        splittable = np.array([movable[k] and p.num_cols == tables[p.table].embedding_dim and p.can_halve_cols()
+        splittable = np.array([movable[k] and p.num_cols == tables[p.table].embedding_dim
+                               and (p.can_halve_rows() if by_rows else p.can_halve_cols())
                                and not (sim.constraints is not None and sim.constraints[p.table].any)
                                for k, p in enumerate(pieces)])
         return movable, splittable, sim.sizes_bytes(pieces), sim.device_mask(pieces)
 
+    by_rows = check_row_blocks(row_blocks or sim.row_blocks) == "any"  # whole tables split into row halves
     movable, splittable, sizes, mask = layout(pieces)
     for _ in range(steps):
         members = [np.flatnonzero(where == d) for d in range(devices)]
@@ -393,7 +399,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
 
         changes = []  # (device a, device b, what, pieces after, devices after): a is the slowest device
         for i in members[hot][movable[members[hot]]]:
-            halves = pieces[i].halve_cols() if splittable[i] else None
+            halves = (pieces[i].halve_rows() if by_rows else pieces[i].halve_cols()) if splittable[i] else None
             half_bytes = float(sim.sizes_bytes([halves[1]])[0]) if halves else 0.0
             for d in range(devices):
                 if d == hot or not may(i, d):
@@ -483,6 +489,8 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         return plan, record
     shards = sim.to_shards(pieces, where)
     polished = replace(plan, shards=shards, provenance=plan.provenance.to_dict())
+    if by_rows and record["splits"]:  # row blocks TorchRec may not run: the exporter names the option
+        polished.provenance["row_blocks"] = "any"
     problems = polished.problems()
     if problems:  # a guard: moves keep memory and layout rules, so this should not happen
         log.warning("polish: the polished plan is invalid (%s); keeping the refined plan", problems[0])

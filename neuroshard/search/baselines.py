@@ -66,9 +66,7 @@ def greedy_by_key(sim: Simulator, memory_bytes: int, key: str, seed: int = 0) ->
         return Placement(pieces, devices) if devices[0] >= 0 else None
 
     start = sim.memory_split(memory_bytes)
-    placed = place_with_splits(start, place, sim.footprint, num_devices=sim.num_devices,
-                               local_world_size=sim.local_world_size, allowed=sim.allowed,
-                               counts=sim.row_block_counts)
+    placed = place_with_splits(start, place, sim.footprint, counts=sim.row_block_counts, allowed=sim.allowed)
     placed.cost_ms = float(sim.evaluate(placed.pieces, placed.devices[None, :]).max_ms[0])
     placed.details = {"parameters": {"key": key, "seed": seed}, "simulated_cost_ms": placed.cost_ms}
     return placed

@@ -91,9 +91,7 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
     if best is None:  # no trial packed: fall back to the unsplit state with extra memory splits
         log.info("no Bayesian trial fit in memory; placing with extra memory splits")
         best = place_with_splits(start, lambda pieces: _feasible(sim, pieces, greedy(pieces, math.inf)),
-                                 sim.footprint, num_devices=sim.num_devices,
-                                 local_world_size=sim.local_world_size, allowed=sim.allowed,
-                                 counts=sim.row_block_counts)
+                                 sim.footprint, counts=sim.row_block_counts, allowed=sim.allowed)
     best.details = {"parameters": {**asdict(params), "seed": seed}, "simulated_cost_ms": best.cost_ms,
                     "best_trial": study.best_trial.params if study.best_value < 1e30 else None}
     return best

@@ -65,9 +65,8 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
         params = replace(params, depth=0, local_search_steps=max(params.local_search_steps, sim.num_devices // 4))
     def place(pieces: list[Piece]) -> Placement:
         return place_with_splits(pieces, lambda p: place_many(sim, [p], memory_bytes, params)[0],
-                                 sim.footprint, params.row_splits, num_devices=sim.num_devices,
-                                 local_world_size=sim.local_world_size, allowed=sim.allowed,
-                                 counts=sim.row_block_counts)
+                                 sim.footprint, params.row_splits, counts=sim.row_block_counts,
+                                 allowed=sim.allowed)
 
     best = place(start)
     least_split = best  # the state before any split the beam adds (tables too big for a device are cut)

@@ -30,7 +30,7 @@ checks, refusing what TorchRec would run wrong. Before a plan is written,
 neighbouring column strips whose blocks pair up on the same devices (``join_column_strips``).
 
 **Unless told otherwise** (``row_blocks="any"``, ``constants.ROW_BLOCKS``): the block
-counts are then also 2, 4, ... (``block_counts``), still TorchRec's ceil sizes, on any
+counts are then also 2, 4, ... (``constants.block_counts``), still TorchRec's ceil sizes, on any
 distinct devices; only ``align_row_blocks`` runs before writing. NeuroShard's runtime runs
 such plans and the TorchRec exporter refuses them: for users of our runtime, whose hot
 tables cost less in row halves than in TorchRec's layouts (measured in the constant's comment).
@@ -43,7 +43,7 @@ from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 
-from ..constants import DEFAULT_ROW_BLOCKS, MIN_COLUMN_SHARD_DIM, default_local_world_size
+from ..constants import MIN_COLUMN_SHARD_DIM, block_counts, default_local_world_size
 from ..errors import InfeasibleError
 from ..types import Footprint, Piece, split_rows
 from ..units import format_bytes
@@ -282,31 +282,19 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
     return list(pieces), np.asarray(devices, dtype=np.int64)
 
 
-def block_counts(num_devices: int, local_world_size: int | None = None, row_blocks: str = DEFAULT_ROW_BLOCKS
-                 ) -> list[int]:
-    """The row block counts a search may cut a table into (``constants.ROW_BLOCKS``):
-    TorchRec's (one host's ranks, ``local_world_size`` or TorchRec's default, and all
-    ranks), and with ``"any"`` also every power of two below the devices."""
-    local = local_world_size or default_local_world_size(num_devices)
-    counts = {local, num_devices}
-    if row_blocks == "any":
-        counts |= {2 ** k for k in range(1, num_devices.bit_length())}
-    return sorted(c for c in counts if c > 1) or [num_devices]
-
-
 def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, footprint: Footprint,
                      row_splits: bool = True, num_devices: int | None = None,
-                     local_world_size: int | None = None, counts: Sequence[int] | None = None) -> list[Piece]:
+                     counts: Sequence[int] | None = None) -> list[Piece]:
     """Split every piece larger than a device: column halves while possible, then the
-    fewest row blocks that fit; with ``num_devices``, the fewest of ``counts`` (default
-    ``block_counts``: as many as TorchRec runs, one host's ranks, ``local_world_size`` or
-    TorchRec's default, or all ranks) that are enough, and then a table narrower than
+    fewest row blocks that fit; with ``num_devices``, the fewest of ``counts`` (the search's,
+    ``Simulator.row_block_counts``; default ``constants.block_counts`` of ``num_devices``:
+    TorchRec's, one host's ranks by its default or all ranks) that are enough, and then a table narrower than
     twice ``MIN_COLUMN_SHARD_DIM`` is cut into those row blocks without column halves
     first (see the module docstring)."""
     out: list[Piece] = []
     todo = list(pieces)
     if num_devices is not None and counts is None:
-        counts = block_counts(num_devices, local_world_size)
+        counts = block_counts(num_devices)
 
     def row_parts(piece: Piece) -> int:
         max_rows = max(1, int(memory_bytes // footprint.row_bytes(piece)))
@@ -338,18 +326,16 @@ def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, footprint: Foot
 
 
 def halve_largest(pieces: Sequence[Piece], footprint: Footprint, row_splits: bool = True,
-                  num_devices: int | None = None, local_world_size: int | None = None,
-                  allowed: Callable[[list[Piece]], bool] | None = None,
-                  counts: Sequence[int] | None = None) -> list[Piece] | None:
+                  counts: Sequence[int] | None = None,
+                  allowed: Callable[[list[Piece]], bool] | None = None) -> list[Piece] | None:
     """The pieces with the largest splittable one's strip halved along columns, else its
     table re-cut into twice the row blocks; None when nothing can be split further.
-    ``allowed`` (per-table constraints, ``Simulator.allowed``) skips splits it refuses;
-    ``counts``: the block counts tried first (default ``block_counts``, TorchRec's)."""
+    ``counts``: the block counts tried first (the search's, ``Simulator.row_block_counts``);
+    ``allowed`` (per-table constraints, ``Simulator.allowed``) skips splits it refuses."""
     for i in sorted(range(len(pieces)), key=lambda i: -footprint.of(pieces[i])):
         splits = [halve_strip_cols(pieces, i)]
-        if row_splits and num_devices is not None:  # the search's block counts first
-            splits.append(split_table_rows(pieces, i, valid_parts=counts or block_counts(num_devices,
-                                                                                           local_world_size)))
+        if row_splits and counts:  # the search's block counts first
+            splits.append(split_table_rows(pieces, i, valid_parts=counts))
         if row_splits:
             splits.append(split_table_rows(pieces, i))
         if row_splits and footprint.prefers_row_splits(pieces[i]):  # a cached table: rows before columns
@@ -362,11 +348,11 @@ def halve_largest(pieces: Sequence[Piece], footprint: Footprint, row_splits: boo
 
 def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], PlacedT | None],
                       footprint: Footprint, row_splits: bool = True, max_attempts: int = 256,
-                      num_devices: int | None = None, local_world_size: int | None = None,
-                      allowed: Callable[[list[Piece]], bool] | None = None,
-                      counts: Sequence[int] | None = None) -> PlacedT:
+                      counts: Sequence[int] | None = None,
+                      allowed: Callable[[list[Piece]], bool] | None = None) -> PlacedT:
     """``place(pieces)``; while it cannot pack the pieces into memory, halve the largest
-    piece and try again. InfeasibleError when splitting does not help."""
+    piece and try again (``halve_largest``: ``counts``, ``allowed``). InfeasibleError when
+    splitting does not help."""
     current = list(pieces)
     for attempt in range(max_attempts + 1):
         placed = place(current)
@@ -374,7 +360,7 @@ def place_with_splits(pieces: Sequence[Piece], place: Callable[[list[Piece]], Pl
             if attempt:
                 log.info("packed after %d extra memory splits (%d shards)", attempt, len(current))
             return placed
-        smaller = halve_largest(current, footprint, row_splits, num_devices, local_world_size, allowed, counts)
+        smaller = halve_largest(current, footprint, row_splits, counts, allowed)
         if smaller is None:
             break
         current = smaller

@@ -52,6 +52,7 @@ from ..constants import (
     DEFAULT_INTRA_HOST_GBPS,
     DEFAULT_ROW_BLOCKS,
     FP32_BYTES,
+    block_counts,
     default_local_world_size,
 )
 from ..constraints import allowed_state, conform, device_mask, table_constraints
@@ -70,7 +71,7 @@ from ..tiers import IN_DEVICE_MEMORY, Tier, device_bytes_array
 from ..topology import Topology, device_memory, ranks_per_host
 from ..types import Estimate, Footprint, Piece, whole_pieces
 from ..validate import check_comm_precision, check_row_blocks
-from .rowwise import block_counts, split_for_memory
+from .rowwise import split_for_memory
 
 _DIM = FEATURE_NAMES.index("dim")
 _LOG_SIZE = FEATURE_NAMES.index("log2_size_bytes")
@@ -143,7 +144,7 @@ class Simulator:
         self.hosts_stated = self.network is not None
         #: ranks per host of row splits kept on one host (TorchRec's default without hosts)
         self.local_world_size = ranks_per_host(self.network or topology, self.num_devices)
-        #: the row block counts a search may cut a table into (``rowwise.block_counts``)
+        #: the row block counts a search may cut a table into (``constants.block_counts``)
         self.row_block_counts = block_counts(self.num_devices, self.local_world_size, self.row_blocks)
         #: devices per host when the exchange is costed over hosts (the placers keep such row splits on one host)
         self.host_size = self.network.local_world_size if self.hosts_stated else None
@@ -229,8 +230,7 @@ class Simulator:
         key = (int(np.max(memory_bytes)), bool(row_splits))  # per-device memory: split for the largest device
         if key not in self._memory_splits:
             self._memory_splits[key] = split_for_memory(self.sharded_pieces(), key[0], self.footprint, row_splits,
-                                                        self.num_devices, local_world_size=self.local_world_size,
-                                                        counts=self.row_block_counts)
+                                                        self.num_devices, counts=self.row_block_counts)
             if self.constraints is not None:
                 self._memory_splits[key] = self._conform(self._memory_splits[key], memory_bytes, row_splits)
         return list(self._memory_splits[key])
@@ -662,15 +662,17 @@ class Simulator:
     def from_plan(cls, plan: Plan, cost_models: CostModels, tables: TableSet | None = None,
                   batch_size: int | None = None) -> "Simulator":
         """The one simulator of a plan: its devices, weights and communication precision,
-        optimizer and topology, over ``tables`` (default: the plan's own) at ``batch_size``
-        (default: the tables' batch; a measurement passes the batch it ran at)."""
+        optimizer, topology and row blocks (``provenance.row_blocks``), over ``tables``
+        (default: the plan's own) at ``batch_size`` (default: the tables' batch; a measurement
+        passes the batch it ran at)."""
         tables = tables if tables is not None else TableSet(plan.tables_name, list(plan.tables))
         if batch_size:
             tables = tables.at_batch(batch_size)
         tiers = plan.tiers() if plan.tiered else None
+        row_blocks = (plan.provenance or {}).get("row_blocks") or DEFAULT_ROW_BLOCKS
         return cls(tables, plan.num_devices, cost_models, plan.bytes_per_element, optimizer=plan.optimizer,
                    comm_precision=plan.comm_precision, topology=plan.topology,
-                   tiers=None if tiers is None else [tiers[t.name] for t in tables])
+                   tiers=None if tiers is None else [tiers[t.name] for t in tables], row_blocks=row_blocks)
 
     def balanced_bound_ms(self) -> float:
         """Sum of the tables' predicted single-table compute costs over the devices: the
