@@ -76,8 +76,8 @@ def tally(runs: list[str]) -> pd.DataFrame:
             line["paired_tasks"] = len(paired)
             line["torchrec_layouts_geomean"] = geomean(paired["ratio_to_best_baseline"])
             mine = part[part["algorithm"] == ROWS["plain"]].set_index(TASK)["ratio_to_best_baseline"]
-            line["plain_over_torchrec_layouts"] = geomean(mine.loc[paired.set_index(TASK).index]
-                                                          / paired.set_index(TASK)["ratio_to_best_baseline"])
+            theirs = paired.set_index(TASK)["ratio_to_best_baseline"]
+            line["plain_over_torchrec_layouts"] = geomean(mine.loc[theirs.index] / theirs)
         aa = part[part["algorithm"] == "A/A"]["aa_ratio"]
         line["aa_geomean"] = geomean(aa)
         line["aa_outside_10pct"] = int(((aa < 1 / (1 + AA_BROKEN)) | (aa > 1 + AA_BROKEN)).sum())

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .constants import DATA_PARALLEL, FP32_BYTES, MEMORY_TIERS
+from .constants import DATA_PARALLEL, DEFAULT_ROW_BLOCKS, FP32_BYTES, MEMORY_TIERS
 from .constraints import plan_problems as constraint_problems
 from .errors import FormatError, InvalidPlanError, NeuroShardError
 from .io import atomic_write_text
@@ -176,6 +176,12 @@ class Plan:
             if s.tier.memory == memory and 0 <= s.device < self.num_devices:
                 used[int(host_of[s.device])] += s.backing_bytes(self.bytes_per_element, self.optimizer)
         return used
+
+    @property
+    def row_blocks(self) -> str:
+        """Which row splits the plan's search could make (``provenance.row_blocks``; without it,
+        TorchRec's layouts: ``constants.DEFAULT_ROW_BLOCKS``)."""
+        return (self.provenance or {}).get("row_blocks") or DEFAULT_ROW_BLOCKS
 
     @property
     def local_world_size(self) -> int:

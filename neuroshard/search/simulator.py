@@ -669,10 +669,9 @@ class Simulator:
         if batch_size:
             tables = tables.at_batch(batch_size)
         tiers = plan.tiers() if plan.tiered else None
-        row_blocks = (plan.provenance or {}).get("row_blocks") or DEFAULT_ROW_BLOCKS
         return cls(tables, plan.num_devices, cost_models, plan.bytes_per_element, optimizer=plan.optimizer,
                    comm_precision=plan.comm_precision, topology=plan.topology,
-                   tiers=None if tiers is None else [tiers[t.name] for t in tables], row_blocks=row_blocks)
+                   tiers=None if tiers is None else [tiers[t.name] for t in tables], row_blocks=plan.row_blocks)
 
     def balanced_bound_ms(self) -> float:
         """Sum of the tables' predicted single-table compute costs over the devices: the

@@ -192,9 +192,9 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
             kind, shards = torchrec_layout(plan, table.name, local)
         except NeuroShardError as exc:
             # the search was told it may cut row blocks TorchRec does not run: say so
-            if (plan.provenance or {}).get("row_blocks", DEFAULT_ROW_BLOCKS) != DEFAULT_ROW_BLOCKS:
+            if plan.row_blocks != DEFAULT_ROW_BLOCKS:
                 raise NeuroShardError(f"{exc} (the plan was searched with --row-blocks "
-                                      f"{plan.provenance['row_blocks']}: search with --row-blocks torchrec for a "
+                                      f"{plan.row_blocks}: search with --row-blocks torchrec for a "
                                       f"plan TorchRec runs)") from None
             raise
         kernel, params = tier_kernel(tiers[table.name], algorithm)
