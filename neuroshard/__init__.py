@@ -6,10 +6,20 @@ The one call most users need::
     import neuroshard
     plan = neuroshard.shard(neuroshard.TableSet.read("tables.json"), devices=8, memory="16GiB")
 """
+import os as _os
+
+from .constants import HUGE_PAGES_ENV
 from .errors import FormatError, InfeasibleError, InvalidPlanError, NeuroShardError
 from .plan import Plan, Shard
 from .tables import Table, TableSet
 from .version import __version__
+
+# PyTorch's CPU allocator puts every allocation of 2 MiB or more in transparent huge pages when
+# this is "1", read at the process's first allocation (set it to "0" before importing NeuroShard
+# to keep the default pages). Timing runs and the training runtime's ranks (which inherit it)
+# then keep tables, lookups and pooled outputs in huge pages, as a GPU keeps its tables in large
+# pages: on this project's VMs a device moved half as far between runs (constants.TIMING_HUGE_PAGES).
+_os.environ.setdefault(HUGE_PAGES_ENV, "1")
 
 
 def shard(tables, devices: int, memory, **kwargs) -> Plan:

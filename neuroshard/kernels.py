@@ -37,13 +37,15 @@ Heavy imports (torch, fbgemm) happen inside the functions that need them.
 """
 from __future__ import annotations
 
+import ctypes
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence
 
 import numpy as np
 
-from .constants import PRECISION_BYTES
+from .constants import HUGE_PAGE_BYTES, PRECISION_BYTES
 from .errors import NeuroShardError
 from .optimizers import CPU_OPTIMIZERS, FBGEMM_OPTIMIZERS, check_optimizer
 
@@ -162,6 +164,34 @@ def local_lookups(rows: np.ndarray, lengths: np.ndarray, row_offset: int, num_ro
         local = local % allocated_rows
     offsets = np.concatenate([[0], np.cumsum(local_lengths)[:-1]]).astype(np.int64)
     return torch.from_numpy(np.ascontiguousarray(local, dtype=np.int64)), torch.from_numpy(offsets)
+
+
+#: Linux ``madvise`` advice asking for transparent huge pages (``<sys/mman.h>``)
+_MADV_HUGEPAGE = 14
+_THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def advise_huge_pages(tensor: "torch.Tensor") -> bool:
+    """Ask Linux to back ``tensor``'s memory (a fresh CPU tensor not yet written) with
+    transparent huge pages; True when the kernel accepted and its THP mode allows them.
+    PyTorch does this only for a whole process, from an environment variable read at its
+    first allocation (``constants.HUGE_PAGES_ENV``), which a process that has already
+    loaded cost models cannot set any more: hence ``madvise`` on the one buffer here."""
+    if not sys.platform.startswith("linux") or tensor.device.type != "cpu":
+        return False
+    try:
+        with open(_THP_MODE) as f:
+            if "[never]" in f.read():
+                return False
+        libc = ctypes.CDLL(None, use_errno=True)
+        start = -(-tensor.data_ptr() // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+        end = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+        if end <= start:
+            return False
+        libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        return libc.madvise(start, end - start, _MADV_HUGEPAGE) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def weights_numel(shapes: Sequence[tuple[int, int]], kernel: str) -> int:

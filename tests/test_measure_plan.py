@@ -3,6 +3,7 @@ the measured-greedy baseline; one-line errors on bad input."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from neuroshard.cli import main
+from neuroshard.constants import HUGE_PAGES_ENV
 from neuroshard.costmodels.measure.kernel import KernelBenchmark
 from neuroshard.costmodels.measure.timing import device_figures, device_time, time_devices
 from neuroshard.kernels import FusedEmbedding, weights_numel
@@ -224,3 +226,66 @@ def test_one_device_is_timed_without_a_reference():
     plan = shard(tables, devices=1, memory="64MiB", algorithm="size")
     times, config = time_devices([plan.shards_on(0)], tables, passes=2, repeats=1, batch_size=256)
     assert config["figure"] == "fastest" and "reference" not in config and len(times[0]) == 2
+
+
+def _thp_mode() -> str:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "none"
+    return text.split("[")[1].split("]")[0] if "[" in text else "none"
+
+
+def _huge_bytes_at(address: int) -> int:
+    """AnonHugePages (bytes) of this process's mapping that holds ``address``."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="transparent huge pages off on this machine")
+def test_advised_buffer_gets_huge_pages():
+    from neuroshard.kernels import advise_huge_pages
+    plain = torch.empty(2**23)  # 32 MiB, never advised (madvise mode: 4 KiB pages)
+    plain.fill_(1.0)
+    advised = torch.empty(2**23)
+    assert advise_huge_pages(advised)
+    advised.fill_(1.0)
+    assert _huge_bytes_at(advised.data_ptr() + advised.numel() * 2) > 0  # the middle of the buffer
+    if _thp_mode() == "madvise" and os.environ.get(HUGE_PAGES_ENV) != "1":  # "1": PyTorch advises it too
+        assert _huge_bytes_at(plain.data_ptr() + plain.numel() * 2) == 0
+    assert not advise_huge_pages(torch.empty(16))  # under one huge page: nothing to advise
+
+
+@pytest.mark.timing
+def test_timing_run_says_whether_its_weights_were_in_huge_pages():
+    tables = TableSet("two", [Table("a", 100_000, 32, 1.0), Table("b", 100_000, 32, 1.0)], 256)
+    sets = [[Shard("a", 0, 100_000, 0, 32, 0)], [Shard("b", 0, 100_000, 0, 32, 1)]]
+    _, off = time_devices(sets, tables, passes=1, repeats=1, batch_size=256, huge_pages=False)
+    _, on = time_devices(sets, tables, passes=1, repeats=1, batch_size=256)
+    assert off["huge_pages"] is False
+    assert on["huge_pages"] is (_thp_mode() in ("madvise", "always"))
+
+
+def _rank_allocates(wctx):
+    big = torch.empty(2**23)
+    big.fill_(1.0)
+    return os.environ.get(HUGE_PAGES_ENV), _huge_bytes_at(big.data_ptr() + big.numel() * 2)
+
+
+@pytest.mark.gloo
+def test_runtime_ranks_allocate_in_huge_pages():
+    from neuroshard.launch import launch
+    setting = os.environ.get(HUGE_PAGES_ENV)  # importing neuroshard set it to "1" unless the environment had it
+    assert setting is not None
+    out = launch(_rank_allocates, (), 2, 60)
+    for rank in range(2):
+        assert out[rank][0] == setting
+        if _thp_mode() in ("madvise", "always") and setting == "1":
+            assert out[rank][1] > 0

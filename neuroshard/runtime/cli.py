@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from ..cli_options import add_input, add_output, help_table
-from ..constants import EVALUATE_COLUMNS, ITERATION_TERMS, TIMING_PASSES, TIMING_REPEATS, TIMING_WARMUP_PASSES
+from ..constants import (EVALUATE_COLUMNS, HUGE_PAGES_ENV, ITERATION_TERMS, TIMING_PASSES, TIMING_REPEATS,
+                         TIMING_WARMUP_PASSES)
 from ..kernels import DEFAULT_MAX_ROWS, kernel_names
 from ..validate import batch_size_int, device_count, float_in, nonneg_int, positive_float, positive_int, seed_int
 
@@ -103,6 +105,8 @@ def _measure(args: argparse.Namespace) -> int:
     from ..tables import TableSet
     from ..validate import check_output
     from .measure_plan import measure_plans, plan_names
+    if args.no_huge_pages:  # before this process's first allocation (HUGE_PAGES_ENV is read then)
+        os.environ[HUGE_PAGES_ENV] = "0"
     paths = list(args.plans) + list(args.with_plans or [])
     output = check_output(args.output, [*paths, args.tables], "measurement file") if args.output else None
     tables = TableSet.read(args.tables)
@@ -110,7 +114,7 @@ def _measure(args: argparse.Namespace) -> int:
     result = measure_plans(plans, tables, passes=args.passes, warmup_passes=args.warmup_passes,
                            repeats=args.repeats, batch_size=args.batch_size, row_cap=args.row_cap,
                            kernel=args.kernel, cost_models=args.cost_model, progress=True,
-                           reference=not args.no_reference)
+                           reference=not args.no_reference, huge_pages=not args.no_huge_pages)
     print(result.format())
     if output is not None:
         result.write_json(output)
@@ -161,6 +165,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"timed runs per device and round (default: {TIMING_REPEATS})")
     p.add_argument("--no-reference", action="store_true",
                    help="no reference device: a device's figure is its fastest raw pass (before revision 14)")
+    p.add_argument("--no-huge-pages", action="store_true",
+                   help="keep the weights in the system's default pages (before revision 21: no huge pages advised)")
     p.add_argument("--batch-size", type=batch_size_int, default=None,
                    help="batch each device looks up (default: the cost model's, 4096 for the shipped one)")
     p.add_argument("--row-cap", type=positive_int, default=DEFAULT_MAX_ROWS,

@@ -38,7 +38,11 @@ reference (AMD EPYC, session 16); 5.0% and 1.5% on an Intel Xeon (3 runs, sessio
 Memory: on CPU the devices share one weights buffer the size of the largest device
 (``FusedEmbedding(weights_buffer=)``), so a 128-device plan needs the memory of one
 device. Rows beyond ``row_cap`` are not allocated (lookups fold onto the allocated
-rows, as in training and collection); the cap is reported.
+rows, as in training and collection); the cap is reported. By default
+(``TIMING_HUGE_PAGES``) the buffer is advised into transparent huge pages before it is
+written (``kernels.advise_huge_pages``; ``config["huge_pages"]`` says whether the kernel
+took the advice): with 4 KiB pages a device of big tables pays a TLB miss on most lookups,
+and on a virtual machine the page walk is long and varies with where the pages landed.
 """
 from __future__ import annotations
 
@@ -55,6 +59,7 @@ import numpy as np
 
 from ...constants import (
     MEASURED_BATCH_SIZE,
+    TIMING_HUGE_PAGES,
     TIMING_MAX_REPEATS,
     TIMING_MIN_PASS_MS,
     TIMING_PASSES,
@@ -70,6 +75,7 @@ from ...kernels import (
     WEIGHTS_PRECISIONS,
     FusedEmbedding,
     FusedInputs,
+    advise_huge_pages,
     local_lookups,
     resolve_kernel,
     weights_dtype,
@@ -213,7 +219,8 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
                  progress: bool | str = False, weights_precision: str = "fp32",
                  flush_bytes: int | None = None, min_pass_ms: float = TIMING_MIN_PASS_MS,
                  max_repeats: int = TIMING_MAX_REPEATS,
-                 reference: bool = TIMING_REFERENCE) -> tuple[list[list[float]], dict]:
+                 reference: bool = TIMING_REFERENCE,
+                 huge_pages: bool = TIMING_HUGE_PAGES) -> tuple[list[list[float]], dict]:
     """Time each device's shards (a list of shard lists, one per device, of any plans)
     as one fused kernel with weights of ``weights_precision``, the devices taking turns
     round-robin with the order rotated every pass. Returns per device its time (ms) in
@@ -225,7 +232,8 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
     more per pass, its first pass included, up to ``max_repeats`` runs, so that a pass adds up
     to about ``min_pass_ms``. ``reference`` (two or more devices with shards): time a reference
     device right before every turn and return each pass relative to it (see the module
-    docstring); ``config["figure"]`` says how a device's figure is made (``device_time``)."""
+    docstring); ``config["figure"]`` says how a device's figure is made (``device_time``).
+    ``huge_pages``: advise the CPU weights buffer into transparent huge pages (module docstring)."""
     import torch  # heavy: imported when a run starts, so the CLI starts fast
     from tqdm import tqdm
 
@@ -252,9 +260,11 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
         raise NeuroShardError(f"the largest device needs {need * element_bytes / 2**30:.1f} GiB of weights with rows capped at "
                               f"{row_cap:,}, over the {limit / 2**30:.1f} GiB allowed; lower --row-cap")
     device = torch.device("cuda" if backend == "cuda" else "cpu")
-    buffer = None
+    buffer, huge = None, False
     if backend == "cpu" and need:
-        buffer = torch.full((need,), 0.01, dtype=weights_dtype(weights_precision))  # written once: pages mapped
+        buffer = torch.empty((need,), dtype=weights_dtype(weights_precision))
+        huge = huge_pages and advise_huge_pages(buffer)  # before the first write maps the pages
+        buffer.fill_(0.01)  # written once: pages mapped
 
     busy = [dt for dt in turns if dt.shards]
     ref = None
@@ -307,6 +317,8 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
               "most_repeats": max((dt.repeats or repeats for dt in busy), default=repeats), "row_cap": row_cap,
               "capped_shards": capped, "buffer_bytes": need * element_bytes, "flush_bytes": bench.flush_bytes,
               "figure": figure, "seconds": round(time.perf_counter() - start, 2)}
+    if backend == "cpu":
+        config["huge_pages"] = bool(huge)
     if ref is not None:
         config["reference"] = {"device": next(i for i, dt in enumerate(turns) if dt is chosen), "runs": ref_runs,
                                "fastest_ms": round(floor, 4), "median_ms": round(float(np.median(every)), 4)}
