@@ -166,32 +166,59 @@ def local_lookups(rows: np.ndarray, lengths: np.ndarray, row_offset: int, num_ro
     return torch.from_numpy(np.ascontiguousarray(local, dtype=np.int64)), torch.from_numpy(offsets)
 
 
-#: Linux ``madvise`` advice asking for transparent huge pages (``<sys/mman.h>``)
-_MADV_HUGEPAGE = 14
+#: Linux ``madvise`` advice for transparent huge pages, on and off (``<sys/mman.h>``)
+_MADV_HUGEPAGE, _MADV_NOHUGEPAGE = 14, 15
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
+_SMALL_PAGE_BYTES = 4096
 
 
-def advise_huge_pages(tensor: "torch.Tensor") -> bool:
+def advise_huge_pages(tensor: "torch.Tensor", huge: bool = True) -> bool:
     """Ask Linux to back ``tensor``'s memory (a fresh CPU tensor not yet written) with
-    transparent huge pages; True when the kernel accepted and its THP mode allows them.
-    PyTorch does this only for a whole process, from an environment variable read at its
-    first allocation (``constants.HUGE_PAGES_ENV``), which a process that has already
-    loaded cost models cannot set any more: hence ``madvise`` on the one buffer here."""
+    transparent huge pages, or with ``huge=False`` to keep it in small pages; True when the
+    kernel accepted the advice (and, for huge pages, its THP mode allows them). PyTorch
+    offers this only for a whole process, from an environment variable read at its first
+    allocation (``constants.HUGE_PAGES_ENV``), which a process that has already loaded cost
+    models cannot change any more: hence ``madvise`` on the one buffer here."""
     if not sys.platform.startswith("linux") or tensor.device.type != "cpu":
         return False
     try:
         with open(_THP_MODE) as f:
-            if "[never]" in f.read():
+            if huge and "[never]" in f.read():
                 return False
-        libc = ctypes.CDLL(None, use_errno=True)
-        start = -(-tensor.data_ptr() // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
-        end = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+        first, last = tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size()
+        if huge:  # the whole huge pages inside the tensor
+            start, end = -(-first // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES, last // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+        else:  # every small page it touches
+            start, end = first // _SMALL_PAGE_BYTES * _SMALL_PAGE_BYTES, -(-last // _SMALL_PAGE_BYTES) * _SMALL_PAGE_BYTES
         if end <= start:
             return False
+        libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-        return libc.madvise(start, end - start, _MADV_HUGEPAGE) == 0
+        return libc.madvise(start, end - start, _MADV_HUGEPAGE if huge else _MADV_NOHUGEPAGE) == 0
     except (OSError, AttributeError):
         return False
+
+
+def huge_page_bytes(tensor: "torch.Tensor") -> int:
+    """Bytes of huge pages (``AnonHugePages`` in ``/proc/self/smaps``) in the mapping that
+    holds the middle of ``tensor``'s memory: what a timing run's weights really got. 0 where
+    that cannot be read (not Linux, not a CPU tensor)."""
+    if not sys.platform.startswith("linux") or tensor.device.type != "cpu" or tensor.numel() == 0:
+        return 0
+    middle = tensor.data_ptr() + tensor.numel() * tensor.element_size() // 2
+    inside = False
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(maxsplit=1)[0]
+                if "-" in head and not head.endswith(":"):  # a mapping's first line: its address range
+                    low, high = (int(x, 16) for x in head.split("-"))
+                    inside = low <= middle < high
+                elif inside and head == "AnonHugePages:":
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return 0
+    return 0
 
 
 def weights_numel(shapes: Sequence[tuple[int, int]], kernel: str) -> int:

@@ -14,7 +14,7 @@ from neuroshard.cli import main
 from neuroshard.constants import HUGE_PAGES_ENV
 from neuroshard.costmodels.measure.kernel import KernelBenchmark
 from neuroshard.costmodels.measure.timing import device_figures, device_time, time_devices
-from neuroshard.kernels import FusedEmbedding, weights_numel
+from neuroshard.kernels import FusedEmbedding, advise_huge_pages, huge_page_bytes, weights_numel
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.evaluate import evaluate
 from neuroshard.runtime.measure_plan import measure_plans
@@ -236,30 +236,16 @@ def _thp_mode() -> str:
     return text.split("[")[1].split("]")[0] if "[" in text else "none"
 
 
-def _huge_bytes_at(address: int) -> int:
-    """AnonHugePages (bytes) of this process's mapping that holds ``address``."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == "AnonHugePages:":
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 @pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="transparent huge pages off on this machine")
-def test_advised_buffer_gets_huge_pages():
-    from neuroshard.kernels import advise_huge_pages
-    plain = torch.empty(2**23)  # 32 MiB, never advised (madvise mode: 4 KiB pages)
-    plain.fill_(1.0)
-    advised = torch.empty(2**23)
+def test_advised_buffer_gets_huge_pages_and_the_opposite_advice_keeps_small_ones():
+    advised = torch.empty(2**23)  # 32 MiB
     assert advise_huge_pages(advised)
     advised.fill_(1.0)
-    assert _huge_bytes_at(advised.data_ptr() + advised.numel() * 2) > 0  # the middle of the buffer
-    if _thp_mode() == "madvise" and os.environ.get(HUGE_PAGES_ENV) != "1":  # "1": PyTorch advises it too
-        assert _huge_bytes_at(plain.data_ptr() + plain.numel() * 2) == 0
+    assert huge_page_bytes(advised) > 0
+    kept_small = torch.empty(2**23)  # PyTorch advises it too where HUGE_PAGES_ENV took effect
+    assert advise_huge_pages(kept_small, huge=False)
+    kept_small.fill_(1.0)
+    assert huge_page_bytes(kept_small) == 0
     assert not advise_huge_pages(torch.empty(16))  # under one huge page: nothing to advise
 
 
@@ -276,7 +262,7 @@ def test_timing_run_says_whether_its_weights_were_in_huge_pages():
 def _rank_allocates(wctx):
     big = torch.empty(2**23)
     big.fill_(1.0)
-    return os.environ.get(HUGE_PAGES_ENV), _huge_bytes_at(big.data_ptr() + big.numel() * 2)
+    return os.environ.get(HUGE_PAGES_ENV), huge_page_bytes(big)
 
 
 @pytest.mark.gloo

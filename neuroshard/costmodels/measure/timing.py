@@ -40,8 +40,8 @@ Memory: on CPU the devices share one weights buffer the size of the largest devi
 device. Rows beyond ``row_cap`` are not allocated (lookups fold onto the allocated
 rows, as in training and collection); the cap is reported. By default
 (``TIMING_HUGE_PAGES``) the buffer is advised into transparent huge pages before it is
-written (``kernels.advise_huge_pages``; ``config["huge_pages"]`` says whether the kernel
-took the advice): with 4 KiB pages a device of big tables pays a TLB miss on most lookups,
+written, or with ``huge_pages=False`` out of them (``kernels.advise_huge_pages``;
+``config["huge_pages"]`` says whether it got huge pages, read back from ``/proc/self/smaps``): with 4 KiB pages a device of big tables pays a TLB miss on most lookups,
 and on a virtual machine the page walk is long and varies with where the pages landed.
 """
 from __future__ import annotations
@@ -76,6 +76,7 @@ from ...kernels import (
     FusedEmbedding,
     FusedInputs,
     advise_huge_pages,
+    huge_page_bytes,
     local_lookups,
     resolve_kernel,
     weights_dtype,
@@ -233,7 +234,8 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
     to about ``min_pass_ms``. ``reference`` (two or more devices with shards): time a reference
     device right before every turn and return each pass relative to it (see the module
     docstring); ``config["figure"]`` says how a device's figure is made (``device_time``).
-    ``huge_pages``: advise the CPU weights buffer into transparent huge pages (module docstring)."""
+    ``huge_pages``: advise the CPU weights buffer into transparent huge pages, or out of them
+    (module docstring)."""
     import torch  # heavy: imported when a run starts, so the CLI starts fast
     from tqdm import tqdm
 
@@ -260,10 +262,10 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
         raise NeuroShardError(f"the largest device needs {need * element_bytes / 2**30:.1f} GiB of weights with rows capped at "
                               f"{row_cap:,}, over the {limit / 2**30:.1f} GiB allowed; lower --row-cap")
     device = torch.device("cuda" if backend == "cuda" else "cpu")
-    buffer, huge = None, False
+    buffer = None
     if backend == "cpu" and need:
         buffer = torch.empty((need,), dtype=weights_dtype(weights_precision))
-        huge = huge_pages and advise_huge_pages(buffer)  # before the first write maps the pages
+        advise_huge_pages(buffer, huge_pages)  # before the first write maps the pages
         buffer.fill_(0.01)  # written once: pages mapped
 
     busy = [dt for dt in turns if dt.shards]
@@ -317,8 +319,8 @@ def time_devices(devices: Sequence[Sequence[Shard]], tables: TableSet, *, passes
               "most_repeats": max((dt.repeats or repeats for dt in busy), default=repeats), "row_cap": row_cap,
               "capped_shards": capped, "buffer_bytes": need * element_bytes, "flush_bytes": bench.flush_bytes,
               "figure": figure, "seconds": round(time.perf_counter() - start, 2)}
-    if backend == "cpu":
-        config["huge_pages"] = bool(huge)
+    if backend == "cpu":  # what the weights got, read back from the kernel
+        config["huge_pages"] = buffer is not None and huge_page_bytes(buffer) > 0
     if ref is not None:
         config["reference"] = {"device": next(i for i, dt in enumerate(turns) if dt is chosen), "runs": ref_runs,
                                "fastest_ms": round(floor, 4), "median_ms": round(float(np.median(every)), 4)}
