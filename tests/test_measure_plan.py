@@ -238,11 +238,12 @@ def _thp_mode() -> str:
 
 @pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="transparent huge pages off on this machine")
 def test_advised_buffer_gets_huge_pages_and_the_opposite_advice_keeps_small_ones():
-    advised = torch.empty(2**23)  # 32 MiB
+    # 64 MiB each: above glibc's largest mmap threshold (32 MiB), so fresh pages, never reused ones
+    advised = torch.empty(2**24)
     assert advise_huge_pages(advised)
     advised.fill_(1.0)
     assert huge_page_bytes(advised) > 0
-    kept_small = torch.empty(2**23)  # PyTorch advises it too where HUGE_PAGES_ENV took effect
+    kept_small = torch.empty(2**24)  # PyTorch advises it too where HUGE_PAGES_ENV took effect
     assert advise_huge_pages(kept_small, huge=False)
     kept_small.fill_(1.0)
     assert huge_page_bytes(kept_small) == 0
@@ -251,8 +252,9 @@ def test_advised_buffer_gets_huge_pages_and_the_opposite_advice_keeps_small_ones
 
 @pytest.mark.timing
 def test_timing_run_says_whether_its_weights_were_in_huge_pages():
-    tables = TableSet("two", [Table("a", 100_000, 32, 1.0), Table("b", 100_000, 32, 1.0)], 256)
-    sets = [[Shard("a", 0, 100_000, 0, 32, 0)], [Shard("b", 0, 100_000, 0, 32, 1)]]
+    # a 49 MiB weights buffer: above glibc's largest mmap threshold (32 MiB), so fresh pages
+    tables = TableSet("two", [Table("a", 400_000, 32, 1.0), Table("b", 400_000, 32, 1.0)], 256)
+    sets = [[Shard("a", 0, 400_000, 0, 32, 0)], [Shard("b", 0, 400_000, 0, 32, 1)]]
     _, off = time_devices(sets, tables, passes=1, repeats=1, batch_size=256, huge_pages=False)
     _, on = time_devices(sets, tables, passes=1, repeats=1, batch_size=256)
     assert off["huge_pages"] is False
@@ -260,7 +262,7 @@ def test_timing_run_says_whether_its_weights_were_in_huge_pages():
 
 
 def _rank_allocates(wctx):
-    big = torch.empty(2**23)
+    big = torch.empty(2**24)
     big.fill_(1.0)
     return os.environ.get(HUGE_PAGES_ENV), huge_page_bytes(big)
 
