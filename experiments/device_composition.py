@@ -23,6 +23,18 @@ from neuroshard.search.api import shard
 from neuroshard.topology import Topology
 
 
+def task_plans(family: str, devices: int, seed: int, algorithms, models):
+    """One task of ``family`` at ``devices`` devices (``seed``) and its plans searched as one host:
+    NeuroShard's with ``--row-blocks any``, the other names as baselines. Returns (tables, plans)."""
+    tables, memory = family_tasks(family, devices, 1, (8, 12), seed=seed)[0]
+    one_host = Topology(devices, local_world_size=devices)
+    plans = {}
+    for name in algorithms:
+        options = {"row_blocks": "any"} if name == "neuroshard" else {"algorithm": name}
+        plans[name] = shard(tables, devices, memory, cost_models=models, topology=one_host, seed=0, **options)
+    return tables, plans
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", default="criteo-terabyte")
@@ -33,13 +45,8 @@ def main() -> None:
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     models = load_cost_models(None)
-    tables, memory = family_tasks(args.family, args.devices, 1, (8, 12), seed=args.seed)[0]
-    one_host = Topology(args.devices, local_world_size=args.devices)
+    tables, plans = task_plans(args.family, args.devices, args.seed, args.algorithms, models)
     print(f"# {args.family}, {args.devices} devices, seed {args.seed}, {len(tables)} tables ({cpu_model()})")
-    plans = {}
-    for name in args.algorithms:
-        options = {"row_blocks": "any"} if name == "neuroshard" else {"algorithm": name}
-        plans[name] = shard(tables, args.devices, memory, cost_models=models, topology=one_host, seed=0, **options)
     measured = {}
     if args.measure:
         measured = {p.name: p.compute_ms for p in measure_plans(plans, tables, cost_models=models).plans}

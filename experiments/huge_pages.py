@@ -25,13 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from device_composition import task_plans
+
 from neuroshard.constants import HUGE_PAGES_ENV
 from neuroshard.costmodels import load_cost_models
 from neuroshard.costmodels.measure.store import cpu_model
-from neuroshard.datasets.families import family_tasks
 from neuroshard.runtime.measure_plan import measure_plans
-from neuroshard.search.api import shard
-from neuroshard.topology import Topology
+
+#: the plans of device_composition.py's default
+PLANS = ("neuroshard", "random", "dim")
 
 
 def main() -> None:
@@ -48,12 +51,7 @@ def main() -> None:
         return processes(args)
     logging.disable(logging.WARNING)
     models = load_cost_models(None)
-    tables, memory = family_tasks(args.family, args.devices, 1, (8, 12), seed=args.seed)[0]
-    one_host = Topology(args.devices, local_world_size=args.devices)
-    plans = {}
-    for name in ("neuroshard", "random", "dim"):
-        options = {"row_blocks": "any"} if name == "neuroshard" else {"algorithm": name}
-        plans[name] = shard(tables, args.devices, memory, cost_models=models, topology=one_host, seed=0, **options)
+    tables, plans = task_plans(args.family, args.devices, args.seed, PLANS, models)
     if args.one:
         result = measure_plans(plans, tables, cost_models=models, huge_pages=args.one == "on")
         print(json.dumps({"ms": [float(x) for p in result.plans for x in p.compute_ms],
@@ -87,7 +85,7 @@ def processes(args) -> None:
             runs[huge].append(np.array(row["ms"]))
             taken[huge].append(row["advised"])
             print(f"run {r} huge pages {huge}: total {runs[huge][-1].sum():.0f} ms", flush=True)
-    report(args, runs, taken, ["neuroshard", "random", "dim"], None,
+    report(args, runs, taken, list(PLANS), None,
            f"a process per run ({HUGE_PAGES_ENV}=1 and the advice, or neither)")
 
 

@@ -41,8 +41,10 @@ device. Rows beyond ``row_cap`` are not allocated (lookups fold onto the allocat
 rows, as in training and collection); the cap is reported. By default
 (``TIMING_HUGE_PAGES``) the buffer is advised into transparent huge pages before it is
 written, or with ``huge_pages=False`` out of them (``kernels.advise_huge_pages``;
-``config["huge_pages"]`` says whether it got huge pages, read back from ``/proc/self/smaps``): with 4 KiB pages a device of big tables pays a TLB miss on most lookups,
-and on a virtual machine the page walk is long and varies with where the pages landed.
+``config["huge_pages"]`` says whether it got huge pages, read back from
+``/proc/self/smaps``): with 4 KiB pages a device of big tables pays a TLB miss on most
+lookups, and on a virtual machine the page walk is long and varies with where the pages
+landed.
 """
 from __future__ import annotations
 
