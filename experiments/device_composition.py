@@ -59,7 +59,9 @@ def main() -> None:
             lookups = sum(tables[s.table].pooling_factor * s.num_cols * s.num_rows / tables[s.table].num_embeddings
                           for s in shards)
             big = sum(1 for s in shards if s.num_rows > DEFAULT_MAX_ROWS)
-            ms = f"   measured {measured[name][d]:6.1f} ms" if measured else ""
+            est = (plan.estimate or {}).get("per_device_compute_ms")
+            ms = f"   estimated {est[d]:6.1f} ms" if est else ""
+            ms += f"   measured {measured[name][d]:6.1f} ms" if measured else ""
             print(f"  device {d}: {len(shards):3d} shards, {big:2d} over {DEFAULT_MAX_ROWS:,} rows, capped {capped:6.0f} "
                   f"MiB, full {full:5.1f} GiB, lookups x columns {lookups:7.0f}{ms}")
 

@@ -49,7 +49,8 @@ def test_search_calibrate_caches_per_task(tmp_path, monkeypatch, capsys):
     # here (``measured.api.calibrated_search``): the plan records which, and the printout names it
     written = Plan.read(tmp_path / "p.json").provenance
     check = written.get("calibration_check") or {}
-    expected = load_cost_models().name if check.get("written") == "pre-trained" else "+calibrated:calib"
+    expected = {"pre-trained": load_cost_models().name,
+                "work-model": "+calibrated:calib+work"}.get(check.get("written"), "+calibrated:calib")
     assert f"{expected}'" in first and written["cost_model"].endswith(expected)
     cached = list(cache_dir().glob("*.pt"))
     assert len(cached) == 1 and CostModels.load(cached[0]).name.endswith("+calibrated:calib")

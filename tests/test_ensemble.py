@@ -11,7 +11,7 @@ from sklearn.base import clone
 from neuroshard import shard
 from neuroshard.costmodels import load_cost_models
 from neuroshard.costmodels.base import CostModels
-from neuroshard.costmodels.ensemble import EnsembleComputeModel
+from neuroshard.costmodels.ensemble import EnsembleComputeModel, WorkComputeModel, work_cost_models, work_features
 from neuroshard.errors import NeuroShardError
 from neuroshard.measured.calibrate import calibrate
 from neuroshard.search.simulator import Simulator
@@ -136,3 +136,37 @@ def test_shard_correction_gives_each_table_its_own_error_and_survives_a_checkpoi
     np.testing.assert_allclose(loaded.predict(sets[:20]), model.predict(sets[:20]), rtol=1e-5)
     model.fine_tune(sets[:40], measured[:1].repeat(40), sets[40:50], measured[:1].repeat(10), epochs=2)
     assert model.shard_refs_ is None and model.set_size_coef_ is None  # new members: corrections refitted
+
+
+def test_work_model_is_a_second_opinion_a_search_can_use_and_a_checkpoint_keeps(ensemble, shipped_models, data,
+                                                                                 tmp_path):
+    """Costs linear in lookups x columns, shards and weight bytes are learnt by the work model
+    (non-negative coefficients); the ensemble's estimate is unchanged, a checkpoint keeps it,
+    and ``work_cost_models`` gives a search models of the work model alone."""
+    sets, _ = data
+    model = copy.deepcopy(ensemble)
+    x = work_features(sets, row_cap=1_000)
+    np.testing.assert_allclose(x[:, 1], [len(s) for s in sets])
+    truth = 0.01 * x[:, 0] + 0.5 * x[:, 1] + 0.2
+    model.fit_work_model(sets, truth, row_cap=1_000)
+    coef = model.work_model_["coef"]
+    assert coef[0] == pytest.approx(0.01, rel=0.01) and coef[1] == pytest.approx(0.5, rel=0.01) and min(coef) >= 0
+    np.testing.assert_allclose(model.predict_work(sets), truth, rtol=1e-6)
+    mean, spread = model.predict_with_spread(sets)  # the estimate and its spread stay the members'
+    np.testing.assert_allclose(mean, ensemble.predict(sets), rtol=1e-6)
+    np.testing.assert_allclose(spread, ensemble.spread(sets), rtol=1e-6)
+    models = CostModels(model, shipped_models.comm, shipped_models.batch_size, name="with-work")
+    loaded = CostModels.load(models.save(tmp_path / "w.pt")).compute
+    np.testing.assert_allclose(loaded.predict_work(sets[:20]), truth[:20], rtol=1e-5)
+    work = work_cost_models(models)
+    assert isinstance(work.compute, WorkComputeModel) and work.name == "with-work+work"
+    np.testing.assert_allclose(work.compute.predict(sets), truth, rtol=1e-6)
+    plan = shard(TABLES, devices=3, memory="64MiB", cost_models=work)
+    assert plan.num_devices == 3 and len(plan.shards) >= len(TABLES)
+    assert work_cost_models(CostModels(ensemble, shipped_models.comm, 4096)) is None  # none fitted
+    with pytest.raises(NeuroShardError, match="no fitted work model"):
+        WorkComputeModel(ensemble)
+    state = model.fitted_state()
+    state["work_model"]["coef"] = [1.0]
+    with pytest.raises(ValueError, match="work_model needs 3 coefficients"):
+        copy.deepcopy(ensemble).load_fitted_state(state)

@@ -71,6 +71,8 @@ def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
         calibration.costs[i] == device_ms(calibration.sim.to_shards(calibration.sets[i],
                                                                     np.zeros(len(calibration.sets[i]), int)), TABLES)
         for i in plan_sets)
+    # the search against the calibration's work model alone is one of the compared plans
+    assert [c["algorithm"] for c in record["compared"]][:2] == ["neuroshard-pretrained", "neuroshard-work"]
     round_maxima = [r["measured_max_compute_ms"] for r in record["rounds"]]
     assert all(m > 0 for m in round_maxima)
     timed = [e for e in record["rounds"] + record["compared"] if "final_measured_cost_ms" in e]
@@ -148,6 +150,10 @@ def test_calibration_without_fine_tuning_keeps_the_pretrained_members():
     alone = [calibration.features[i] for i in range(len(TABLES))]  # the tables alone, as measured
     np.testing.assert_allclose(models.compute.predict(alone), calibration.costs[:len(TABLES)], rtol=0.1)
     assert models.compute.shard_refs_ is not None and report.sets_measured == len(TABLES) + 16
+    # the work model: fitted on the same sets, non-negative, the search's second opinion (costmodels.ensemble)
+    work = models.compute.work_model_
+    assert work["row_cap"] == calibration.row_cap and min(work["coef"]) >= 0
+    assert np.all(models.compute.predict_work(sets) > 0)
 
 
 def test_polish_gives_half_of_a_table_too_heavy_to_move():
@@ -364,6 +370,7 @@ def test_a_calibrated_search_writes_whichever_models_plan_measures_cheaper():
     two runs) and the one measured cheaper is written, both costs in its provenance; when they
     plan the same, nothing is timed."""
     from neuroshard.costmodels import analytic_cost_models
+    from neuroshard.costmodels.ensemble import work_cost_models
     from neuroshard.measured.api import calibrated_search
     from neuroshard.search.api import check_task, search_task
     task = check_task(TABLES, 3, "64MiB", "neuroshard", 4, 0)
@@ -382,3 +389,14 @@ def test_a_calibrated_search_writes_whichever_models_plan_measures_cheaper():
     for name, plan in plans.items():  # each cost: the fake hardware's slowest device, communication added
         slowest = max(device_ms([s for s in plan.shards if s.device == d], TABLES) for d in range(3))
         assert costs[name] >= slowest - 1e-3
+    # a calibration's work model (costmodels.ensemble) plans too: its plan is timed with the others
+    # when it differs from theirs, and the record says when it was the same
+    calibrated, _ = start_calibration(TABLES, pretrained, devices=3, sets=16, seed=0, timer=FakeTimer(),
+                                      fine_tune=False).fit()
+    work_plan = search_task(task, work_cost_models(calibrated))
+    record = calibrated_search(task, pretrained, calibrated, timer=FakeTimer()).provenance["calibration_check"]
+    layouts = {search_task(task, calibrated).layout_key(), same.layout_key()}
+    if work_plan.layout_key() in layouts:
+        assert record.get("work_plan") == "the same" and "work-model" not in record.get("measured_cost_ms", {})
+    else:
+        assert record["measured_cost_ms"]["work-model"] > 0 and "work_plan" not in record

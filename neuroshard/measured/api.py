@@ -15,6 +15,7 @@ import numpy as np
 
 from ..constants import FP32_BYTES, GPU_LIKE_MEMORY_BYTES, MAX_CALIBRATION_SETS, MIN_CALIBRATION_SETS
 from ..costmodels import resolve_cost_models
+from ..costmodels.ensemble import work_cost_models
 from ..costmodels.measure.tiers import measure_tier_costs
 from ..costmodels.measure.timing import time_devices
 from ..errors import NeuroShardError
@@ -91,8 +92,9 @@ def with_measured_tier_costs(task: Task) -> Task:
 
 def calibrated_search(task: Task, models: Any, calibrated: Any, timer: DeviceTimer = time_devices) -> Plan:
     """The plan of ``task`` searched against the ``calibrated`` models, unless the same search
-    against the pre-trained ``models`` gives a plan that measures cheaper here: when the two
-    plans differ, both are timed together (``refine.measured_choice``: every device, twice,
+    against the pre-trained ``models``, or against the calibration's work model alone
+    (``costmodels.ensemble.work_cost_models``, when it has one), gives a plan that measures
+    cheaper here: when the plans differ, they are timed together (``refine.measured_choice``: every device, twice,
     ``measure``'s protocol, a tie to the calibrated plan) and the cheaper is written. A model
     calibrated on a few hundred random sets can be wrong where the search goes: on dlrm-2021
     (96 tables, 8 devices, seed 153) the calibrated search split tables into 135 shards for
@@ -100,24 +102,37 @@ def calibrated_search(task: Task, models: Any, calibrated: Any, timer: DeviceTim
     session 23). The plan's provenance records the check (``calibration_check``); ``timer``:
     the device timer (``types.DeviceTimer``; tests pass a fake)."""
     plan = search_task(task, calibrated)
-    other = search_task(task, models)
-    if other.layout_key() == plan.layout_key():
-        plan.provenance["calibration_check"] = {"pretrained_plan": "the same"}
+    named = [("calibrated", plan), ("pre-trained", search_task(task, models))]
+    work = work_cost_models(calibrated)
+    if work is not None:  # the calibration's work model alone (costmodels.ensemble): a plan not steered by the members
+        named.append(("work-model", search_task(task, work)))
+    distinct = {}
+    for name, candidate in named:
+        distinct.setdefault(candidate.layout_key(), (name, candidate))
+    same = {name: "the same" for name, _ in named[1:] if name not in dict(distinct.values())}
+    named = list(distinct.values())
+    if len(named) == 1:
+        plan.provenance["calibration_check"] = {"pretrained_plan": "the same", **({"work_plan": "the same"}
+                                                                                  if work is not None else {})}
         return plan
     options = {k: v for k, v in calibration_options(task, 0).items() if k != "sets"}
     timing = Calibration(task.tables, models, task.seed, timer=timer, **options)  # its timer; nothing is fitted
-    named = [("calibrated", plan), ("pre-trained", other)]
     try:
         best, costs = measured_choice(named, task.tables, timing, calibrated)
     except NeuroShardError as exc:
-        log.warning("calibrate: the calibrated and pre-trained models' plans could not be timed; writing the "
+        log.warning("calibrate: the calibrated, pre-trained and work models' plans could not be timed; writing the "
                     "calibrated one: %s", exc)
         plan.provenance["calibration_check"] = {"stopped": str(exc).splitlines()[0]}
         return plan
     record = {"measured_cost_ms": {name: round(c, 4) for (name, _), c in zip(named, costs)},
               "written": named[best][0]}
-    log.info("calibrate: the calibrated models' plan measured %.2f ms, the pre-trained models' %.2f ms "
-             "(timed together); writing the %s plan", costs[0], costs[1], named[best][0])
+    if "pre-trained" in same:
+        record["pretrained_plan"] = "the same"
+    if "work-model" in same:
+        record["work_plan"] = "the same"
+    log.info("calibrate: plans timed together: %s; writing the %s plan",
+             ", ".join(f"{name} {c:.2f} ms" for (name, _), c in zip(named, costs)),
+             named[best][0])
     chosen = named[best][1]
     chosen.provenance["calibration_check"] = record
     return chosen

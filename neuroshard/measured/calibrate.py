@@ -66,9 +66,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SETS = CALIBRATION_SETS
 #: what a calibration does, in the cache key: 2 adds the set-size correction, 3 fits only it by
-#: default (no fine-tuning), 4 adds the shard correction from the tables timed alone, so models
-#: cached by an earlier recipe are calibrated again rather than reused
-CALIBRATION_RECIPE = 4
+#: default (no fine-tuning), 4 adds the shard correction from the tables timed alone, 5 the work
+#: model, so models cached by an earlier recipe are calibrated again rather than reused
+CALIBRATION_RECIPE = 5
 #: most weight bytes (rows capped) one measured set may take
 MAX_SET_BYTES = 3 << 30
 
@@ -219,6 +219,8 @@ class Calibration:
                                          knee_bytes=llc_bytes(), row_cap=self.row_cap)
         if hasattr(compute, "fit_set_size_correction"):  # the crowding the pooled members miss (``ensemble``)
             compute.fit_set_size_correction([features[i] for i in train], costs[train])
+        if hasattr(compute, "fit_work_model"):  # a second opinion the search cannot exploit (``ensemble``)
+            compute.fit_work_model([features[i] for i in train], costs[train], self.row_cap)
         after = gmae(compute.predict([features[i] for i in test]), costs[test])
         kept = after > before  # fine-tuning made it worse on held-out sets (too few, too noisy): keep the pre-trained
         if kept:
