@@ -1,14 +1,21 @@
-"""Does the work model's second opinion make calibrated plans measure better? (issue 25, item 2)
+"""The calibration's work model as a second search objective (issue 25, item 2).
 
 One task of a family, calibrated on this machine (``neuroshard search --calibrate``'s
-measurements), searched twice with the calibrated models: as shipped (the members' spread
-and the work model's excess over them charged, ``costmodels.ensemble``) and with the work
-model removed; both plans, lookup's and size-lookup's, and a second copy of the plan without
-the work model (an A/A control) timed device by device in one interleaved run
-(``neuroshard measure``'s protocol). Prints each plan's measured max device, its ratio to the
-best baseline, the calibrated models' ranking of the plans, and the work model's.
+measurements), searched against the calibrated ensemble and against the calibration's work
+model alone (``costmodels.ensemble.WorkComputeModel``: linear in lookups x columns, shards and
+weight bytes); both plans, lookup's and size-lookup's, and a second copy of the ensemble's
+plan (an A/A control) timed device by device in one interleaved run (``neuroshard
+measure``'s protocol). Prints each plan's measured max device, its ratio to the best
+baseline, its total, and each model's predicted max device.
 
     python experiments/work_model.py --family criteo-terabyte --devices 8 --seed 169
+
+Session 29 (AMD EPYC, family 25; docs/results.md): criteo-terabyte seed 169, ensemble 1.202x
+(A/A copy 1.122x), work model 0.971x; dlrm-2021 seed 171, ensemble 0.895x, work model 0.958x.
+A first version also charged the work model's excess over the ensemble as spread (the
+search's risk): 1.145x and 0.995x on criteo-terabyte (two calibrations), 0.978x on
+dlrm-2021, so that hedge was dropped and the work model's plan became a candidate that
+measurement decides (refine, ``search --calibrate``).
 """
 from __future__ import annotations
 
@@ -20,7 +27,9 @@ import numpy as np
 
 from device_composition import task_plans
 from neuroshard.costmodels import load_cost_models
+from neuroshard.costmodels.ensemble import work_cost_models
 from neuroshard.costmodels.measure.store import cpu_model
+from neuroshard.datasets.families import family_tasks
 from neuroshard.measured.calibrate import start_calibration
 from neuroshard.runtime.measure_plan import measure_plans
 from neuroshard.search.api import shard
@@ -36,38 +45,28 @@ def main() -> None:
     logging.disable(logging.WARNING)
     models = load_cost_models(None)
     tables, plans = task_plans(args.family, args.devices, args.seed, ["lookup", "size-lookup"], models)
+    memory = family_tasks(args.family, args.devices, 1, (8, 12), seed=args.seed)[0][1]
     print(f"# {args.family}, {args.devices} devices, seed {args.seed}, {len(tables)} tables ({cpu_model()})")
     calibration = start_calibration(tables, models, devices=args.devices)
-    hedged, report = calibration.fit()
+    calibrated, report = calibration.fit()
     print(report.format())
-    plain = copy.deepcopy(hedged)
-    plain.compute.work_model_ = None
-    print("work model:", hedged.compute.work_model_)
-    one_host = Topology(args.devices, local_world_size=args.devices)
-    search = dict(topology=one_host, seed=0, row_blocks="any")
-    plans["work-model"] = shard(tables, args.devices, tables_memory(tables, args), cost_models=hedged, **search)
-    plans["no-work-model"] = shard(tables, args.devices, tables_memory(tables, args), cost_models=plain, **search)
-    plans["no-work-model A/A"] = copy.deepcopy(plans["no-work-model"])
-    only = copy.deepcopy(hedged)
-    only.compute.predict_with_spread = lambda sets: (only.compute.predict_work(sets), np.zeros(len(sets)))
-    plans["work-model only"] = shard(tables, args.devices, tables_memory(tables, args), cost_models=only, **search)
-    same = plans["work-model"].layout_key() == plans["no-work-model"].layout_key()
-    print(f"the two searches {'wrote the same plan' if same else 'wrote different plans'}")
+    work = work_cost_models(calibrated)
+    if work is None:
+        raise SystemExit("calibration kept the pre-trained model: no work model to compare")
+    print("work model:", calibrated.compute.work_model_)
+    search = dict(topology=Topology(args.devices, local_world_size=args.devices), seed=0, row_blocks="any")
+    plans["ensemble"] = shard(tables, args.devices, memory, cost_models=calibrated, **search)
+    plans["ensemble A/A"] = copy.deepcopy(plans["ensemble"])
+    plans["work model"] = shard(tables, args.devices, memory, cost_models=work, **search)
     measured = {p.name: np.asarray(p.compute_ms) for p in measure_plans(plans, tables, cost_models=models).plans}
     best = min(measured[n].max() for n in ("lookup", "size-lookup"))
     for name, plan in plans.items():
-        sets = calibration.sim.device_sets(plan)
-        used = [s for s in sets if s]
-        neural = calibration.predict(used, plain).max()
-        work = hedged.compute.predict_work([calibration.sim.features_of(calibration.sim.piece_ids(s)) for s in used]).max()
+        used = [s for s in calibration.sim.device_sets(plan) if s]
+        features = [calibration.sim.features_of(calibration.sim.piece_ids(s)) for s in used]
         m = measured[name]
-        print(f"{name:18s} shards {len(plan.shards):3d}  measured max {m.max():7.2f} ms (x{m.max() / best:.3f} of the best "
-              f"baseline), total {m.sum():7.1f}  |  calibrated max {neural:7.2f}, work model max {work:7.2f}")
-
-
-def tables_memory(tables, args):
-    from neuroshard.datasets.families import family_tasks
-    return family_tasks(args.family, args.devices, 1, (8, 12), seed=args.seed)[0][1]
+        print(f"{name:12s} shards {len(plan.shards):3d}  measured max {m.max():7.2f} ms (x{m.max() / best:.3f} of the "
+              f"best baseline), total {m.sum():7.1f}  |  predicted max: ensemble "
+              f"{calibrated.compute.predict(features).max():7.2f}, work model {work.compute.predict(features).max():7.2f}")
 
 
 if __name__ == "__main__":

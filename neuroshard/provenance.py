@@ -40,7 +40,7 @@ class Provenance(MutableMapping):
     comm_model: str | None = None             # which model costed the all-to-all, in words (revision 9)
     objective: dict | None = None             # objective "iteration": every candidate's predicted step (revision 10)
     fallback: dict | None = None              # the search could not pack: a baseline's plan, and why
-    calibration_check: dict | None = None     # search --calibrate: both models' plans measured (revision 18)
+    calibration_check: dict | None = None     # search --calibrate: the models' plans measured (revisions 18, 22)
     refine: dict | None = None                # the measured loop that chose the plan (revision 4)
     source: str | None = None                 # an imported plan's file
     format: str | None = None                 # an imported plan's format

@@ -126,12 +126,15 @@ def _search(args: argparse.Namespace) -> int:
         say(bound)
     checked = prov.get("calibration_check")
     if checked:
-        say("calibrate: " + ("the pre-trained models' plan is the same" if "pretrained_plan" in checked else
-                             f"the plans could not be timed ({checked['stopped']}); the calibrated models' plan written"
+        same = [what for key, what in (("pretrained_plan", "the pre-trained models'"),
+                                       ("work_plan", "the work model's")) if key in checked]
+        same = f"{' and '.join(same)} plan{'s are' if len(same) > 1 else ' is'} the same" if same else ""
+        say("calibrate: " + (f"the plans could not be timed ({checked['stopped']}); the calibrated models' plan written"
                              if "stopped" in checked else
-                             "the calibrated and pre-trained models' plans timed together on this machine: "
+                             "the models' plans timed together on this machine: "
                              + ", ".join(f"{n} {ms:.2f} ms" for n, ms in checked["measured_cost_ms"].items())
-                             + f"; written: the {checked['written']} plan"))
+                             + f"; written: the {checked['written']} plan" + (f" ({same})" if same else "")
+                             if "measured_cost_ms" in checked else same))
     refine = prov.get("refine", {})
     if refine:
         say(f"refine: every time below was measured on this machine ({refine.get('hardware') or 'unrecorded'}) at "
