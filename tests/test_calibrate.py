@@ -103,8 +103,8 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
     # the distinct plans, the rounds' and the compared baselines', are timed again together, and the
     # cheapest there is written
     finals = {f"round {r['round']}": r["final_measured_cost_ms"] for r in rounds if "final_measured_cost_ms" in r}
-    assert [c["algorithm"] for c in refine["compared"]] == ["neuroshard-pretrained", "measured-greedy", "size-lookup", "lookup",
-                                                     "size", "dim"]
+    assert [c["algorithm"] for c in refine["compared"]] == ["neuroshard-pretrained", "neuroshard-work", "measured-greedy",
+                                                            "size-lookup", "lookup", "size", "dim"]
     finals.update((c["algorithm"], c["final_measured_cost_ms"]) for c in refine["compared"]
                   if "final_measured_cost_ms" in c)  # (absent: the same plan as one before it)
     assert "round 0" in finals and "measured-greedy" in finals

@@ -89,7 +89,9 @@ def test_calibration_fine_tunes_every_member_or_keeps_the_pretrained(ensemble, s
     small = TableSet("ens-small", TABLES.tables[:6], 4096)
     calibrated, report = calibrate(small, models, devices=2, sets=8, epochs=5)
     assert isinstance(calibrated.compute, EnsembleComputeModel)
-    assert report.kept_pretrained == (calibrated.compute is ensemble)
+    # kept: a copy that predicts as the pre-trained ensemble (no corrections fitted); the work model joins it either way
+    assert report.kept_pretrained == (calibrated.compute.set_size_coef_ is None)
+    assert calibrated.compute is not ensemble and calibrated.compute.work_model_ is not None
     assert report.kept_pretrained == (report.gmae_after > report.gmae_before)
 
 

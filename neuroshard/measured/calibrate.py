@@ -219,14 +219,16 @@ class Calibration:
                                          knee_bytes=llc_bytes(), row_cap=self.row_cap)
         if hasattr(compute, "fit_set_size_correction"):  # the crowding the pooled members miss (``ensemble``)
             compute.fit_set_size_correction([features[i] for i in train], costs[train])
-        if hasattr(compute, "fit_work_model"):  # a second opinion the search cannot exploit (``ensemble``)
-            compute.fit_work_model([features[i] for i in train], costs[train], self.row_cap)
         after = gmae(compute.predict([features[i] for i in test]), costs[test])
         kept = after > before  # fine-tuning made it worse on held-out sets (too few, too noisy): keep the pre-trained
         if kept:
             log.warning("calibration: the fine-tuned model is worse on the held-out sets (%.1f%% vs %.1f%%); keeping "
                         "the pre-trained model", 100 * after, 100 * before)
-            compute = self.models.compute
+            compute = copy.deepcopy(self.models.compute)  # it predicts as pre-trained; the work model joins it
+        # a second opinion: its plan is one more candidate (``ensemble``); not on a kept model of another
+        # precision (the search scales that model's times to the timed precision, which the work model has)
+        if hasattr(compute, "fit_work_model") and not (kept and model_precision(self.models) != self.weights_precision):
+            compute.fit_work_model([features[i] for i in train], costs[train], self.row_cap)
         self.seconds += time.perf_counter() - start
         report = CalibrationReport(int((kinds == "table").sum()), len(features), len(test), before, after,
                                    self.seconds, kept, int((kinds == "plan").sum()))
