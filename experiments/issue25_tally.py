@@ -39,7 +39,8 @@ RUNS_ANY = ["plan_benchmark_issue25_session26_8dev_seed163_any", "plan_benchmark
             "plan_benchmark_issue25_session26_16dev_seed163_any", "plan_benchmark_issue25_session26_16dev_seed163_any_dlrm",
             "plan_benchmark_issue25_session27_4dev_seed167_any", "plan_benchmark_issue25_session27_8dev_seed167_any",
             "plan_benchmark_issue25_session27_8dev_seed167_any_dlrm",
-            "plan_benchmark_issue25_session28_8dev_seed167_any_thp", "plan_benchmark_issue25_session28_8dev_seed169_any"]
+            "plan_benchmark_issue25_session28_8dev_seed167_any_thp", "plan_benchmark_issue25_session28_8dev_seed169_any",
+            "plan_benchmark_issue25_session29_8dev_seed169_work"]
 TASK = ["family", "devices", "tables", "memory_bytes"]
 #: a task whose A/A control (measured-greedy's plan timed twice in the run) is more than this far
 #: from 1 was measured in a broken run (session 25: 0.697, a big-table device 40% slow for a whole
