@@ -19,7 +19,6 @@ plans, which measured the slowest; the work model ordered them as measured; on d
 from __future__ import annotations
 
 import argparse
-import copy
 import logging
 
 import numpy as np
@@ -48,8 +47,7 @@ def main() -> None:
     calibrated, report = calibration.fit()
     print(report.format())
     ensemble = calibrated.compute
-    work = copy.deepcopy(ensemble)
-    if not getattr(work, "work_model_", None):
+    if getattr(ensemble, "work_model_", None) is None:
         raise SystemExit("calibration kept the pre-trained model: no work model to compare")
     devices = {name: [s for s in calibration.sim.device_sets(plan) if s] for name, plan in plans.items()}
     every = [s for name in PLANS for s in devices[name]]

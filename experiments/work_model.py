@@ -53,7 +53,7 @@ def main() -> None:
     work = work_cost_models(calibrated)
     if work is None:
         raise SystemExit("calibration kept the pre-trained model: no work model to compare")
-    print("work model:", calibrated.compute.work_model_)
+    print("work model:", calibrated.compute.work_model_.state_dict())
     search = dict(topology=Topology(args.devices, local_world_size=args.devices), seed=0, row_blocks="any")
     plans["ensemble"] = shard(tables, args.devices, memory, cost_models=calibrated, **search)
     plans["ensemble A/A"] = copy.deepcopy(plans["ensemble"])

@@ -11,7 +11,8 @@ from sklearn.base import clone
 from neuroshard import shard
 from neuroshard.costmodels import load_cost_models
 from neuroshard.costmodels.base import CostModels
-from neuroshard.costmodels.ensemble import EnsembleComputeModel, WorkComputeModel, work_cost_models, work_features
+from neuroshard.costmodels.ensemble import EnsembleComputeModel, work_cost_models
+from neuroshard.costmodels.work import WorkComputeModel, work_features
 from neuroshard.errors import NeuroShardError
 from neuroshard.measured.calibrate import calibrate
 from neuroshard.search.simulator import Simulator
@@ -151,8 +152,10 @@ def test_work_model_is_a_second_opinion_a_search_can_use_and_a_checkpoint_keeps(
     np.testing.assert_allclose(x[:, 1], [len(s) for s in sets])
     truth = 0.01 * x[:, 0] + 0.5 * x[:, 1] + 0.2
     model.fit_work_model(sets, truth, row_cap=1_000)
-    coef = model.work_model_["coef"]
-    assert coef[0] == pytest.approx(0.01, rel=0.01) and coef[1] == pytest.approx(0.5, rel=0.01) and min(coef) >= 0
+    work = model.work_model_
+    assert isinstance(work, WorkComputeModel) and work.row_cap == 1_000
+    assert work.coef_[0] == pytest.approx(0.01, rel=0.01) and work.coef_[1] == pytest.approx(0.5, rel=0.01)
+    assert min(work.coef_) >= 0
     np.testing.assert_allclose(model.predict_work(sets), truth, rtol=1e-6)
     mean, spread = model.predict_with_spread(sets)  # the estimate and its spread stay the members'
     np.testing.assert_allclose(mean, ensemble.predict(sets), rtol=1e-6)
@@ -160,15 +163,16 @@ def test_work_model_is_a_second_opinion_a_search_can_use_and_a_checkpoint_keeps(
     models = CostModels(model, shipped_models.comm, shipped_models.batch_size, name="with-work")
     loaded = CostModels.load(models.save(tmp_path / "w.pt")).compute
     np.testing.assert_allclose(loaded.predict_work(sets[:20]), truth[:20], rtol=1e-5)
-    work = work_cost_models(models)
-    assert isinstance(work.compute, WorkComputeModel) and work.name == "with-work+work"
-    np.testing.assert_allclose(work.compute.predict(sets), truth, rtol=1e-6)
-    plan = shard(TABLES, devices=3, memory="64MiB", cost_models=work)
+    models_of_work = work_cost_models(models)
+    assert models_of_work.compute is work and models_of_work.name == "with-work+work"
+    plan = shard(TABLES, devices=3, memory="64MiB", cost_models=models_of_work)
     assert plan.num_devices == 3 and len(plan.shards) >= len(TABLES)
     assert work_cost_models(CostModels(ensemble, shipped_models.comm, 4096)) is None  # none fitted
-    with pytest.raises(NeuroShardError, match="no fitted work model"):
-        WorkComputeModel(ensemble)
+    with pytest.raises(NeuroShardError, match="not fitted"):
+        WorkComputeModel().predict(sets)
+    with pytest.raises(NeuroShardError, match="at least 4 measured sets"):
+        WorkComputeModel().fit(sets[:3], truth[:3])
     state = model.fitted_state()
     state["work_model"]["coef"] = [1.0]
-    with pytest.raises(ValueError, match="work_model needs 3 coefficients"):
+    with pytest.raises(ValueError, match="work model needs 3 non-negative coefficients"):
         copy.deepcopy(ensemble).load_fitted_state(state)

@@ -152,7 +152,7 @@ def test_calibration_without_fine_tuning_keeps_the_pretrained_members():
     assert models.compute.shard_refs_ is not None and report.sets_measured == len(TABLES) + 16
     # the work model: fitted on the same sets, non-negative, the search's second opinion (costmodels.ensemble)
     work = models.compute.work_model_
-    assert work["row_cap"] == calibration.row_cap and min(work["coef"]) >= 0
+    assert work.row_cap == calibration.row_cap and min(work.coef_) >= 0
     assert np.all(models.compute.predict_work(sets) > 0)
 
 

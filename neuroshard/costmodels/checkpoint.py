@@ -48,6 +48,7 @@ MODEL_CLASSES = {
     "NeuralCommModel": "neuroshard.costmodels.neural",
     "TreeComputeModel": "neuroshard.costmodels.tree",
     "TreeCommModel": "neuroshard.costmodels.tree",
+    "WorkComputeModel": "neuroshard.costmodels.work",
 }
 
 

@@ -21,18 +21,13 @@ the set, ``phi`` piecewise linear in ``log n`` (knots ``SET_SIZE_KNOTS``), ``c``
 ridge least-squares fit of ``log(measured / predicted)`` on the calibration's sets.
 
 **Work model** (``fit_work_model``, fitted by on-site calibration on every set it measured): a
-second opinion, linear in what a fused kernel does per sample: ``a x lookups x columns + b x
-shards + c x weight bytes (rows capped as measured, GiB) + d`` (scikit-learn's
-``LinearRegression(positive=True)``: more work never costs less). It predicts worse than the
-corrected members on random sets, but the search cannot exploit it the way it exploits them
-(it finds the sets the members under-predict). Measured on this project's AMD EPYC
-(``experiments/work_model.py``, session 29): on criteo-terabyte at 8 devices (seed 169) the
-search against the calibrated members wrote a plan measured 1.12-1.20x the best baseline, the
-same search against the work model alone 0.971x; on dlrm-2021 (seed 171) 0.895x and 0.958x.
-Neither wins everywhere, and charging the work model's excess over the members as spread lost
-on dlrm-2021 (0.978x), so it is not part of ``predict`` or the spread: its plan is one more
-candidate that measurement decides (``WorkComputeModel``; ``measured.refine`` and
-``search --calibrate`` time it beside the others).
+``work.WorkComputeModel`` beside the members, linear in lookups x columns, shards and weight
+bytes. It is not part of ``predict`` or the spread: on criteo-terabyte at 8 devices (seed 169)
+the search against the calibrated members wrote a plan measured 1.12-1.20x the best baseline,
+the same search against the work model alone 0.971x, but on dlrm-2021 (seed 171) 0.895x and
+0.958x, and charging the work model's excess over the members as spread lost there (0.978x;
+``experiments/work_model.py``, session 29). Its plan is one more candidate that measurement
+decides (``work_cost_models``; ``measured.refine`` and ``search --calibrate`` time it).
 
 **Shard correction** (``fit_shard_correction``, fitted by on-site calibration on the task's
 tables timed alone): the members' error differs from table to table far more than from set
@@ -63,6 +58,7 @@ from ..errors import NeuroShardError
 from .base import ComputeCostModel, CostModels
 from .features import FEATURE_NAMES
 from .neural import NeuralComputeModel
+from .work import WorkComputeModel
 
 #: shards per set where the set-size correction may bend (piecewise linear in log n between them)
 SET_SIZE_KNOTS = (4.0, 16.0)
@@ -70,8 +66,6 @@ SET_SIZE_KNOTS = (4.0, 16.0)
 SET_SIZE_RIDGE = 1e-2
 #: measured tables whose errors a shard's correction averages (weighted by inverse distance)
 SHARD_NEIGHBOURS = 3
-#: the work model's regressors per set: lookups x columns per sample, shards, weight GiB (rows capped)
-WORK_FEATURES = ("lookups_x_columns", "shards", "weight_gib")
 #: the features a shard is matched on: how its rows are looked up, not its width or bytes, so that
 #: a table's column strips match the table itself (and its row blocks come nearest to it)
 SHARD_MATCH = tuple(i for i, name in enumerate(FEATURE_NAMES) if name not in ("dim", "log2_size_bytes"))
@@ -92,19 +86,6 @@ def working_set_log2(sets: Sequence[np.ndarray], knee_bytes: int, row_cap: int) 
         s = np.asarray(s, dtype=np.float64).reshape(len(s), -1)
         total = float((np.minimum(np.exp2(s[:, rows_col]), row_cap) * s[:, dim_col] * FP32_BYTES).sum())
         out[k] = max(0.0, np.log2(max(total, 1.0) / knee_bytes))
-    return out
-
-
-def work_features(sets: Sequence[np.ndarray], row_cap: int) -> np.ndarray:
-    """(sets, 3): ``WORK_FEATURES`` of each set of shard features (rows capped at ``row_cap``,
-    as a measured shard allocates them)."""
-    rows_col, dim_col = FEATURE_NAMES.index("log2_rows"), FEATURE_NAMES.index("dim")
-    pool_col = FEATURE_NAMES.index("pooling_factor")
-    out = np.zeros((len(sets), len(WORK_FEATURES)))
-    for k, s in enumerate(sets):
-        s = np.asarray(s, dtype=np.float64).reshape(len(s), -1)
-        rows = np.minimum(np.exp2(s[:, rows_col]), row_cap)
-        out[k] = ((s[:, pool_col] * s[:, dim_col]).sum(), len(s), (rows * s[:, dim_col] * FP32_BYTES).sum() / 2**30)
     return out
 
 
@@ -200,27 +181,15 @@ class EnsembleComputeModel(ComputeCostModel):
         return self
 
     def fit_work_model(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray, row_cap: int) -> "EnsembleComputeModel":
-        """Fit the work model on measured sets (see the module docstring); ``row_cap``: the rows
-        a measured shard allocated."""
-        from sklearn.linear_model import LinearRegression
-        costs_ms = np.asarray(costs_ms, dtype=np.float64)
-        keep = costs_ms > 0
-        self.work_model_ = None
-        if keep.sum() < len(WORK_FEATURES) + 1:
-            return self
-        x = work_features([s for s, k in zip(sets, keep) if k], row_cap)
-        fit = LinearRegression(positive=True).fit(x, costs_ms[keep])
-        self.work_model_ = {"coef": [float(c) for c in fit.coef_], "intercept": float(fit.intercept_),
-                            "row_cap": int(row_cap)}
+        """Fit the work model (``work.WorkComputeModel``) on measured sets; ``row_cap``: the rows a
+        measured shard allocated."""
+        self.work_model_ = WorkComputeModel(row_cap).fit(sets, costs_ms)
         return self
 
     def predict_work(self, sets: Sequence[np.ndarray]) -> np.ndarray | None:
         """The work model's ms of each set (None without one)."""
         work = getattr(self, "work_model_", None)
-        if not work or not len(sets):
-            return None
-        x = work_features(sets, work["row_cap"])
-        return np.maximum(x @ np.asarray(work["coef"]) + work["intercept"], 1e-6)
+        return None if work is None else work.predict(sets)
 
     def _shard_log_factors(self, sets: Sequence[np.ndarray]) -> np.ndarray | None:
         """log of each set's shard correction (None without one)."""
@@ -283,8 +252,8 @@ class EnsembleComputeModel(ComputeCostModel):
         state = {"members": [m.state_dict() for m in self.members_]}
         if getattr(self, "set_size_coef_", None) is not None:  # absent in checkpoints without one
             state["set_size_coef"] = list(self.set_size_coef_)
-        if getattr(self, "work_model_", None):  # absent in checkpoints without one
-            state["work_model"] = dict(self.work_model_)
+        if getattr(self, "work_model_", None) is not None:  # absent in checkpoints without one
+            state["work_model"] = self.work_model_.state_dict()
         if getattr(self, "shard_refs_", None) is not None:  # absent in checkpoints without one
             state["shard_correction"] = {"refs": self.shard_refs_, "residuals": self.shard_residuals_,
                                          "working_set": getattr(self, "working_set_", None)}
@@ -300,12 +269,7 @@ class EnsembleComputeModel(ComputeCostModel):
         if coef is not None and len(coef) != expected:
             raise ValueError(f"set_size_coef has {len(coef)} values, expected {expected}")
         work = state.get("work_model")
-        if work is not None and (len(work.get("coef", ())) != len(WORK_FEATURES) or "intercept" not in work
-                                 or int(work.get("row_cap", 0)) < 1):
-            raise ValueError(f"work_model needs {len(WORK_FEATURES)} coefficients, an intercept and a row_cap")
-        self.work_model_ = None if work is None else {"coef": [float(c) for c in work["coef"]],
-                                                      "intercept": float(work["intercept"]),
-                                                      "row_cap": int(work["row_cap"])}
+        self.work_model_ = None if work is None else WorkComputeModel.from_state_dict(work)
         self.working_set_ = ws
         self.set_size_coef_ = None if coef is None else [float(c) for c in coef]
         if shard is not None and (len(shard.get("refs", ())) != len(shard.get("residuals", ())) or not shard["refs"]):
@@ -317,31 +281,10 @@ class EnsembleComputeModel(ComputeCostModel):
             raise ValueError(f"{len(self.members_)} members stored for an ensemble of {self.size}")
 
 
-class WorkComputeModel(ComputeCostModel):
-    """An ensemble's fitted work model as a compute model of its own: the search against it is
-    one more candidate plan that ``measured.refine`` times beside the others (a plan the
-    members' errors did not steer). No spread: the search charges nothing on top."""
-
-    name = "work"
-
-    def __init__(self, ensemble: EnsembleComputeModel):
-        if ensemble.predict_work(np.zeros((1, 1, len(FEATURE_NAMES)))) is None:
-            raise NeuroShardError("the ensemble has no fitted work model (on-site calibration fits it)")
-        self.ensemble = ensemble
-
-    def fit(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray) -> "WorkComputeModel":
-        self.ensemble.fit_work_model(sets, costs_ms, self.ensemble.work_model_["row_cap"])
-        return self
-
-    def predict(self, sets: Sequence[np.ndarray]) -> np.ndarray:
-        return self.ensemble.predict_work(sets)
-
-
 def work_cost_models(models: CostModels) -> CostModels | None:
-    """``models`` with the compute model replaced by its work model (``WorkComputeModel``), or
-    None when the compute model has no fitted work model."""
-    compute = models.compute
-    if not isinstance(compute, EnsembleComputeModel) or not getattr(compute, "work_model_", None):
+    """``models`` with the compute model replaced by its work model (``work.WorkComputeModel``),
+    or None when the compute model has no fitted work model."""
+    work = getattr(models.compute, "work_model_", None)
+    if not isinstance(models.compute, EnsembleComputeModel) or work is None:
         return None
-    return replace(models, compute=WorkComputeModel(compute), name=f"{models.name}+work")
-
+    return replace(models, compute=work, name=f"{models.name}+work")

@@ -94,8 +94,9 @@ def calibrated_search(task: Task, models: Any, calibrated: Any, timer: DeviceTim
     """The plan of ``task`` searched against the ``calibrated`` models, unless the same search
     against the pre-trained ``models``, or against the calibration's work model alone
     (``costmodels.ensemble.work_cost_models``, when it has one), gives a plan that measures
-    cheaper here: when the plans differ, they are timed together (``refine.measured_choice``: every device, twice,
-    ``measure``'s protocol, a tie to the calibrated plan) and the cheaper is written. A model
+    cheaper here: when the plans differ, they are timed together (``refine.measured_choice``:
+    every device, twice, ``measure``'s protocol, a tie to the calibrated plan) and the cheapest
+    is written. A model
     calibrated on a few hundred random sets can be wrong where the search goes: on dlrm-2021
     (96 tables, 8 devices, seed 153) the calibrated search split tables into 135 shards for
     96 and measured 1.50x the best baseline, the pre-trained one's plan 1.22x (docs/results.md,
@@ -106,10 +107,10 @@ def calibrated_search(task: Task, models: Any, calibrated: Any, timer: DeviceTim
     work = work_cost_models(calibrated)
     if work is not None:  # the calibration's work model alone (costmodels.ensemble): a plan not steered by the members
         named.append(("work-model", search_task(task, work)))
-    distinct = {}
+    distinct: dict = {}
     for name, candidate in named:
         distinct.setdefault(candidate.layout_key(), (name, candidate))
-    same = {name: "the same" for name, _ in named[1:] if name not in dict(distinct.values())}
+    same = {name for name, _ in named} - {name for name, _ in distinct.values()}  # one of the plans before them
     named = list(distinct.values())
     if len(named) == 1:
         plan.provenance["calibration_check"] = {"pretrained_plan": "the same", **({"work_plan": "the same"}
