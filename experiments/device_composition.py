@@ -25,28 +25,41 @@ from neuroshard.topology import Topology
 
 def task_plans(family: str, devices: int, seed: int, algorithms, models):
     """One task of ``family`` at ``devices`` devices (``seed``) and its plans searched as one host:
-    NeuroShard's with ``--row-blocks any``, the other names as baselines. Returns (tables, plans)."""
+    NeuroShard's with ``--row-blocks any``, the other names as baselines. Returns (tables, memory
+    per device, plans)."""
     tables, memory = family_tasks(family, devices, 1, (8, 12), seed=seed)[0]
     one_host = Topology(devices, local_world_size=devices)
     plans = {}
     for name in algorithms:
         options = {"row_blocks": "any"} if name == "neuroshard" else {"algorithm": name}
         plans[name] = shard(tables, devices, memory, cost_models=models, topology=one_host, seed=0, **options)
-    return tables, plans
+    return tables, memory, plans
+
+
+def add_task_arguments(ap: argparse.ArgumentParser, seed: int) -> None:
+    """The options that name one task: ``--family``, ``--devices``, ``--seed``."""
+    ap.add_argument("--family", default="criteo-terabyte")
+    ap.add_argument("--devices", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=seed)
+
+
+def task_from_args(args: argparse.Namespace, algorithms):
+    """The task ``args`` name (``add_task_arguments``) with the plans of ``algorithms`` and the
+    shipped models, its header printed. Returns (models, tables, memory, plans)."""
+    logging.disable(logging.WARNING)
+    models = load_cost_models(None)
+    tables, memory, plans = task_plans(args.family, args.devices, args.seed, algorithms, models)
+    print(f"# {args.family}, {args.devices} devices, seed {args.seed}, {len(tables)} tables ({cpu_model()})")
+    return models, tables, memory, plans
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", default="criteo-terabyte")
-    ap.add_argument("--devices", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=167)
+    add_task_arguments(ap, seed=167)
     ap.add_argument("--algorithms", nargs="+", default=["neuroshard", "random", "dim"])
     ap.add_argument("--measure", action="store_true")
     args = ap.parse_args()
-    logging.disable(logging.WARNING)
-    models = load_cost_models(None)
-    tables, plans = task_plans(args.family, args.devices, args.seed, args.algorithms, models)
-    print(f"# {args.family}, {args.devices} devices, seed {args.seed}, {len(tables)} tables ({cpu_model()})")
+    models, tables, _, plans = task_from_args(args, args.algorithms)
     measured = {}
     if args.measure:
         measured = {p.name: p.compute_ms for p in measure_plans(plans, tables, cost_models=models).plans}

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from device_composition import task_plans
+from device_composition import add_task_arguments, task_plans
 
 from neuroshard.constants import HUGE_PAGES_ENV
 from neuroshard.costmodels import load_cost_models
@@ -39,9 +39,7 @@ PLANS = ("neuroshard", "random", "dim")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", default="criteo-terabyte")
-    ap.add_argument("--devices", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=167)
+    add_task_arguments(ap, seed=167)
     ap.add_argument("--runs", type=int, default=4, help="runs per mode, alternating")
     ap.add_argument("--processes", action="store_true", help="a fresh process per run (PyTorch's environment variable)")
     ap.add_argument("--one", choices=("on", "off"), help=argparse.SUPPRESS)  # one run in this process, JSON out
@@ -51,7 +49,7 @@ def main() -> None:
         return processes(args)
     logging.disable(logging.WARNING)
     models = load_cost_models(None)
-    tables, plans = task_plans(args.family, args.devices, args.seed, PLANS, models)
+    tables, _, plans = task_plans(args.family, args.devices, args.seed, PLANS, models)
     if args.one:
         result = measure_plans(plans, tables, cost_models=models, huge_pages=args.one == "on")
         print(json.dumps({"ms": [float(x) for p in result.plans for x in p.compute_ms],

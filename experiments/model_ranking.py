@@ -19,14 +19,11 @@ plans, which measured the slowest; the work model ordered them as measured; on d
 from __future__ import annotations
 
 import argparse
-import logging
 
 import numpy as np
 from scipy.stats import spearmanr
 
-from device_composition import task_plans
-from neuroshard.costmodels import load_cost_models
-from neuroshard.costmodels.measure.store import cpu_model
+from device_composition import add_task_arguments, task_from_args
 from neuroshard.costmodels.metrics import gmae
 from neuroshard.measured.calibrate import start_calibration
 
@@ -35,14 +32,9 @@ PLANS = ["neuroshard", "lookup", "size-lookup", "size", "random"]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", default="criteo-terabyte")
-    ap.add_argument("--devices", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=169)
+    add_task_arguments(ap, seed=169)
     args = ap.parse_args()
-    logging.disable(logging.WARNING)
-    models = load_cost_models(None)
-    tables, plans = task_plans(args.family, args.devices, args.seed, PLANS, models)
-    print(f"# {args.family}, {args.devices} devices, seed {args.seed}, {len(tables)} tables ({cpu_model()})")
+    models, tables, _, plans = task_from_args(args, PLANS)
     calibration = start_calibration(tables, models, devices=args.devices)
     calibrated, report = calibration.fit()
     print(report.format())

@@ -21,15 +21,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import logging
 
 import numpy as np
 
-from device_composition import task_plans
-from neuroshard.costmodels import load_cost_models
+from device_composition import add_task_arguments, task_from_args
 from neuroshard.costmodels.ensemble import work_cost_models
-from neuroshard.costmodels.measure.store import cpu_model
-from neuroshard.datasets.families import family_tasks
 from neuroshard.measured.calibrate import start_calibration
 from neuroshard.runtime.measure_plan import measure_plans
 from neuroshard.search.api import shard
@@ -38,15 +34,9 @@ from neuroshard.topology import Topology
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", default="criteo-terabyte")
-    ap.add_argument("--devices", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=169)
+    add_task_arguments(ap, seed=169)
     args = ap.parse_args()
-    logging.disable(logging.WARNING)
-    models = load_cost_models(None)
-    tables, plans = task_plans(args.family, args.devices, args.seed, ["lookup", "size-lookup"], models)
-    memory = family_tasks(args.family, args.devices, 1, (8, 12), seed=args.seed)[0][1]
-    print(f"# {args.family}, {args.devices} devices, seed {args.seed}, {len(tables)} tables ({cpu_model()})")
+    models, tables, memory, plans = task_from_args(args, ["lookup", "size-lookup"])
     calibration = start_calibration(tables, models, devices=args.devices)
     calibrated, report = calibration.fit()
     print(report.format())

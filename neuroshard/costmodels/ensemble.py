@@ -53,10 +53,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..constants import FP32_BYTES
 from ..errors import NeuroShardError
 from .base import ComputeCostModel, CostModels
-from .features import FEATURE_NAMES
+from .features import FEATURE_NAMES, capped_weight_bytes
 from .neural import NeuralComputeModel
 from .work import WorkComputeModel
 
@@ -80,13 +79,7 @@ def set_size_basis(sizes: np.ndarray) -> np.ndarray:
 def working_set_log2(sets: Sequence[np.ndarray], knee_bytes: int, row_cap: int) -> np.ndarray:
     """Per set: log2 of its weights' bytes (rows capped at ``row_cap``, as measured) over
     ``knee_bytes``, 0 below it."""
-    rows_col, dim_col = FEATURE_NAMES.index("log2_rows"), FEATURE_NAMES.index("dim")
-    out = np.zeros(len(sets))
-    for k, s in enumerate(sets):
-        s = np.asarray(s, dtype=np.float64).reshape(len(s), -1)
-        total = float((np.minimum(np.exp2(s[:, rows_col]), row_cap) * s[:, dim_col] * FP32_BYTES).sum())
-        out[k] = max(0.0, np.log2(max(total, 1.0) / knee_bytes))
-    return out
+    return np.array([max(0.0, np.log2(max(capped_weight_bytes(s, row_cap), 1.0) / knee_bytes)) for s in sets])
 
 
 class EnsembleComputeModel(ComputeCostModel):

@@ -16,11 +16,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ..constants import FP32_BYTES
 from ..errors import NeuroShardError
 from ..kernels import DEFAULT_MAX_ROWS
 from .base import ComputeCostModel
-from .features import FEATURE_NAMES
+from .features import FEATURE_NAMES, capped_weight_bytes
 
 #: the regressors per set: lookups x columns per sample, shards, weight GiB (rows capped)
 WORK_FEATURES = ("lookups_x_columns", "shards", "weight_gib")
@@ -28,13 +27,11 @@ WORK_FEATURES = ("lookups_x_columns", "shards", "weight_gib")
 
 def work_features(sets: Sequence[np.ndarray], row_cap: int) -> np.ndarray:
     """(sets, 3): ``WORK_FEATURES`` of each set of shard features (rows capped at ``row_cap``)."""
-    rows_col, dim_col = FEATURE_NAMES.index("log2_rows"), FEATURE_NAMES.index("dim")
-    pool_col = FEATURE_NAMES.index("pooling_factor")
+    dim_col, pool_col = FEATURE_NAMES.index("dim"), FEATURE_NAMES.index("pooling_factor")
     out = np.zeros((len(sets), len(WORK_FEATURES)))
     for k, s in enumerate(sets):
         s = np.asarray(s, dtype=np.float64).reshape(len(s), -1)
-        rows = np.minimum(np.exp2(s[:, rows_col]), row_cap)
-        out[k] = ((s[:, pool_col] * s[:, dim_col]).sum(), len(s), (rows * s[:, dim_col] * FP32_BYTES).sum() / 2**30)
+        out[k] = ((s[:, pool_col] * s[:, dim_col]).sum(), len(s), capped_weight_bytes(s, row_cap) / 2**30)
     return out
 
 
