@@ -11,7 +11,8 @@ baseline's, the calibrated search's, the A/A control's (and how many tasks' A/A 
 ``AA_BROKEN`` from 1), and refine's total work over the least of the baselines': the figures
 issue 25's "Done when" names. Then the same over ``RUNS_ANY``, our searches with
 ``--row-blocks any``, and where a run also timed the plain search with TorchRec's layouts
-(session 27 on), its ratio and the plain search's over it, paired by task.
+(session 27 on), its ratio and the plain search's over it, paired by task; and last the runs of
+``RUNS_ANY`` timed in huge pages (``RUNS_HUGE_PAGES``, session 28 on) alone.
 """
 from __future__ import annotations
 
@@ -40,7 +41,12 @@ RUNS_ANY = ["plan_benchmark_issue25_session26_8dev_seed163_any", "plan_benchmark
             "plan_benchmark_issue25_session27_4dev_seed167_any", "plan_benchmark_issue25_session27_8dev_seed167_any",
             "plan_benchmark_issue25_session27_8dev_seed167_any_dlrm",
             "plan_benchmark_issue25_session28_8dev_seed167_any_thp", "plan_benchmark_issue25_session28_8dev_seed169_any",
-            "plan_benchmark_issue25_session29_8dev_seed169_work"]
+            "plan_benchmark_issue25_session29_8dev_seed169_work",
+            "plan_benchmark_issue25_session30_4dev_seed163_any_thp", "plan_benchmark_issue25_session30_16dev_seed163_any_thp",
+            "plan_benchmark_issue25_session30_16dev_seed163_any_dlrm_thp", "plan_benchmark_issue25_session30_8dev_seed173_any"]
+#: the runs of ``RUNS_ANY`` timed in transparent huge pages (formats revision 21, session 28 on: a device's
+#: share of its run moves 3.2% between runs against 7.9% in small pages), tallied apart as well
+RUNS_HUGE_PAGES = RUNS_ANY[RUNS_ANY.index("plan_benchmark_issue25_session28_8dev_seed167_any_thp"):]
 TASK = ["family", "devices", "tables", "memory_bytes"]
 #: a task whose A/A control (measured-greedy's plan timed twice in the run) is more than this far
 #: from 1 was measured in a broken run (session 25: 0.697, a big-table device 40% slow for a whole
@@ -94,6 +100,8 @@ def main() -> None:
     print(tally(RUNS).round(3).to_string(index=False))
     print("\n# our searches with --row-blocks any (row splits TorchRec does not run)")
     print(tally(RUNS_ANY).round(3).to_string(index=False))
+    print("\n# the same, only the runs timed in huge pages (session 28 on)")
+    print(tally(RUNS_HUGE_PAGES).round(3).to_string(index=False))
 
 
 if __name__ == "__main__":

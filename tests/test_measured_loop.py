@@ -400,3 +400,55 @@ def test_a_calibrated_search_writes_whichever_models_plan_measures_cheaper():
         assert record.get("work_plan") == "the same" and "work-model" not in record.get("measured_cost_ms", {})
     else:
         assert record["measured_cost_ms"]["work-model"] > 0 and "work_plan" not in record
+
+
+def test_the_least_work_plan_is_chosen_within_the_margin_and_only_when_it_saves_work():
+    from neuroshard.measured.refine import LEAN_MARGIN, LEAN_SAVING, _lean
+    flat = np.array([10.0, 10.0, 10.0])
+    # plan 1 is the cheapest (its max), plan 0 does the least work and is within the margin of it
+    run = [(11.0, 0, np.array([11.0, 8.0, 8.0])), (10.0, 1, flat), (10.5, 2, np.array([10.5, 9.9, 9.9]))]
+    assert _lean(run, best=1) == 0
+    # the least-work plan is the chosen one: nothing to polish besides it
+    assert _lean(run, best=0) is None
+    # outside the margin of the cheapest, a plan of less work is not taken up ...
+    far = [(10.0 * (1 + LEAN_MARGIN) + 0.1, 0, np.array([12.1, 5.0, 5.0])), (10.0, 1, flat)]
+    assert _lean(far, best=1) is None
+    # ... nor one that saves less than LEAN_SAVING of the chosen plan's total
+    near = [(10.2, 0, flat * (1 - LEAN_SAVING / 2)), (10.0, 1, flat)]
+    assert _lean(near, best=1) is None
+
+
+def test_refine_polishes_the_least_work_plan_too_and_keeps_the_cheaper_of_both(monkeypatch):
+    """When another timed plan did less total work than the one chosen, refine polishes it too, times
+    both polished plans together (fake hardware) and writes the cheaper, saying so in ``lean``."""
+    import neuroshard.measured.refine as refine_module
+    from neuroshard.search.simulator import Simulator
+
+    seen = {}
+
+    def other(finals, best):  # the lean rule on the fake hardware, forced onto a plan other than the chosen
+        seen["best"] = best
+        seen["lean"] = next(i for _, i, _ in sorted(finals, key=lambda f: (f[0], f[1])) if i != best)
+        return seen["lean"]
+
+    monkeypatch.setattr(refine_module, "_lean", other)
+    calibration = _calibration(FakeTimer())
+    plan = refine(TABLES, 3, "64MiB", calibration, rounds=1, compare=("size-lookup", "size", "lookup"), polish_steps=3)
+    record = plan.provenance["refine"]
+    lean = record["lean"]
+    entries = record["rounds"] + [c for c in record["compared"] if "failed" not in c]
+
+    def name(i):
+        return f"round {i}" if i < len(record["rounds"]) else entries[i]["algorithm"]
+
+    assert lean["plan"] == name(seen["lean"]) != name(seen["best"]) and "accepted" in lean["polish"]
+    assert lean["total_compute_ms"] > 0 and lean["chosen_total_compute_ms"] > 0
+    chosen_cost, lean_cost = lean["measured_cost_ms"]
+    assert lean["kept"] == (lean_cost < chosen_cost)
+    assert record["chosen"] == name(seen["lean"] if lean["kept"] else seen["best"])
+    # the fake hardware's cost of the written plan is the measured cost of the one kept
+    models, _ = calibration.fit()
+    compute = [device_ms(plan.shards_on(d), TABLES) for d in range(3)]
+    written = float(Simulator.from_plan(plan, models, TABLES, 4096).evaluate_plan(plan, compute).max_ms[0])
+    assert written == pytest.approx(min(chosen_cost, lean_cost), rel=1e-3)
+    assert not plan.problems()
