@@ -12,7 +12,7 @@ from neuroshard.costmodels import load_cost_models
 from neuroshard.costmodels.base import CostModels
 from neuroshard.errors import NeuroShardError
 from neuroshard.measured.calibrate import cache_dir, calibrate, start_calibration
-from neuroshard.measured.refine import POLISH_STEPS, polish
+from neuroshard.measured.refine import LEAN_SAVING, POLISH_STEPS, polish
 from neuroshard.plan import Plan
 from neuroshard.tables import Table, TableSet
 from neuroshard.types import Piece
@@ -111,7 +111,18 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
     means = {name: e["final_median_cost_ms"] for name, e in
              [*((f"round {r['round']}", r) for r in rounds), *((c["algorithm"], c) for c in refine["compared"])]
              if "final_median_cost_ms" in e}  # the finalists, timed three times, by each device's median
-    assert refine["chosen"] == min(means or finals, key=(means or finals).get)
+    picked = min(means or finals, key=(means or finals).get)
+    # less work first: a plan of less total compute than the picked one polished too, and written only
+    # when it then measured cheaper beside it (formats revision 23)
+    lean = refine.get("lean")
+    if lean:
+        assert lean["plan"] != picked and lean["plan"] in finals
+        assert lean["total_compute_ms"] <= (1 - LEAN_SAVING) * lean["chosen_total_compute_ms"] + 1e-3
+        assert "refine, less work first" in printed
+    kept_lean = bool(lean) and lean.get("kept", False)
+    if kept_lean:
+        assert lean["measured_cost_ms"][1] < lean["measured_cost_ms"][0]
+    assert refine["chosen"] == (lean["plan"] if kept_lean else picked)
     assert f"written: {refine['chosen']}'s plan" in printed
     assert refine["chosen_round"] == (int(refine["chosen"][6:]) if refine["chosen"].startswith("round") else None)
     # polish starts from the chosen plan as that run timed it, takes at most POLISH_STEPS steps, keeps at
@@ -119,7 +130,7 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
     polish_record = refine["polish"]
     assert "skipped" not in polish_record and "rejected" not in polish_record
     assert 0 <= polish_record["accepted"] <= polish_record["steps"] <= POLISH_STEPS
-    assert polish_record["measured_cost_before_ms"] == (means or finals)[refine["chosen"]]
+    assert polish_record["measured_cost_before_ms"] == (means or finals)[picked]
     assert polish_record["measured_cost_after_ms"] > 0
     if polish_record["steps"] == 0:
         assert polish_record["measured_cost_after_ms"] == polish_record["measured_cost_before_ms"]

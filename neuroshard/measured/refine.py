@@ -257,10 +257,12 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
                                           row_blocks=row_blocks)
         lean = _lean(finals, best)
         if lean is not None:
-            timed = {i: comp for _, i, comp in finals} | {i: comp for _, i, comp in finalists}
-            lean_plan, lean_record = polish(plans[lean], tables, calibration, models, timed[lean], polish_steps,
+            first = {i: comp for _, i, comp in finals}  # the comparison run: every plan timed together
+            start_ms = first | {i: comp for _, i, comp in finalists}  # a finalist's device medians
+            lean_plan, lean_record = polish(plans[lean], tables, calibration, models, start_ms[lean], polish_steps,
                                             row_blocks=row_blocks)
-            record["lean"] = _lean_choice(name(lean), lean_record, finals, lean, best)
+            record["lean"] = {"plan": name(lean), "total_compute_ms": round(float(np.sum(first[lean])), 4),
+                              "chosen_total_compute_ms": round(float(np.sum(first[best])), 4), "polish": lean_record}
             try:
                 kept, costs = measured_choice([(name(best), chosen), (name(lean), lean_plan)], tables, calibration,
                                               models)
@@ -330,13 +332,6 @@ def _lean(finals: list[tuple[float, int, np.ndarray]], best: int) -> int | None:
     near = [i for cost, i, _ in finals if cost <= cheapest * (1 + LEAN_MARGIN)]
     lean = min(near, key=lambda i: (total[i], i))
     return lean if lean != best and total[lean] <= (1 - LEAN_SAVING) * total[best] else None
-
-
-def _lean_choice(name: str, polished: dict, finals: list[tuple[float, int, np.ndarray]], lean: int,
-                 best: int) -> dict:
-    """``provenance.refine.lean``'s opening: the least-work plan, both totals of the comparison run, its polish."""
-    total = {i: round(float(np.sum(compute)), 4) for _, i, compute in finals}
-    return {"plan": name, "total_compute_ms": total[lean], "chosen_total_compute_ms": total[best], "polish": polished}
 
 
 def _finalists(finals: list[tuple[float, int, np.ndarray]]) -> list[tuple[float, int, np.ndarray]]:

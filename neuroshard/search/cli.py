@@ -163,6 +163,15 @@ def _search(args: argparse.Namespace) -> int:
             say(f"polish: the polished plan {check['polished_cost_ms']:.2f} ms against {check['started_cost_ms']:.2f} "
                 f"for the chosen one, timed together ({check['runs']} runs): "
                 + ("polished plan written" if check["kept"] else "the chosen plan written, unpolished"))
+    lean = refine.get("lean")
+    if lean:
+        timed = ("both could not be timed (" + lean["stopped"] + "): the chosen plan written" if "stopped" in lean else
+                 f"both polished plans timed together: {lean['measured_cost_ms'][1]:.2f} ms against "
+                 f"{lean['measured_cost_ms'][0]:.2f} for the chosen, "
+                 + (f"{lean['plan']}'s plan written" if lean["kept"] else "the chosen plan written"))
+        say(f"refine, less work first: {lean['plan']}'s plan did {lean['total_compute_ms']:.1f} ms of compute in all "
+            f"against {lean['chosen_total_compute_ms']:.1f} for the chosen one; polished too "
+            f"({lean['polish']['accepted']} of {lean['polish']['steps']} changes kept); {timed}")
     judged = refine.get("judge")
     if judged:
         say(format_judgement(judged))
