@@ -28,7 +28,10 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from issue25_tally import RESULTS, RUNS, RUNS_ANY
 
-BASELINES = ["random", "size", "dim", "lookup", "size-lookup", "measured-greedy"]
+from neuroshard.search.registry import GREEDY_ALGORITHMS
+
+#: the baselines whose least total the total-work ratio takes (plan_benchmark.py's: the greedy ones and measured-greedy)
+BASELINES = (*GREEDY_ALGORITHMS, "measured-greedy")
 DRAWS = 200_000
 #: a plan this much faster than the best baseline in truth (issue 25's refine target)
 TRUE_RATIO = 0.95

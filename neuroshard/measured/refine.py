@@ -239,10 +239,13 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     _, best, compute = min(finalists, key=lambda f: f[0])
     chosen = plans[best]
 
-    def name(i: int) -> str:
-        return f"round {i}" if i < len(history) else entries[i]["algorithm"]
+    def round_of(i: int) -> int | None:
+        return i if i < len(history) else None
 
-    record = {"rounds": history, "chosen_round": best if best < len(history) else None,
+    def name(i: int) -> str:
+        return f"round {i}" if round_of(i) is not None else entries[i]["algorithm"]
+
+    record = {"rounds": history, "chosen_round": round_of(best),
               "chosen": name(best), "compared": compared, "timing_passes": timing_passes,
               "compare_timing": {"passes": COMPARE_PASSES, "repeats": COMPARE_REPEATS,
                                  "statistic": calibration.config.get("figure", "fastest")},
@@ -272,7 +275,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
                 record["lean"].update(measured_cost_ms=[round(c, 4) for c in costs], kept=kept == 1)
                 if kept == 1:
                     chosen, start = lean_plan, lean
-                    record.update(chosen=name(lean), chosen_round=lean if lean < len(history) else None)
+                    record.update(chosen=name(lean), chosen_round=round_of(lean))
     if judge is not None:
         named = [(name(i), p) for i, p in enumerate(plans)]
         ours = record["chosen"] + ("" if chosen is plans[start] else ", polished")
