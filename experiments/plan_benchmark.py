@@ -415,6 +415,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("plan_benchmark").setLevel(logging.INFO)
+    logging.getLogger("neuroshard.measured.refine").setLevel(logging.INFO)  # refine's rounds and steps: progress
     if args.quick:
         args.devices, args.tasks, args.tables_per_device = [4], 1, [10, 15]
     args.torchrec = args.torchrec and torchrec_available()
