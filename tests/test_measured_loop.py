@@ -98,37 +98,6 @@ def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
     assert not plan.problems()
 
 
-def test_refine_learns_the_baselines_devices_before_its_rounds():
-    """The baselines' plans' devices (those predicted within BASELINE_SETS_MARGIN of the least slowest
-    device) are timed and trained on before round 0: the calibration holds them, with the fake
-    hardware's costs, ahead of the rounds' sets; a plan predicted far slower is not timed."""
-    from neuroshard.measured.refine import BASELINE_SETS_MARGIN, learn_baselines
-    from neuroshard.search.api import shard
-    calibration = _calibration(FakeTimer())
-    before = len(calibration.sets)
-    plan = refine(TABLES, 3, "64MiB", calibration, rounds=0, compare=("size-lookup", "lookup", "size"), polish_steps=0)
-    record = plan.provenance["refine"]["baseline_sets"]
-    assert record["plans"] and set(record["plans"]) <= {"size-lookup", "lookup", "size"}
-    added = calibration.sets[before:before + record["sets"]]
-    assert record["sets"] >= 3 and all(k == "plan" for k in calibration.kinds[before:before + record["sets"]])
-    assert len({frozenset(s) for s in added}) == len(added)  # each distinct set once
-    assert calibration.costs[before:before + record["sets"]] == [
-        device_ms(calibration.sim.to_shards(s, np.zeros(len(s), int)), TABLES) for s in added]
-    assert 0 <= record["device_gmae"] and 0 < record["calibration_gmae_held_out"]
-    # round 0's devices (1-3 of them) come after them, and nothing else was added
-    rest = calibration.kinds[before + record["sets"]:]
-    assert 1 <= len(rest) <= 3 and set(rest) == {"plan"}
-    # the margin: a plan predicted far slower than the others is left out
-    models, _ = _calibration(FakeTimer()).fit()
-    fresh = _calibration(FakeTimer())
-    plans = [shard(TABLES, 3, "64MiB", algorithm=a, cost_models=models) for a in ("lookup", "size")]
-    slowest = [float(np.max(fresh.predict([s for s in fresh.sim.device_sets(p) if s], models))) for p in plans]
-    learnt = learn_baselines(plans, ["lookup", "size"], fresh, models)["plans"]
-    least = min(slowest)
-    assert learnt == [n for n, m in zip(["lookup", "size"], slowest) if m <= least * (1 + BASELINE_SETS_MARGIN)]
-    assert learn_baselines([], [], fresh, models) == {"plans": [], "sets": 0}
-
-
 class LuckyTimer(FakeTimer):
     """Noise that favours every change once: in a before/after run (4 sets) the 'after'
     devices come out 10% cheaper on odd runs and 10% dearer on even ones."""

@@ -11,10 +11,7 @@ sets, measured on this machine) for ``rounds`` rounds:
    measure``'s protocol) and record the models' error on them: sets they never saw;
 3. add them to the calibration data and fine-tune the pre-trained model again.
 
-Before the first round, the devices of the baselines' plans (below) are timed and added as
-well (``learn_baselines``, ``provenance.refine.baseline_sets``): random sets are rarely device
-sets of a good plan, the baselines' are, and the grouping of least total work is often one of
-them. The plan of the last round's models is searched too. All rounds' plans, the same search's
+The plan of the last round's models is searched too. All rounds' plans, the same search's
 plan against the pre-trained models (``<algorithm>-pretrained``: a model fine-tuned on a
 few hundred sets can be worse where the search goes), the same search's plan against the
 calibration's work model alone (``<algorithm>-work``, ``costmodels.ensemble``: a plan the
@@ -133,13 +130,6 @@ COMPARE = with_trait("refine_compares")
 PRETRAINED_SUFFIX = "-pretrained"
 #: the name in ``compared`` of the search's plan against the calibration's work model alone
 WORK_SUFFIX = "-work"
-#: before the rounds, the devices of the baselines' plans (those predicted within this fraction of the
-#: least predicted slowest device: size's plans on hot tables are 2-4x, and a device of 200 ms costs as
-#: much to time as ten) are timed and trained on (``learn_baselines``): the calibration's random sets are
-#: rarely device sets a good plan has, the baselines' are, and the least-work grouping is often one of
-#: them (measured-greedy's on criteo-terabyte at 8 devices, seed 169: 5.0% less total compute than the
-#: plan chosen; docs/results.md, session 30)
-BASELINE_SETS_MARGIN = 0.5
 #: the ``shard`` options that describe the plan (not the algorithm): the compared baselines get them too
 PLAN_OPTIONS = ("bytes_per_element", "seed", "optimizer", "topology", "comm_precision")
 
@@ -171,30 +161,13 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     ``polish_steps`` defaults to ``default_polish_steps(devices)``. ``judge`` (a
     ``measured.judge.PlanJudge``) makes the final choice among the polished plan and every
     distinct plan timed (``final_judgement``). The plan of least total work is polished too
-    and kept when it then measures cheaper (``LEAN_MARGIN``). The baselines' plans are made
-    first, and their devices trained on before the rounds (``learn_baselines``)."""
+    and kept when it then measures cheaper (``LEAN_MARGIN``)."""
     rounds = check_refine(algorithm, rounds)
     batch = calibration.models.batch_size
     if models is None:
         models, report = calibration.fit()
     else:
         report = calibration.report
-    # the baselines' plans first: their devices join the calibration before any round searches
-    # (``learn_baselines``), and the plans join the final measured comparison after the rounds
-    compared, baseline_plans = [], []  # the baselines': {"algorithm", then "final_measured_cost_ms" or "failed"}
-    options = {k: v for k, v in search_options.items() if k in PLAN_OPTIONS}
-    for name in (c for c in compare if c != algorithm):
-        try:
-            baseline_plans.append(shard(tables, devices, memory, algorithm=name, cost_models=models, **options))
-            compared.append({"algorithm": name})
-        except NeuroShardError as exc:  # e.g. no plan fits, or tables only data_parallel may hold
-            log.warning("refine: %s found no plan to compare with: %s", name, exc)
-            compared.append({"algorithm": name, "failed": str(exc).splitlines()[0]})
-    learned = learn_baselines(baseline_plans, [c["algorithm"] for c in compared if "failed" not in c], calibration,
-                              models, timing_passes)
-    if learned.get("sets"):
-        models, report = calibration.fit()
-        learned["calibration_gmae_held_out"] = round(float(report.gmae_after), 4)
     history, plans = [], []
     for r in range(rounds + 1):
         plan = shard(tables, devices, memory, algorithm=algorithm, cost_models=models, **search_options)
@@ -215,22 +188,28 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         plans.append(plan)
         if r < rounds:  # the rounds fine-tune the weights too: plans unlike the pre-trained model's to compare
             models, report = calibration.fit(fine_tune=True)
-    ours = []  # the same search against other models, named as the baselines are
+    compared = []  # the baselines' plans: {"algorithm", then "final_measured_cost_ms" or "failed"}
     # the same search against the pre-trained models: fine-tuned on a few hundred sets, a model
     # can be worse where the search goes (measured: calibrated plans 1.01-1.28x the best baseline
     # where the pre-trained model's were 0.84-1.04x, experiments/results/plan_benchmark_issue25)
     plans.append(shard(tables, devices, memory, algorithm=algorithm, cost_models=calibration.models,
                        **search_options))
-    ours.append({"algorithm": f"{algorithm}{PRETRAINED_SUFFIX}"})
+    compared.append({"algorithm": f"{algorithm}{PRETRAINED_SUFFIX}"})
     # the same search against the calibration's work model alone: a plan the members' errors did not
     # steer (costmodels.ensemble; experiments/work_model.py: on criteo-terabyte at 8 devices it measured
     # 0.971x the best baseline where the calibrated search's measured 1.12-1.20x)
     work = work_cost_models(models)
     if work is not None:
         plans.append(shard(tables, devices, memory, algorithm=algorithm, cost_models=work, **search_options))
-        ours.append({"algorithm": f"{algorithm}{WORK_SUFFIX}"})
-    compared = ours + compared
-    plans += baseline_plans
+        compared.append({"algorithm": f"{algorithm}{WORK_SUFFIX}"})
+    options = {k: v for k, v in search_options.items() if k in PLAN_OPTIONS}
+    for name in (c for c in compare if c != algorithm):
+        try:
+            plans.append(shard(tables, devices, memory, algorithm=name, cost_models=models, **options))
+            compared.append({"algorithm": name})
+        except NeuroShardError as exc:  # e.g. no plan fits, or tables only data_parallel may hold
+            log.warning("refine: %s found no plan to compare with: %s", name, exc)
+            compared.append({"algorithm": name, "failed": str(exc).splitlines()[0]})
     entries = history + [c for c in compared if "failed" not in c]  # one per plan, in order
     # the plans are compared in ONE interleaved run of all their devices (see _time_plans)
     distinct = {p.layout_key(): i for i, p in reversed(list(enumerate(plans)))}  # the first of each plan
@@ -270,7 +249,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
               "chosen": name(best), "compared": compared, "timing_passes": timing_passes,
               "compare_timing": {"passes": COMPARE_PASSES, "repeats": COMPARE_REPEATS,
                                  "statistic": calibration.config.get("figure", "fastest")},
-              "batch_size": batch, "baseline_sets": learned,
+              "batch_size": batch,
               "hardware": calibration.config.get("hardware", "")}
     if polish_steps is None:
         polish_steps = default_polish_steps(devices)
@@ -304,38 +283,6 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         record["chosen"] = record["judge"].get("chosen", record["chosen"])
     chosen.provenance["refine"] = record
     return chosen
-
-
-def learn_baselines(plans: list[Plan], names: list[str], calibration: Any, models: Any,
-                    passes: int = REFINE_PASSES) -> dict:
-    """Time the distinct device sets of the baselines' ``plans`` (named ``names``) whose
-    predicted slowest device is within ``BASELINE_SETS_MARGIN`` of the least of them, and add
-    them to ``calibration`` (kind ``"plan"``: trained on at its next fit). Returns the record
-    (``provenance.refine.baseline_sets``): the plans learnt from, how many sets were timed, and
-    the models' error on them before they were trained on."""
-    if not plans:
-        return {"plans": [], "sets": 0}
-    device_sets = [[s for s in calibration.sim.device_sets(p) if s] for p in plans]
-    predicted = [calibration.predict(sets, models) for sets in device_sets]
-    least = min(float(np.max(p)) for p in predicted)
-    learnt, sets, seen = [], [], set()
-    for name, plan_sets, p in zip(names, device_sets, predicted):
-        if float(np.max(p)) > least * (1 + BASELINE_SETS_MARGIN):
-            continue
-        learnt.append(name)
-        for s in plan_sets:
-            key = frozenset(s)
-            if key not in seen:
-                seen.add(key)
-                sets.append(s)
-    record = {"plans": learnt, "sets": len(sets)}
-    if sets:
-        estimated = calibration.predict(sets, models)
-        measured = calibration.add(sets, "plan", passes=passes)
-        record["device_gmae"] = round(float(gmae(estimated, measured)), 4)
-        log.info("refine: the models were %.1f%% off on %d device sets of the baselines' plans (%s); learning them",
-                 100 * record["device_gmae"], len(sets), ", ".join(learnt))
-    return record
 
 
 def final_judgement(named: list[tuple[str, Plan]], tables: TableSet, judge: PlanJudge) -> tuple[Plan, dict]:
@@ -666,5 +613,5 @@ def final_check(started: Plan, polished: Plan, tables: TableSet, calibration: An
                                              "polished_cost_ms": round(after, 4), "kept": kept}
 
 
-__all__ = ["refine", "polish", "learn_baselines", "final_check", "measured_choice", "final_judgement", "format_judgement",
+__all__ = ["refine", "polish", "final_check", "measured_choice", "final_judgement", "format_judgement",
            "default_polish_steps", "check_refine", "DEFAULT_ROUNDS"]
