@@ -259,6 +259,33 @@ def test_tables_heavier_than_the_mean_device_are_split_at_once(shipped_models):
     assert split_tables <= {0, 1, 2}  # only the hot tables were cut
 
 
+def test_tables_of_more_than_half_a_device_are_split_together(shipped_models):
+    """Three hot tables each 0.5-1.0x the mean device: none is heavier than a device (no
+    "heavy-split"), and the beam's one split a step leaves the other two devices the slowest.
+    The search also tries them split at once ("half-heavy-split"), kept by the split margin
+    like every split state: here simulated a little dearer, so not by default; a negative
+    ``split_margin`` (a split plan for measurement to decide) keeps it; below -1 is refused."""
+    from neuroshard.search.neuroshard import search
+    from neuroshard.search.params import NeuroShardParams
+    from neuroshard.topology import Topology
+    hot = [Table(f"hot{i}", 4_000_000, 128, 20.0, {"zipf_alpha": 1.05}) for i in range(3)]
+    small = [Table(f"s{i}", 200_000 + 1000 * i, 64, 4.0 + i % 5, {"zipf_alpha": 1.1}) for i in range(40)]
+    tables = TableSet("half-heavy", hot + small, 4096)
+    sim = Simulator(tables, 8, shipped_models, topology=Topology(8, local_world_size=8))
+    default = search(sim, 64 << 30, NeuroShardParams(depth=0))
+    gains = default.details["split_gains"]
+    assert set(gains) == {"half-heavy-split"} and gains["half-heavy-split"] < NeuroShardParams().split_margin
+    assert len(default.pieces) == len(tables)
+    forced = search(sim, 64 << 30, NeuroShardParams(depth=0, split_margin=-1.0))
+    assert forced.details["local_search_from"] == "half-heavy-split" and len(forced.pieces) > len(tables)
+    split_tables = {p.table for p in forced.pieces
+                    if p.num_cols < tables[p.table].embedding_dim or p.num_rows < tables[p.table].num_embeddings}
+    assert split_tables == {0, 1, 2}  # the three hot tables, together
+    assert forced.cost_ms == pytest.approx(default.cost_ms * (1 - gains["half-heavy-split"]), rel=1e-6)
+    with pytest.raises(NeuroShardError, match="split_margin"):
+        NeuroShardParams(split_margin=-1.5)
+
+
 def test_column_strips_on_one_device_are_joined():
     """Neighbouring column strips cut into the same row blocks, each block pair on one
     device, become one strip there (same memory, one pass of the fused kernel instead of

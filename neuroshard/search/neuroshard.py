@@ -18,13 +18,19 @@ Two levels, both judged by the simulator (the pre-trained cost models):
   costs are not additive: the best plan is then improved by moving single pieces off
   its slowest device, or swapping one of them with a smaller one elsewhere, while the
   simulator says the plan gets cheaper.
-* **Splits must pay by a margin** (not in the paper; ``split_margin``, default 5%). A
+* **Splits must pay by a margin** (not in the paper; ``split_margin``, default 5%; a
+  negative margin keeps the best split state even when simulated dearer, as refine's
+  ``<algorithm>-split`` candidate does, for measurement to decide). A
   split adds a shard, and every shard costs the fused kernel a pass over the batch's
   bags: measured on this project's CPU, plans that split tables for a simulated gain
   under 1% did 23% more total work (criteo-terabyte, 4 devices) and the demo's plan
   that split 12 tables into 16 shards measured 14-16% slower than size-lookup's. The
   least-split state and the beam's best are both locally searched, and the split one is
   kept only when simulated cheaper by more than the margin (``details['split_gain']``).
+* **Heavy tables split together** (not in the paper): the beam splits one table a step,
+  and while other heavy tables remain the slowest device does not change; the tables
+  costlier alone than the mean device ("heavy-split"), and those costlier than half of it
+  ("half-heavy-split", ``HALF_HEAVY_SHARE``), are also tried split at once.
 * **Baseline seeds** (not in the paper; ``baseline_seeds``). The five classic greedy
   placements cost about 20 ms together; when the simulator finds one cheaper than
   the beam's best, the local search starts from it instead. So a NeuroShard plan is never
@@ -102,7 +108,7 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
         if key is not None and seeds[key].cost_ms < unsplit.cost_ms - 1e-9:
             unsplit, origin = seeds[key], f"greedy-{key}"
     unsplit, moves = local_search(sim, unsplit, memory_bytes, params.local_search_steps, params.local_search_swaps)
-    chosen, gain = unsplit, 0.0
+    chosen, gain, kept = unsplit, 0.0, -np.inf  # gain: the best split's (0: none); kept: the chosen split's
     splits = []  # split states, each kept only when it pays by more than the margin
     if len(best.pieces) > len(least_split.pieces):  # the beam split tables
         splits.append(("beam-split", best))
@@ -117,17 +123,30 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
                 splits.append(("heavy-split", place(heavy)))
             except InfeasibleError:
                 pass
+        # tables of more than half a device each, split together: two or three of them near the top keep
+        # their devices the slowest whatever one split does, and the beam (one split a step) stops
+        # before the splits that pay together (criteo-terabyte at 8 devices: three pooling-100 tables,
+        # each 0.9-1.0x the mean device alone, their devices 1.10-1.25x the others')
+        halves = split_heaviest(sim, start, params, bound=HALF_HEAVY_SHARE * mean_device)
+        if len(halves) > len(heavy) and tuple(halves) not in seen:
+            try:
+                splits.append(("half-heavy-split", place(halves)))
+            except InfeasibleError:
+                pass
+    split_gains = {}  # each split state's simulated gain over the unsplit plan (details)
     for name, state in splits:
         split, split_moves = local_search(sim, state, memory_bytes, params.local_search_steps,
                                           params.local_search_swaps)
         split_gain = 1.0 - split.cost_ms / unsplit.cost_ms if unsplit.cost_ms > 0 else 0.0
         log.debug("%s: %d pieces, simulated %.4f ms against %.4f unsplit", name, len(split.pieces), split.cost_ms,
                   unsplit.cost_ms)
-        if split_gain > max(gain, params.split_margin):
-            chosen, origin, moves = split, name, split_moves
+        split_gains[name] = round(split_gain, 5)
+        if split_gain > max(kept, params.split_margin):
+            chosen, origin, moves, kept = split, name, split_moves, split_gain
         gain = max(gain, split_gain)
     chosen.details = {"parameters": asdict(params), "shards": len(chosen.pieces), "states_evaluated": len(seen),
                       "local_search_from": origin, "local_search_moves": moves, "split_gain": round(gain, 5),
+                      "split_gains": split_gains,
                       "simulated_cost_ms": chosen.cost_ms}
     return chosen
 
@@ -136,6 +155,9 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
 LOCAL_SEARCH_TARGETS = 64
 #: a piece costing more than this share of the balanced bound is split up front on large tasks
 HEAVY_SHARE = 1.0
+#: the search also tries every table costing more than this share of the mean device split at once
+#: ("half-heavy-split"; kept, as every split state, only when simulated cheaper by ``split_margin``)
+HALF_HEAVY_SHARE = 0.5
 
 
 def local_search(sim: Simulator, placement: Placement, memory_bytes: int, steps: int,

@@ -29,6 +29,7 @@ class NeuroShardParams:
     local_search_swaps: int = 64       # swaps simulated per local-search step (0: moves only)
     baseline_seeds: bool = True  # also start the local search from the best classic greedy plan when cheaper
     split_margin: float = 0.05   # keep the beam's extra splits only when simulated cheaper by more than this
+    #                              (negative: a split plan even when simulated up to that much dearer; -1: always)
     large_task: int = 2**18      # pieces x devices from which the heaviest tables are split up front, no beam (0: never)
 
     def __post_init__(self) -> None:
@@ -37,7 +38,7 @@ class NeuroShardParams:
                                 ("local_search_swaps", 0, 100000), ("large_task", 0, 2**62)):
             check_int(getattr(self, name), f"parameter {name}", low, high)
         check_number(self.max_cap_factor, "parameter max_cap_factor", 1.0, 100.0)
-        check_number(self.split_margin, "parameter split_margin", 0.0, 1.0)
+        check_number(self.split_margin, "parameter split_margin", -1.0, 1.0)
         for name in ("row_splits", "baseline_seeds"):
             if not isinstance(getattr(self, name), bool):
                 raise NeuroShardError(f"parameter {name} must be true or false, got {getattr(self, name)!r}")
