@@ -92,6 +92,8 @@ def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
     # polish keeps only changes that lower the measured cost, and the written plan is what it kept
     polish = record["polish"]
     assert 0 <= polish["accepted"] <= polish["steps"] <= 4
+    assert polish["end"] in ("steps", "no predicted gain", "nothing to try") and 0 <= polish["top_gap"] < 1
+    assert (polish["end"] == "steps") == (polish["steps"] == 4)
     assert polish["measured_cost_after_ms"] <= polish["measured_cost_before_ms"]
     if polish["accepted"] == 0:
         assert polish["measured_cost_after_ms"] == polish["measured_cost_before_ms"]

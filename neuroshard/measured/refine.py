@@ -418,7 +418,10 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     polished one measures cheaper. Row blocks stay where they are
     (TorchRec runs them in rank order), tables with constraints are not split, and pinned
     tables stay on their devices. Stops after ``steps`` steps or when no change is
-    predicted to help."""
+    predicted to help; the record's ``end`` says which (``"steps"``, ``"no predicted gain"``,
+    ``"nothing to try"``, ``"stopped"``: timing failed) and ``top_gap`` the measured gap
+    between the two slowest devices then (a plateau of near-equal devices no single change
+    off the slowest one relieves)."""
     record = {"steps": 0, "accepted": 0, "splits": 0}
     if plan.data_parallel_tables:
         record["skipped"] = "replicated tables"
@@ -454,6 +457,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
 
     by_rows = check_row_blocks(row_blocks or sim.row_blocks) == "any"  # whole tables split into row halves
     movable, splittable, sizes, mask = layout(pieces)
+    record["end"] = "steps"  # why polish stopped (provenance.refine.polish.end)
     for _ in range(steps):
         members = [np.flatnonzero(where == d) for d in range(devices)]
         ratio = np.ones(devices)
@@ -487,6 +491,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
                     changes.append((hot, d, ("split", pieces[i], d), [pieces[k] for k in rest] + list(halves),
                                     np.append(where[rest], [hot, d])))
         if not changes:
+            record["end"] = "nothing to try"
             break
         new_sets = []
         for a, b, _, after, moved in changes:
@@ -501,6 +506,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         guesses[guessed_cost > cost] = np.inf  # a change that makes the slowest device slower is not tried
         k = int(np.argmin(guesses))
         if guesses[k] >= score * (1 - MIN_GAIN):
+            record["end"] = "no predicted gain"
             break
         a, b, what, after, moved = changes[k]
         tried.add(what)
@@ -510,6 +516,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         now_sets = [[after[i] for i in np.flatnonzero(moved == d)] for d in (a, b)]
         first = _time_change([*before, *now_sets], calibration, timing_passes, timing_repeats, record)
         if first is None:
+            record["end"] = "stopped"
             break
         timed = [first]
 
@@ -535,6 +542,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
             # runs must show it, and their mean by more than MIN_GAIN
             again = _time_change([*before, *now_sets], calibration, timing_passes, timing_repeats, record)
             if again is None:
+                record["end"] = "stopped"
                 break
             timed.append(again)
             _, _, scores_again, _ = costs(timed[1])
@@ -553,6 +561,8 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         else:
             measured, score, cost = current, float(scores[0]), float(maxes[0])
     record["measured_cost_after_ms"] = round(cost, 4)
+    ranked = np.sort(measured)[::-1]  # the slowest two devices' gap at the end: a plateau no one move relieves
+    record["top_gap"] = round(float(1 - ranked[1] / ranked[0]), 4) if len(ranked) > 1 and ranked[0] > 0 else 0.0
     if not record["accepted"]:
         return plan, record
     shards = sim.to_shards(pieces, where)
