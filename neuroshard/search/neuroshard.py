@@ -19,8 +19,8 @@ Two levels, both judged by the simulator (the pre-trained cost models):
   its slowest device, or swapping one of them with a smaller one elsewhere, while the
   simulator says the plan gets cheaper.
 * **Splits must pay by a margin** (not in the paper; ``split_margin``, default 5%; a
-  negative margin keeps the best split state even when simulated dearer, as refine's
-  ``<algorithm>-split`` candidate does, for measurement to decide). A
+  negative margin keeps the best split state even when simulated dearer, for measurement
+  to decide: ``experiments/forced_split.py``). A
   split adds a shard, and every shard costs the fused kernel a pass over the batch's
   bags: measured on this project's CPU, plans that split tables for a simulated gain
   under 1% did 23% more total work (criteo-terabyte, 4 devices) and the demo's plan
@@ -125,8 +125,9 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
                 pass
         # tables of more than half a device each, split together: two or three of them near the top keep
         # their devices the slowest whatever one split does, and the beam (one split a step) stops
-        # before the splits that pay together (criteo-terabyte at 8 devices: three pooling-100 tables,
-        # each 0.9-1.0x the mean device alone, their devices 1.10-1.25x the others')
+        # before the splits that pay together (criteo-terabyte at 8 devices, seed 169: three pooling-100
+        # tables, each about the mean device alone: lookups x columns 12,800 against a mean device's
+        # 10,660; experiments/forced_split.py, docs/results.md session 31)
         halves = split_heaviest(sim, start, params, bound=HALF_HEAVY_SHARE * mean_device)
         if len(halves) > len(heavy) and tuple(halves) not in seen:
             try:
