@@ -43,7 +43,9 @@ RUNS_ANY = ["plan_benchmark_issue25_session26_8dev_seed163_any", "plan_benchmark
             "plan_benchmark_issue25_session28_8dev_seed167_any_thp", "plan_benchmark_issue25_session28_8dev_seed169_any",
             "plan_benchmark_issue25_session29_8dev_seed169_work",
             "plan_benchmark_issue25_session30_4dev_seed163_any_thp", "plan_benchmark_issue25_session30_16dev_seed163_any_thp",
-            "plan_benchmark_issue25_session30_8dev_seed173_any", "plan_benchmark_issue25_session30_8dev_seed169_lean"]
+            "plan_benchmark_issue25_session30_8dev_seed173_any", "plan_benchmark_issue25_session30_8dev_seed169_lean",
+            # session 31 (fresh tasks, seed 179); its seed-169 run measured code since reverted and is left out
+            "plan_benchmark_issue25_session31_8dev_seed179", "plan_benchmark_issue25_session31_8dev_seed179_dlrm"]
 #: the runs of ``RUNS_ANY`` timed in transparent huge pages (formats revision 21, session 28 on: a device's
 #: share of its run moves 3.2% between runs against 7.9% in small pages), tallied apart as well
 RUNS_HUGE_PAGES = RUNS_ANY[RUNS_ANY.index("plan_benchmark_issue25_session28_8dev_seed167_any_thp"):]
