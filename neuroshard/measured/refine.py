@@ -378,13 +378,14 @@ def _per_set(sets: list[list], values: np.ndarray) -> np.ndarray:
 
 def _time_change(sets: list[list], calibration: Any, passes: int, repeats: int, record: dict) -> np.ndarray | None:
     """``sets`` (a change's devices before and after) timed in one interleaved run; None, with
-    ``record["stopped"]`` saying why, when they cannot be timed now (e.g. no memory for them):
-    polish then keeps what it gained so far."""
+    ``record["stopped"]`` saying why and ``record["end"]`` ``"stopped"``, when they cannot be
+    timed now (e.g. no memory for them): polish then keeps what it gained so far."""
     try:
         return _per_set(sets, calibration.time(sets, passes, "polish: timing a change", repeats))
     except NeuroShardError as exc:
         log.warning("polish stopped: %s", exc)
         record["stopped"] = str(exc).splitlines()[0]
+        record["end"] = "stopped"
         return None
 
 
@@ -516,7 +517,6 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         now_sets = [[after[i] for i in np.flatnonzero(moved == d)] for d in (a, b)]
         first = _time_change([*before, *now_sets], calibration, timing_passes, timing_repeats, record)
         if first is None:
-            record["end"] = "stopped"
             break
         timed = [first]
 
@@ -542,7 +542,6 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
             # runs must show it, and their mean by more than MIN_GAIN
             again = _time_change([*before, *now_sets], calibration, timing_passes, timing_repeats, record)
             if again is None:
-                record["end"] = "stopped"
                 break
             timed.append(again)
             _, _, scores_again, _ = costs(timed[1])

@@ -117,23 +117,21 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
         # table a step, and while other such tables remain the slowest device does not change,
         # so the beam sees no gain and stops (patience) before the split that would pay
         mean_device = float(sim.evaluate(unsplit.pieces, unsplit.devices[None, :], risk=0.0).compute_ms.mean())
-        heavy = split_heaviest(sim, start, params, bound=mean_device)
-        if len(heavy) > len(start) and tuple(heavy) not in seen:
-            try:
-                splits.append(("heavy-split", place(heavy)))
-            except InfeasibleError:
-                pass
-        # tables of more than half a device each, split together: two or three of them near the top keep
-        # their devices the slowest whatever one split does, and the beam (one split a step) stops
-        # before the splits that pay together (criteo-terabyte at 8 devices, seed 169: three pooling-100
-        # tables, each about the mean device alone: lookups x columns 12,800 against a mean device's
-        # 10,660; experiments/forced_split.py, docs/results.md session 31)
-        halves = split_heaviest(sim, start, params, bound=HALF_HEAVY_SHARE * mean_device)
-        if len(halves) > len(heavy) and tuple(halves) not in seen:
-            try:
-                splits.append(("half-heavy-split", place(halves)))
-            except InfeasibleError:
-                pass
+        # and (half-heavy-split) the tables of more than half a device each, split together: two or
+        # three of them near the top keep their devices the slowest whatever one split does, and the
+        # beam (one split a step) stops before the splits that pay together (criteo-terabyte at 8
+        # devices, seed 169: three pooling-100 tables, each about the mean device alone: lookups x
+        # columns 12,800 against a mean device's 10,660; experiments/forced_split.py, docs/results.md
+        # session 31). Each state is tried when it splits more than the one before it.
+        fewer = start
+        for name, share in (("heavy-split", 1.0), ("half-heavy-split", HALF_HEAVY_SHARE)):
+            state = split_heaviest(sim, start, params, bound=share * mean_device)
+            if len(state) > len(fewer) and tuple(state) not in seen:
+                try:
+                    splits.append((name, place(state)))
+                except InfeasibleError:
+                    pass
+            fewer = state
     split_gains = {}  # each split state's simulated gain over the unsplit plan (details)
     for name, state in splits:
         split, split_moves = local_search(sim, state, memory_bytes, params.local_search_steps,
