@@ -60,6 +60,7 @@ from ..search.simulator import Simulator
 from ..tables import TableSet
 from ..validate import check_int, check_row_blocks
 from .judge import PlanJudge, geometric_mean
+from .rebalance import fit_marginal_costs, rebalance
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ def check_refine(algorithm: str, rounds: Any) -> int:
 def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds: int = DEFAULT_ROUNDS,
            timing_passes: int = REFINE_PASSES, algorithm: str = "neuroshard", models: Any = None,
            polish_steps: int | None = None, compare: tuple[str, ...] = COMPARE, judge: PlanJudge | None = None,
-           **search_options: Any) -> Plan:
+           rebalance_plans: bool = True, **search_options: Any) -> Plan:
     """Search ``rounds + 1`` plans, each against models fine-tuned on the devices of the
     plans before it (see the module docstring), time them with the plans of the ``compare``
     algorithms, and return the one measured cheapest, polished. ``calibration`` is a
@@ -215,6 +216,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     distinct = {p.layout_key(): i for i, p in reversed(list(enumerate(plans)))}  # the first of each plan
     candidates = sorted(distinct.values())
     finals = _time_plans(plans, candidates, tables, calibration, models)
+    timed = [finals]  # every timing run of whole plans so far: what the marginal costs are fitted to
     for cost, i, _ in finals:
         entries[i]["final_measured_cost_ms"] = round(cost, 4)
     # the cheapest of ~10 plans timed once is partly the luckiest: the finalists (the MIN_FINALISTS
@@ -224,8 +226,9 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     if len(finalists) > 1:
         which = [f[1] for f in finalists]
         runs = [{i: (c, comp) for c, i, comp in finals if i in which}]
-        runs += [{i: (c, comp) for c, i, comp in _time_plans(plans, which, tables, calibration, models)}
-                 for _ in range(FINALIST_RUNS - 1)]
+        for _ in range(FINALIST_RUNS - 1):
+            timed.append(_time_plans(plans, which, tables, calibration, models))
+            runs.append({i: (c, comp) for c, i, comp in timed[-1]})
         finalists = []
         for i in which:
             per_run = np.array([run[i][1] for run in runs])  # (runs, devices)
@@ -237,7 +240,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
                                                                     batch), 4)
             entries[i]["final_median_cost_ms"] = round(finalists[-1][0], 4)
     _, best, compute = min(finalists, key=lambda f: f[0])
-    chosen = plans[best]
+    lean = _lean(finals, best)  # the plan of least total work, when it is not the one chosen
 
     def round_of(i: int) -> int | None:
         return i if i < len(history) else None
@@ -251,6 +254,17 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
                                  "statistic": calibration.config.get("figure", "fastest")},
               "batch_size": batch,
               "hardware": calibration.config.get("hardware", "")}
+    if rebalance_plans:
+        # the chosen plan and the plan of least total work, rebalanced against the marginal costs the
+        # timing runs themselves give (measured.rebalance), then timed against the plan chosen
+        medians = {i: comp for _, i, comp in finals} | {i: comp for _, i, comp in finalists}
+        starts = [best] + ([lean] if lean is not None else [])
+        kept, origin, compute, record["rebalance"] = _rebalance(plans, entries, starts, medians, compute, timed,
+                                                                tables, calibration, models, [name(i) for i in starts])
+        if kept != best:
+            best, lean = kept, (None if origin == lean else lean)
+            record.update(chosen=name(best), chosen_round=None)
+    chosen = plans[best]
     if polish_steps is None:
         polish_steps = default_polish_steps(devices)
     start = best  # the plan the written one started from
@@ -258,14 +272,14 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         row_blocks = search_options.get("row_blocks")
         chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps,
                                           row_blocks=row_blocks)
-        lean = _lean(finals, best)
         if lean is not None:
             first = {i: comp for _, i, comp in finals}  # the comparison run: every plan timed together
             start_ms = first | {i: comp for _, i, comp in finalists}  # a finalist's device medians
             lean_plan, lean_record = polish(plans[lean], tables, calibration, models, start_ms[lean], polish_steps,
                                             row_blocks=row_blocks)
             record["lean"] = {"plan": name(lean), "total_compute_ms": round(float(np.sum(first[lean])), 4),
-                              "chosen_total_compute_ms": round(float(np.sum(first[best])), 4), "polish": lean_record}
+                              "chosen_total_compute_ms": round(float(np.sum(first.get(best, compute))), 4),
+                              "polish": lean_record}
             try:
                 kept, costs = measured_choice([(name(best), chosen), (name(lean), lean_plan)], tables, calibration,
                                               models)
@@ -324,6 +338,77 @@ def format_judgement(judged: dict) -> str:
     return (f"refine, final judge {name} ({judged['judge'].get('runs')} runs, the slowest device's embedding cost, "
             f"geometric mean): " + "; ".join(f"{p['plan']} {p['geomean_ms']:.2f} ms" for p in judged["plans"])
             + f"; written: {judged['chosen']}'s plan")
+
+
+def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], medians: dict, compute: np.ndarray,
+               timed: list, tables: TableSet, calibration: Any, models: Any, names: list[str]
+               ) -> tuple[int, int, np.ndarray, dict]:
+    """``starts[0]`` (the plan chosen, its devices measured ``compute``) or one of the ``starts``
+    rebalanced (``measured.rebalance``: marginal costs fitted to every device of the ``timed``
+    runs, each start's devices anchored at ``medians``), whichever measures cheaper when the
+    rebalanced plans and the chosen one are timed together (``FINAL_CHECK_RUNS`` runs, each
+    device's mean). A rebalanced plan kept is appended to ``plans`` and ``entries``. Returns the
+    index of the plan kept, the start it came from, its devices' measured compute, and the
+    record (formats: ``provenance.refine.rebalance``)."""
+    batch = calibration.models.batch_size
+    best = starts[0]
+    sets, times = [], []
+    for run in timed:
+        for _, i, comp in run:
+            for s, t in zip(calibration.sim.device_sets(plans[i]), comp):
+                if s:
+                    sets.append(s)
+                    times.append(t)
+
+    def alone(pieces: list) -> np.ndarray:
+        return calibration.predict([[p] for p in pieces], models)
+
+    costs = fit_marginal_costs(sets, np.array(times), alone, len(tables))
+    record: dict = {"fit": costs.to_dict(), "plans": []}
+    known = {p.layout_key() for p in plans}
+    candidates = []  # (start, plan)
+    for i, label in zip(starts, names):
+        sim = Simulator.from_plan(plans[i], models, tables, batch)
+        moved, info = rebalance(plans[i], medians[i], costs, sim, alone)
+        info.pop("fit", None)
+        record["plans"].append({"from": label, **info})
+        if moved is not None and moved.layout_key() not in known:
+            known.add(moved.layout_key())
+            candidates.append((i, moved))
+    log.info("refine: marginal costs fitted to %d timed devices (%.1f%% off them); %d rebalanced plan(s) to time",
+             costs.sets_, 100 * costs.fit_error_, len(candidates))
+    if not candidates:
+        record["kept"] = None
+        return best, best, compute, record
+    which = [plans[best]] + [p for _, p in candidates]
+    try:
+        runs = [_time_plans(which, list(range(len(which))), tables, calibration, models)
+                for _ in range(FINAL_CHECK_RUNS)]
+    except NeuroShardError as exc:  # e.g. no memory to time them now: the chosen plan stays
+        record["stopped"] = str(exc).splitlines()[0]
+        record["kept"] = None
+        return best, best, compute, record
+    means = [np.mean([run[k][2] for run in runs], axis=0) for k in range(len(which))]
+    cost = [_measured_cost(p, m, tables, models, batch) for p, m in zip(which, means)]
+    record["chosen_measured_cost_ms"] = round(cost[0], 4)
+    for k, (i, _) in enumerate(candidates, start=1):
+        entry = next(r for r in record["plans"] if r["from"] == names[starts.index(i)])
+        entry["measured_cost_ms"] = round(cost[k], 4)
+    k = min(range(len(which)), key=lambda c: (cost[c], c))
+    if k == 0:
+        record["kept"] = None
+        log.info("refine: the rebalanced plans measured %s ms against %.2f for the plan chosen; keeping it",
+                 ", ".join(f"{c:.2f}" for c in cost[1:]), cost[0])
+        return best, best, means[0], record
+    origin, plan = candidates[k - 1]
+    plans.append(plan)
+    label = f"{names[starts.index(origin)]}, rebalanced"
+    entries.append({"algorithm": label})
+    record["kept"] = label
+    at_tables = Simulator.from_plan(plan, models, tables)
+    plan.estimate = {**(plan.estimate or {}), **at_tables.plan_estimate(at_tables.evaluate_plan(plan))}
+    log.info("refine: %s measured %.2f ms against %.2f for the plan chosen; kept", label, cost[k], cost[0])
+    return len(plans) - 1, origin, means[k], record
 
 
 def _lean(finals: list[tuple[float, int, np.ndarray]], best: int) -> int | None:

@@ -1,0 +1,184 @@
+"""Rebalance a timed plan against marginal costs fitted to the timing runs themselves.
+
+By the time refine has chosen a plan, its comparison run and finalist runs have timed every
+device of ~10 plans of the task's own tables, in the groupings plans actually use: ~10 x D
+device sets. The models err most on exactly those sets (10-24% on the plans' devices of
+criteo-terabyte at 8 devices, docs/results.md, sessions 29-31), and polish's model-guided
+proposals measured a median 0.7% worse where predicted 3.4% better (session 31). The runs
+themselves say what the sets cost, so:
+
+``fit_marginal_costs`` fits each table's marginal cost *in context* from them: a piece costs
+its alone-cost (the calibrated model's prediction of the piece alone) times its table's
+factor, a device the sum of its pieces plus one launch level; the factors shrink toward one
+shared factor by a ridge (the runs have fewer devices than the task has tables; a factor is
+left where the devices it sits on say so). An ordinary least-squares problem with a ridge
+toward a free shared mean, so ``numpy.linalg.lstsq`` on the stacked rows; scikit-learn's
+``Ridge`` shrinks toward zero, not toward a fitted mean.
+
+``rebalance`` then moves and swaps whole pieces of a timed plan, offline: each device's
+estimate is its *measured* time plus the fitted costs of what came in minus what left (the
+device's own residual, what additivity misses about its set, stays), communication modelled
+by the simulator, until no change lowers the slowest device by ``REBALANCE_MIN_GAIN``. Row
+blocks stay on their devices (TorchRec runs them in rank order), pinned tables stay where
+they may go, memory holds. The result is a candidate that refine times against the plan it
+came from (``measured.refine``); it is never written unmeasured.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..plan import Plan
+from ..search.simulator import Simulator
+from ..types import Piece
+
+#: the ridge on each table's factor around the shared factor, in units of a device's relative error:
+#: a table whose pieces cost 10% of a mean device moved 0.5 off the shared factor weighs as a device
+#: 5% off its measured time (one run's noise on a device is 2-5%, experiments/issue25_noise.py)
+MARGINAL_RIDGE = 1.0
+#: a table's fitted factor stays within this range of the shared factor (few devices, much noise)
+FACTOR_RANGE = (0.5, 2.0)
+#: a change is made when the estimated slowest device drops by this fraction at least
+REBALANCE_MIN_GAIN = 0.003
+#: at most this many changes per device: each moves the estimate further from what was measured
+REBALANCE_STEPS_PER_DEVICE = 3
+
+
+@dataclass
+class MarginalCosts:
+    """Each table's factor on its pieces' alone-costs (``factor_[t]``), the devices' launch
+    level (``level_ms_``), and how well the fit reproduces the sets it was fitted on
+    (``fit_error_``: the mean relative error)."""
+
+    factor_: np.ndarray
+    shared_: float
+    level_ms_: float
+    fit_error_: float
+    sets_: int
+
+    def piece_ms(self, pieces: Sequence[Piece], alone_ms: np.ndarray) -> np.ndarray:
+        """The marginal cost (ms) of ``pieces`` whose alone-costs are ``alone_ms``."""
+        return np.asarray(alone_ms, dtype=np.float64) * self.factor_[[p.table for p in pieces]]
+
+    def to_dict(self) -> dict:
+        return {"sets": self.sets_, "fit_error": round(self.fit_error_, 4), "shared_factor": round(self.shared_, 4),
+                "level_ms": round(self.level_ms_, 4),
+                "factor_range": [round(float(self.factor_.min()), 4), round(float(self.factor_.max()), 4)]}
+
+
+def fit_marginal_costs(sets: Sequence[Sequence[Piece]], times_ms: np.ndarray, alone_ms: Callable[[list], np.ndarray],
+                       num_tables: int, ridge: float = MARGINAL_RIDGE) -> MarginalCosts:
+    """Fit ``MarginalCosts`` to measured device ``sets`` (lists of pieces, non-empty) and their
+    ``times_ms``; ``alone_ms(pieces)`` gives each piece's alone-cost (ms, the models')."""
+    sets = [list(s) for s in sets]
+    times = np.asarray(times_ms, dtype=np.float64)
+    distinct = sorted({p for s in sets for p in s})
+    alone = dict(zip(distinct, np.asarray(alone_ms(distinct), dtype=np.float64)))
+    # unknowns: [level, shared, factor_0 .. factor_{T-1}]; each device a row, relative to its time
+    rows = np.zeros((len(sets), 2 + num_tables))
+    rows[:, 0] = 1.0
+    for k, s in enumerate(sets):
+        for p in s:
+            rows[k, 2 + p.table] += alone[p]
+    scale = 1.0 / np.maximum(times, 1e-9)
+    a, b = rows * scale[:, None], np.ones(len(sets))
+    # the ridge: sqrt(ridge) * (table's mean alone-cost / mean device time) * (factor_t - shared) = 0
+    used = np.flatnonzero(rows[:, 2:].sum(axis=0) > 0)
+    weight = rows[:, 2:].sum(axis=0)[used] / np.maximum((rows[:, 2:] > 0).sum(axis=0)[used], 1) / times.mean()
+    penalty = np.zeros((len(used), 2 + num_tables))
+    penalty[np.arange(len(used)), 2 + used] = np.sqrt(ridge) * weight
+    penalty[:, 1] = -np.sqrt(ridge) * weight
+    unused = np.setdiff1d(np.arange(num_tables), used)  # tables on no timed device: the shared factor
+    tie = np.zeros((len(unused), 2 + num_tables))
+    tie[np.arange(len(unused)), 2 + unused], tie[:, 1] = 1.0, -1.0
+    x = np.linalg.lstsq(np.vstack([a, penalty, tie]), np.concatenate([b, np.zeros(len(used) + len(unused))]),
+                        rcond=None)[0]
+    if x[0] < 0:  # no negative launch level: fit again without one
+        x = np.linalg.lstsq(np.vstack([a, penalty, tie])[:, 1:], np.concatenate([b, np.zeros(len(used) + len(unused))]),
+                            rcond=None)[0]
+        x = np.concatenate([[0.0], x])
+    shared = float(x[1])
+    factor = np.clip(x[2:], FACTOR_RANGE[0] * shared, FACTOR_RANGE[1] * shared)
+    fitted = x[0] + rows[:, 2:] @ factor
+    return MarginalCosts(factor, shared, float(x[0]), float(np.mean(np.abs(fitted / times - 1))), len(sets))
+
+
+def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Simulator,
+              alone_ms: Callable[[list], np.ndarray], min_gain: float = REBALANCE_MIN_GAIN,
+              steps_per_device: int = REBALANCE_STEPS_PER_DEVICE) -> tuple[Plan | None, dict]:
+    """The plan ``plan`` (its devices measured ``measured_ms``) with whole pieces moved and
+    swapped off its slowest device while the anchored estimate (see the module docstring) of
+    the slowest device drops by ``min_gain``; ``sim`` is the plan's simulator
+    (``Simulator.from_plan``, at the batch the times are for). Returns (None, record) when no
+    change was made, and the record: ``changes``, the estimated cost before and after."""
+    pieces, where = sim.pieces_of_plan(plan)
+    devices = plan.num_devices
+    tables = sim.tables
+    movable = np.array([p.row_offset == 0 and p.num_rows == tables[p.table].num_embeddings for p in pieces])
+    mask = sim.device_mask(pieces)
+    sizes = sim.sizes_bytes(pieces)
+    limits = np.array(plan.memory_limits(), dtype=np.float64)
+    marginal = costs.piece_ms(pieces, alone_ms(pieces))
+    estimate = np.asarray(measured_ms, dtype=np.float64).copy()
+
+    def totals(candidates: list, compute: np.ndarray) -> np.ndarray:
+        return sim.evaluate_with_compute(candidates, compute).total_ms  # (P, D)
+
+    now = totals([(pieces, where)], estimate[None, :])[0]
+    record = {"fit": costs.to_dict(), "estimated_cost_before_ms": round(float(now.max()), 4), "changes": 0}
+    for _ in range(steps_per_device * devices):
+        hot = int(np.argmax(now))
+        used = np.bincount(where, weights=sizes, minlength=devices)
+        ours = np.flatnonzero((where == hot) & movable)
+        changes, compute = [], []
+        for i in ours:
+            for d in range(devices):
+                if d == hot or (mask is not None and not mask[i, d]):
+                    continue
+                # a piece does not join another of its table (that would undo a split, not merge it)
+                if any(pieces[q].table == pieces[i].table for q in np.flatnonzero(where == d)):
+                    continue
+                if used[d] + sizes[i] <= limits[d]:
+                    moved = where.copy()
+                    moved[i] = d
+                    row = estimate.copy()
+                    row[hot] -= marginal[i]
+                    row[d] += marginal[i]
+                    changes.append(moved)
+                    compute.append(row)
+                for j in np.flatnonzero((where == d) & movable):
+                    if any(pieces[q].table == pieces[j].table for q in np.flatnonzero(where == hot) if q != i):
+                        continue
+                    if (marginal[j] < marginal[i] and used[d] - sizes[j] + sizes[i] <= limits[d]
+                            and used[hot] - sizes[i] + sizes[j] <= limits[hot] and (mask is None or mask[j, hot])):
+                        moved = where.copy()
+                        moved[i], moved[j] = d, hot
+                        row = estimate.copy()
+                        row[hot] += marginal[j] - marginal[i]
+                        row[d] += marginal[i] - marginal[j]
+                        changes.append(moved)
+                        compute.append(row)
+        if not changes:
+            break
+        after = totals([(pieces, m) for m in changes], np.array(compute))
+        peak = after.max(axis=1)
+        spread = (after ** 2).sum(axis=1)
+        k = min(range(len(changes)), key=lambda c: (round(float(peak[c]), 9), float(spread[c])))
+        if peak[k] > now.max() * (1 - min_gain):
+            break
+        where, estimate, now = changes[k], compute[k], after[k]
+        record["changes"] += 1
+    record["estimated_cost_after_ms"] = round(float(now.max()), 4)
+    if not record["changes"]:
+        return None, record
+    moved_plan = replace(plan, shards=sim.to_shards(pieces, where), provenance=plan.provenance.to_dict())
+    problems = moved_plan.problems()
+    if problems:  # a guard: the changes keep memory and placement rules
+        record["rejected"] = problems[0]
+        return None, record
+    return moved_plan, record
+
+
+__all__ = ["MarginalCosts", "fit_marginal_costs", "rebalance", "MARGINAL_RIDGE", "REBALANCE_MIN_GAIN"]
