@@ -123,13 +123,15 @@ def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     marginal = costs.piece_ms(pieces, alone_ms(pieces))
     estimate = np.asarray(measured_ms, dtype=np.float64).copy()
 
-    def totals(candidates: list, compute: np.ndarray) -> np.ndarray:
-        return sim.evaluate_with_compute(candidates, compute).total_ms  # (P, D)
+    def peaks(candidates: list, compute: np.ndarray) -> np.ndarray:
+        # (P,) each candidate's slowest device; devices wait for each other in the exchange, so
+        # every device's total is the same there: the slowest device is the one computing longest
+        return sim.evaluate_with_compute(candidates, compute).max_ms
 
-    now = totals([(pieces, where)], estimate[None, :])[0]
-    record = {"fit": costs.to_dict(), "estimated_cost_before_ms": round(float(now.max()), 4), "changes": 0}
+    now = float(peaks([(pieces, where)], estimate[None, :])[0])
+    record = {"fit": costs.to_dict(), "estimated_cost_before_ms": round(now, 4), "changes": 0}
     for _ in range(steps_per_device * devices):
-        hot = int(np.argmax(now))
+        hot = int(np.argmax(estimate))
         used = np.bincount(where, weights=sizes, minlength=devices)
         ours = np.flatnonzero((where == hot) & movable)
         changes, compute = [], []
@@ -162,15 +164,15 @@ def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
                         compute.append(row)
         if not changes:
             break
-        after = totals([(pieces, m) for m in changes], np.array(compute))
-        peak = after.max(axis=1)
-        spread = (after ** 2).sum(axis=1)
+        compute = np.array(compute)
+        peak = peaks([(pieces, m) for m in changes], compute)
+        spread = (compute ** 2).sum(axis=1)  # of equal peaks, the one that evens out the devices most
         k = min(range(len(changes)), key=lambda c: (round(float(peak[c]), 9), float(spread[c])))
-        if peak[k] > now.max() * (1 - min_gain):
+        if peak[k] > now * (1 - min_gain):
             break
-        where, estimate, now = changes[k], compute[k], after[k]
+        where, estimate, now = changes[k], compute[k], float(peak[k])
         record["changes"] += 1
-    record["estimated_cost_after_ms"] = round(float(now.max()), 4)
+    record["estimated_cost_after_ms"] = round(now, 4)
     if not record["changes"]:
         return None, record
     moved_plan = replace(plan, shards=sim.to_shards(pieces, where), provenance=plan.provenance.to_dict())

@@ -31,6 +31,15 @@ So the plan written is never measurably slower here than those baselines' (up to
 of two runs), and provenance says whose plan it started from. A round costs one search,
 ``D`` timed device sets and one fine-tuning: about a minute for 8 devices on 2 CPU cores.
 
+Before polish, the chosen plan and the plan of least total work (below) are *rebalanced*
+offline (``measured.rebalance``): each table's marginal cost in context is fitted to every
+device those timing runs measured, whole pieces move and swap off the slowest device, each
+device's estimate its measured time plus the fitted costs of what came in minus what left;
+the rebalanced plans are timed together with the chosen one (``FINAL_CHECK_RUNS`` runs) and
+the cheapest goes on (``provenance.refine.rebalance``). Polish's single steps are guided by
+the models and measured one at a time; rebalancing makes many changes at once, guided by what
+was measured, and one timing decides.
+
 Then ``polish`` takes up to ``polish_steps`` measured local-search steps from that plan:
 the move (or swap) of a shard off the slowest measured device that the models predict
 best is timed, and kept only when the measured cost drops. A model a few percent off
@@ -162,7 +171,9 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     ``polish_steps`` defaults to ``default_polish_steps(devices)``. ``judge`` (a
     ``measured.judge.PlanJudge``) makes the final choice among the polished plan and every
     distinct plan timed (``final_judgement``). The plan of least total work is polished too
-    and kept when it then measures cheaper (``LEAN_MARGIN``)."""
+    and kept when it then measures cheaper (``LEAN_MARGIN``). With ``rebalance_plans`` the chosen
+    and the least-work plan are first rebalanced against marginal costs fitted to the timing runs
+    (``measured.rebalance``) and a rebalanced plan goes on when it measures cheaper."""
     rounds = check_refine(algorithm, rounds)
     batch = calibration.models.batch_size
     if models is None:

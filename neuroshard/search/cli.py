@@ -151,6 +151,19 @@ def _search(args: argparse.Namespace) -> int:
             f"{name} {e['final_measured_cost_ms']:.2f} ms" + _again(e) if "final_measured_cost_ms" in e
             else f"{name} {'no plan' if 'failed' in e else 'same plan as above'}" for name, e in finals)
             + ("" if "judge" in refine else f"; written: {refine['chosen']}'s plan"))
+    rebalanced = refine.get("rebalance")
+    if rebalanced:
+        fit = rebalanced["fit"]
+        tried = "; ".join(f"{p['from']} {p['changes']} changes, estimated {p['estimated_cost_before_ms']:.2f} -> "
+                          f"{p['estimated_cost_after_ms']:.2f} ms" + (f", measured {p['measured_cost_ms']:.2f} ms"
+                                                                      if "measured_cost_ms" in p else "")
+                          for p in rebalanced["plans"])
+        outcome = ("could not be timed (" + rebalanced["stopped"] + ")" if "stopped" in rebalanced else
+                   f"the chosen plan {rebalanced['chosen_measured_cost_ms']:.2f} ms in the same runs" if
+                   "chosen_measured_cost_ms" in rebalanced else "nothing to time")
+        say(f"refine, rebalanced on marginal costs fitted to {fit['sets']} timed devices ({100 * fit['fit_error']:.1f}% "
+            f"off them): {tried}; {outcome}; written: "
+            + (f"{rebalanced['kept']}'s plan" if rebalanced["kept"] else "the chosen plan"))
     if "polish" in refine:
         polish = refine["polish"]
         say(f"polish: {polish['accepted']} of {polish['steps']} timed changes kept (a change is kept when two "

@@ -1,0 +1,81 @@
+"""Rebalancing a timed plan against marginal costs fitted to timing runs (``measured.rebalance``),
+on the fake hardware of ``test_measured_loop`` (whose costs the test knows) and through refine."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from neuroshard.costmodels import load_cost_models
+from neuroshard.measured.rebalance import fit_marginal_costs, rebalance
+from neuroshard.measured.refine import refine
+from neuroshard.search.api import shard
+from neuroshard.search.simulator import Simulator
+from neuroshard.types import Piece
+
+from test_measured_loop import TABLES, FakeTimer, _calibration, device_ms
+
+
+def _alone(pieces):
+    """A stand-in for the models' alone-costs: rows x columns, in ms."""
+    return np.array([1e-6 * p.num_rows * p.num_cols for p in pieces])
+
+
+def test_marginal_costs_recover_each_tables_factor_from_additive_devices():
+    rng = np.random.default_rng(0)
+    pieces = [Piece(t, 0, TABLES[t].num_embeddings, 0, TABLES[t].embedding_dim) for t in range(len(TABLES))]
+    truth = 1.0 + 0.5 * rng.random(len(TABLES))  # each table's factor on its alone-cost
+    sets = [[pieces[i] for i in rng.choice(len(pieces), size=rng.integers(2, 5), replace=False)] for _ in range(40)]
+    times = np.array([0.3 + sum(_alone([p])[0] * truth[p.table] for p in s) for s in sets])
+    costs = fit_marginal_costs(sets, times, _alone, len(TABLES), ridge=1e-8)
+    assert costs.fit_error_ < 1e-4 and costs.level_ms_ == pytest.approx(0.3, rel=1e-3)
+    assert np.allclose(costs.factor_, truth, rtol=1e-3)
+    # a strong ridge pulls every factor to the shared one; the fit then misses the devices
+    pooled = fit_marginal_costs(sets, times, _alone, len(TABLES), ridge=1e6)
+    assert np.ptp(pooled.factor_) < 0.05 * pooled.shared_ and pooled.fit_error_ > costs.fit_error_
+
+
+def test_rebalance_moves_work_off_the_slowest_measured_device_and_keeps_memory():
+    models = load_cost_models()
+    plan = shard(TABLES, 3, "64MiB", algorithm="size", cost_models=models)
+    measured = np.array([device_ms(plan.shards_on(d), TABLES) for d in range(3)])
+    sim = Simulator.from_plan(plan, models, TABLES, 4096)
+    sets = sim.device_sets(plan)
+    costs = fit_marginal_costs(sets, measured, _alone, len(TABLES))
+    moved, record = rebalance(plan, measured, costs, sim, _alone)
+    assert moved is not None and record["changes"] >= 1 and not moved.problems()
+    assert record["estimated_cost_after_ms"] < record["estimated_cost_before_ms"]
+    # the anchored estimate is what the fake hardware says for a device that only lost work
+    after = np.array([device_ms(moved.shards_on(d), TABLES) for d in range(3)])
+    assert after.max() < measured.max()
+    assert sorted((s.table, s.row_offset, s.col_offset) for s in moved.shards) == sorted(
+        (s.table, s.row_offset, s.col_offset) for s in plan.shards)  # the same shards, other devices
+    # nothing to gain: a plan measured perfectly even is left alone
+    even, record = rebalance(plan, np.full(3, measured.mean()), costs, sim, _alone, min_gain=0.5)
+    assert even is None and record["changes"] == 0
+
+
+def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_cheaper(monkeypatch):
+    """Refine rebalances the plan it chose and the plan of least work; here the least-work rule is
+    forced onto the dearest plan timed (size's: its devices far apart on the fake hardware), so a
+    rebalanced plan exists and is timed against the chosen one."""
+    import neuroshard.measured.refine as refine_module
+    monkeypatch.setattr(refine_module, "_lean", lambda finals, best: max(finals, key=lambda f: f[0])[1])
+    calibration = _calibration(FakeTimer())
+    plan = refine(TABLES, 3, "64MiB", calibration, rounds=1, compare=("size", "lookup"), polish_steps=0)
+    record = plan.provenance["refine"]
+    rebalanced = record["rebalance"]
+    assert rebalanced["fit"]["sets"] >= 3 * 2 and len(rebalanced["plans"]) == 2
+    assert all(p["estimated_cost_after_ms"] <= p["estimated_cost_before_ms"] for p in rebalanced["plans"])
+    timed = [p for p in rebalanced["plans"] if "measured_cost_ms" in p]
+    assert timed and all(p["changes"] >= 1 for p in timed)
+    if rebalanced["kept"] is None:
+        assert all(p["measured_cost_ms"] >= rebalanced["chosen_measured_cost_ms"] for p in timed)
+    else:
+        assert record["chosen"] == rebalanced["kept"] and rebalanced["kept"].endswith(", rebalanced")
+        kept = next(p for p in timed if rebalanced["kept"] == f"{p['from']}, rebalanced")
+        assert kept["measured_cost_ms"] < rebalanced["chosen_measured_cost_ms"]
+    assert not plan.problems()
+    # without rebalancing, no record
+    plain = refine(TABLES, 3, "64MiB", _calibration(FakeTimer()), rounds=0, compare=("size",), polish_steps=0,
+                   rebalance_plans=False)
+    assert "rebalance" not in plain.provenance["refine"]
