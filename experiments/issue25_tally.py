@@ -45,7 +45,13 @@ RUNS_ANY = ["plan_benchmark_issue25_session26_8dev_seed163_any", "plan_benchmark
             "plan_benchmark_issue25_session30_4dev_seed163_any_thp", "plan_benchmark_issue25_session30_16dev_seed163_any_thp",
             "plan_benchmark_issue25_session30_8dev_seed173_any", "plan_benchmark_issue25_session30_8dev_seed169_lean",
             # session 31 (fresh tasks, seed 179); its seed-169 run measured code since reverted and is left out
-            "plan_benchmark_issue25_session31_8dev_seed179", "plan_benchmark_issue25_session31_8dev_seed179_dlrm"]
+            "plan_benchmark_issue25_session31_8dev_seed179", "plan_benchmark_issue25_session31_8dev_seed179_dlrm",
+            # session 32: refine rebalances on marginal costs fitted to its timing runs. The first seed-169 run had
+            # the rebalance inert (a bug: no candidate), the second one round of it, as the dlrm-2021 seed-181 run;
+            # the later runs up to three rounds
+            "plan_benchmark_issue25_session32_8dev_seed169", "plan_benchmark_issue25_session32_8dev_seed169_rebalanced",
+            "plan_benchmark_issue25_session32_8dev_seed181_dlrm", "plan_benchmark_issue25_session32_8dev_seed181",
+            "plan_benchmark_issue25_session32_8dev_seed183_dlrm"]
 #: the runs of ``RUNS_ANY`` timed in transparent huge pages (formats revision 21, session 28 on: a device's
 #: share of its run moves 3.2% between runs against 7.9% in small pages), tallied apart as well
 RUNS_HUGE_PAGES = RUNS_ANY[RUNS_ANY.index("plan_benchmark_issue25_session28_8dev_seed167_any_thp"):]
