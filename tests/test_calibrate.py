@@ -122,7 +122,15 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
     kept_lean = bool(lean) and lean.get("kept", False)
     if kept_lean:
         assert lean["measured_cost_ms"][1] < lean["measured_cost_ms"][0]
-    assert refine["chosen"] == (lean["plan"] if kept_lean else picked)
+    # the chosen plan rebalanced on the timed devices' marginal costs goes on when it measured cheaper
+    # (formats revision 25); polish then starts from it as the rebalance's runs timed it
+    assert "refine, rebalanced" in printed
+    rebalanced = refine["rebalance"]["kept"]
+    if rebalanced:
+        assert rebalanced.endswith(", rebalanced") and refine["rebalance"]["rounds_kept"] >= 1
+    else:  # polish starts from the chosen plan as the finalists' runs timed it
+        assert refine["polish"]["measured_cost_before_ms"] == (means or finals)[picked]
+    assert refine["chosen"] == (lean["plan"] if kept_lean else rebalanced or picked)
     assert f"written: {refine['chosen']}'s plan" in printed
     assert refine["chosen_round"] == (int(refine["chosen"][6:]) if refine["chosen"].startswith("round") else None)
     # polish starts from the chosen plan as that run timed it, takes at most POLISH_STEPS steps, keeps at
@@ -130,7 +138,6 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
     polish_record = refine["polish"]
     assert "skipped" not in polish_record and "rejected" not in polish_record
     assert 0 <= polish_record["accepted"] <= polish_record["steps"] <= POLISH_STEPS
-    assert polish_record["measured_cost_before_ms"] == (means or finals)[picked]
     assert polish_record["measured_cost_after_ms"] > 0
     if polish_record["steps"] == 0:
         assert polish_record["measured_cost_after_ms"] == polish_record["measured_cost_before_ms"]

@@ -423,8 +423,9 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
         k = min(range(len(which)), key=lambda c: (cost[c], c))
         log.info("refine: rebalance round %d: %s ms against %.2f for %s", round_,
                  ", ".join(f"{c:.2f}" for c in cost[1:]), cost[0], kept_label)
-        if k == 0:
-            kept_ms = means[0]
+        if k == 0:  # the plan kept so far stays, with its devices as timed when it was chosen (or kept)
+            if record["kept"] is not None:
+                kept_ms = means[0]
             break
         start, kept_plan, _ = candidates[k - 1]
         if round_ == 1:
