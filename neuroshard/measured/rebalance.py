@@ -129,7 +129,7 @@ def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
         return sim.evaluate_with_compute(candidates, compute).max_ms
 
     now = float(peaks([(pieces, where)], estimate[None, :])[0])
-    record = {"fit": costs.to_dict(), "estimated_cost_before_ms": round(now, 4), "changes": 0}
+    record = {"estimated_cost_before_ms": round(now, 4), "changes": 0}
     for _ in range(steps_per_device * devices):
         hot = int(np.argmax(estimate))
         used = np.bincount(where, weights=sizes, minlength=devices)

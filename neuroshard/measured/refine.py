@@ -257,6 +257,8 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
             entries[i]["final_median_cost_ms"] = round(finalists[-1][0], 4)
     _, best, compute = min(finalists, key=lambda f: f[0])
     lean = _lean(finals, best)  # the plan of least total work, when it is not the one chosen
+    first = {i: comp for _, i, comp in finals}  # the comparison run: every plan timed together
+    latest_ms = first | {i: comp for _, i, comp in finalists}  # ... and a finalist's device medians
 
     def round_of(i: int) -> int | None:
         return i if i < len(history) else None
@@ -273,9 +275,8 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     if rebalance_plans:
         # the chosen plan and the plan of least total work, rebalanced against the marginal costs the
         # timing runs themselves give (measured.rebalance), then timed against the plan chosen
-        medians = {i: comp for _, i, comp in finals} | {i: comp for _, i, comp in finalists}
         starts = [best] + ([lean] if lean is not None else [])
-        kept, origin, compute, record["rebalance"] = _rebalance(plans, entries, starts, medians, compute, timed,
+        kept, origin, compute, record["rebalance"] = _rebalance(plans, entries, starts, latest_ms, compute, timed,
                                                                 tables, calibration, models, [name(i) for i in starts])
         if kept != best:
             best, lean = kept, (None if origin == lean else lean)
@@ -289,9 +290,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps,
                                           row_blocks=row_blocks)
         if lean is not None:
-            first = {i: comp for _, i, comp in finals}  # the comparison run: every plan timed together
-            start_ms = first | {i: comp for _, i, comp in finalists}  # a finalist's device medians
-            lean_plan, lean_record = polish(plans[lean], tables, calibration, models, start_ms[lean], polish_steps,
+            lean_plan, lean_record = polish(plans[lean], tables, calibration, models, latest_ms[lean], polish_steps,
                                             row_blocks=row_blocks)
             record["lean"] = {"plan": name(lean), "total_compute_ms": round(float(np.sum(first[lean])), 4),
                               "chosen_total_compute_ms": round(float(np.sum(first.get(best, compute))), 4),
@@ -396,7 +395,6 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
         candidates = []  # (start index, plan, its record)
         for i, label, plan, ms in froms:
             moved, info = rebalance(plan, ms, costs, Simulator.from_plan(plan, models, tables, batch), alone)
-            info.pop("fit", None)
             record["plans"].append({"round": round_, "from": label, **info})
             if moved is not None and moved.layout_key() not in known:
                 known.add(moved.layout_key())
@@ -407,15 +405,12 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
             break
         which = [kept_plan] + [p for _, p, _ in candidates]
         try:
-            runs = [_time_plans(which, list(range(len(which))), tables, calibration, models)
-                    for _ in range(FINAL_CHECK_RUNS)]
+            cost, means, runs = _timed_together(which, tables, calibration, models)
         except NeuroShardError as exc:  # e.g. no memory to time them now: the plan kept so far stays
             record["stopped"] = str(exc).splitlines()[0]
             break
         for run in runs:
             add(run, which)
-        means = [np.mean([run[k][2] for run in runs], axis=0) for k in range(len(which))]
-        cost = [_measured_cost(p, m, tables, models, batch) for p, m in zip(which, means)]
         for k, (_, _, info) in enumerate(candidates, start=1):
             info["measured_cost_ms"], info["against_ms"] = round(cost[k], 4), round(cost[0], 4)
         if round_ == 1:
@@ -709,13 +704,21 @@ def measured_choice(named: list[tuple[str, Plan]], tables: TableSet, calibration
     runs (``measure``'s protocol), each device's mean over the runs, communication
     modelled (``_measured_cost``); a tie goes to the first. Raises ``NeuroShardError`` when
     the plans cannot be timed now (e.g. no memory for them)."""
-    which = list(range(len(named)))
-    plans = [plan for _, plan in named]
+    costs, _, _ = _timed_together([plan for _, plan in named], tables, calibration, models, passes, repeats, runs)
+    return min(range(len(named)), key=lambda k: (costs[k], k)), costs
+
+
+def _timed_together(plans: list[Plan], tables: TableSet, calibration: Any, models: Any,
+                    passes: int = COMPARE_PASSES, repeats: int = COMPARE_REPEATS, runs: int = FINAL_CHECK_RUNS
+                    ) -> tuple[list[float], list[np.ndarray], list]:
+    """Every device of ``plans`` timed together in ``runs`` interleaved runs (``_time_plans``):
+    each plan's measured cost (each device's mean over the runs, communication modelled), those
+    means, and the runs themselves."""
+    which = list(range(len(plans)))
     timed = [_time_plans(plans, which, tables, calibration, models, passes, repeats) for _ in range(runs)]
+    means = [np.mean([run[k][2] for run in timed], axis=0) for k in which]
     batch = calibration.models.batch_size
-    costs = [_measured_cost(p, np.mean([run[k][2] for run in timed], axis=0), tables, models, batch)
-             for k, p in enumerate(plans)]
-    return min(which, key=lambda k: (costs[k], k)), costs
+    return [_measured_cost(p, m, tables, models, batch) for p, m in zip(plans, means)], means, timed
 
 
 def final_check(started: Plan, polished: Plan, tables: TableSet, calibration: Any, models: Any,
