@@ -32,6 +32,7 @@ import numpy as np
 
 from ..plan import Plan
 from ..search.simulator import Simulator
+from ..tables import TableSet
 from ..types import Piece
 
 #: the ridge on each table's factor around the shared factor, in units of a device's relative error:
@@ -105,6 +106,12 @@ def fit_marginal_costs(sets: Sequence[Sequence[Piece]], times_ms: np.ndarray, al
     return MarginalCosts(factor, shared, float(x[0]), float(np.mean(np.abs(fitted / times - 1))), len(sets))
 
 
+def whole_rows(pieces: Sequence[Piece], tables: TableSet) -> np.ndarray:
+    """(pieces,) which pieces hold all their table's rows: those a change may move (row blocks
+    stay on their devices, TorchRec runs them in rank order)."""
+    return np.array([p.row_offset == 0 and p.num_rows == tables[p.table].num_embeddings for p in pieces])
+
+
 def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Simulator,
               alone_ms: Callable[[list], np.ndarray], min_gain: float = REBALANCE_MIN_GAIN,
               steps_per_device: int = REBALANCE_STEPS_PER_DEVICE) -> tuple[Plan | None, dict]:
@@ -115,8 +122,7 @@ def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     change was made, and the record: ``changes``, the estimated cost before and after."""
     pieces, where = sim.pieces_of_plan(plan)
     devices = plan.num_devices
-    tables = sim.tables
-    movable = np.array([p.row_offset == 0 and p.num_rows == tables[p.table].num_embeddings for p in pieces])
+    movable = whole_rows(pieces, sim.tables)
     mask = sim.device_mask(pieces)
     sizes = sim.sizes_bytes(pieces)
     limits = np.array(plan.memory_limits(), dtype=np.float64)
@@ -183,4 +189,4 @@ def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     return moved_plan, record
 
 
-__all__ = ["MarginalCosts", "fit_marginal_costs", "rebalance", "MARGINAL_RIDGE", "REBALANCE_MIN_GAIN"]
+__all__ = ["MarginalCosts", "fit_marginal_costs", "rebalance", "whole_rows", "MARGINAL_RIDGE", "REBALANCE_MIN_GAIN"]

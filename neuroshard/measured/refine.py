@@ -69,7 +69,7 @@ from ..search.simulator import Simulator
 from ..tables import TableSet
 from ..validate import check_int, check_row_blocks
 from .judge import PlanJudge, geometric_mean
-from .rebalance import fit_marginal_costs, rebalance
+from .rebalance import fit_marginal_costs, rebalance, whole_rows
 
 log = logging.getLogger(__name__)
 
@@ -562,7 +562,7 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         """What each piece allows (it changes only when a split is kept): moved (whole rows),
         split (a whole, unconstrained table whose width halves), its device bytes (a cached
         table's cache) and the devices it may go to (pinned tables; None: any)."""
-        movable = np.array([p.row_offset == 0 and p.num_rows == tables[p.table].num_embeddings for p in pieces])
+        movable = whole_rows(pieces, tables)
         splittable = np.array([movable[k] and p.num_cols == tables[p.table].embedding_dim
                                and (p.can_halve_rows() if by_rows else p.can_halve_cols())
                                and not (sim.constraints is not None and sim.constraints[p.table].any)
