@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from neuroshard.costmodels import load_cost_models
-from neuroshard.measured.rebalance import fit_marginal_costs, rebalance
+from neuroshard.measured.rebalance import REBALANCE_SHORT, fit_marginal_costs, rebalance
 from neuroshard.measured.refine import REBALANCE_ROUNDS, refine
 from neuroshard.search.api import shard
 from neuroshard.search.simulator import Simulator
@@ -49,6 +49,12 @@ def test_rebalance_moves_work_off_the_slowest_measured_device_and_keeps_memory()
     assert after.max() < measured.max()
     assert sorted((s.table, s.row_offset, s.col_offset) for s in moved.shards) == sorted(
         (s.table, s.row_offset, s.col_offset) for s in plan.shards)  # the same shards, other devices
+    # cut after one change: the first step of the same greedy walk, estimated no better than the whole
+    cut, short = rebalance(plan, measured, costs, sim, _alone, max_changes=1)
+    assert cut is not None and short["changes"] == 1 and short["cut_after"] == 1 and "cut_after" not in record
+    assert record["estimated_cost_after_ms"] <= short["estimated_cost_after_ms"] < short["estimated_cost_before_ms"]
+    if record["changes"] == 1:
+        assert cut.layout_key() == moved.layout_key()
     # nothing to gain: a plan measured perfectly even is left alone
     even, record = rebalance(plan, np.full(3, measured.mean()), costs, sim, _alone, min_gain=0.5)
     assert even is None and record["changes"] == 0
@@ -66,25 +72,37 @@ class HotRowsTimer(FakeTimer):
                 {"hardware": "fake", "kernel": "fake", "passes": passes})
 
 
-@pytest.mark.parametrize("timer, compare, force_lean", [(FakeTimer, ("size", "lookup"), True),
-                                                        (HotRowsTimer, ("size",), False)])
+@pytest.mark.parametrize("timer, compare, force_lean, short", [(FakeTimer, ("size", "lookup"), True, REBALANCE_SHORT),
+                                                               (HotRowsTimer, ("size",), False, 1)])
 def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_cheaper(monkeypatch, timer, compare,
-                                                                                        force_lean):
+                                                                                        force_lean, short):
     """Refine rebalances the plan it chose and the plan of least work and times them together.
     On the plain fake hardware the least-work rule is forced onto the dearest plan timed, so a
     rebalanced plan exists; on the hot-rows hardware the least-work plan is size's, rebalanced
-    and kept."""
+    (2 changes: with the cut at 1 change, timed cut too) and kept."""
     import neuroshard.measured.refine as refine_module
     if force_lean:
         monkeypatch.setattr(refine_module, "_lean", lambda finals, best: max(finals, key=lambda f: f[0])[1])
+    monkeypatch.setattr(refine_module, "REBALANCE_SHORT", short)
     calibration = _calibration(timer())
     plan = refine(TABLES, 3, "64MiB", calibration, rounds=0 if timer is HotRowsTimer else 1, compare=compare,
                   polish_steps=0)
     record = plan.provenance["refine"]
     rebalanced = record["rebalance"]
     assert rebalanced["fit"]["sets"] >= 3 * 2
-    assert [p["from"] for p in rebalanced["plans"] if p["round"] == 1] == [record["rebalance"]["plans"][0]["from"],
-                                                                           rebalanced["plans"][1]["from"]]
+    froms = [p["from"] for p in rebalanced["plans"] if p["round"] == 1 and "cut_after" not in p]
+    assert len(froms) == 2 and froms[0] == rebalanced["plans"][0]["from"]
+    # a rebalance of many changes is timed cut after its first ones too (formats revision 26)
+    cuts = 0
+    for k, p in enumerate(rebalanced["plans"]):
+        if p["changes"] > short and "cut_after" not in p:
+            cut = rebalanced["plans"][k + 1]
+            assert cut["from"] == p["from"] and cut["cut_after"] == cut["changes"] == short
+            assert cut["estimated_cost_after_ms"] >= p["estimated_cost_after_ms"] and "measured_cost_ms" in cut
+            cuts += 1
+    assert cuts == sum(1 for p in rebalanced["plans"] if "cut_after" in p)
+    if timer is HotRowsTimer:
+        assert cuts >= 1
     assert all(p["estimated_cost_after_ms"] <= p["estimated_cost_before_ms"] for p in rebalanced["plans"])
     timed = [p for p in rebalanced["plans"] if "measured_cost_ms" in p]
     assert timed and all(p["changes"] >= 1 and p["against_ms"] > 0 for p in timed)

@@ -69,7 +69,7 @@ from ..search.simulator import Simulator
 from ..tables import TableSet
 from ..validate import check_int, check_row_blocks
 from .judge import PlanJudge, geometric_mean
-from .rebalance import fit_marginal_costs, rebalance, whole_rows
+from .rebalance import REBALANCE_SHORT, fit_marginal_costs, rebalance, whole_rows
 
 log = logging.getLogger(__name__)
 
@@ -364,6 +364,7 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
     then the rounds' own runs), rebalances the plan kept so far (in the first round every
     one of the ``starts``, each anchored at its devices' ``medians``) and times the rebalanced
     plans together with the plan kept so far (``FINAL_CHECK_RUNS`` runs, each device's mean);
+    a rebalance of more than ``REBALANCE_SHORT`` changes is timed cut after that many too;
     the cheapest is kept, and the rounds stop when it is the one kept before or nothing
     changes. A rebalanced plan kept is appended to ``plans`` and ``entries``. Returns the index
     of the plan kept, the start it came from, its devices' measured compute, and the record
@@ -394,11 +395,16 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
         record["fit"] = costs.to_dict()
         candidates = []  # (start index, plan, its record)
         for i, label, plan, ms in froms:
-            moved, info = rebalance(plan, ms, costs, Simulator.from_plan(plan, models, tables, batch), alone)
-            record["plans"].append({"round": round_, "from": label, **info})
-            if moved is not None and moved.layout_key() not in known:
-                known.add(moved.layout_key())
-                candidates.append((i, moved, record["plans"][-1]))
+            sim = Simulator.from_plan(plan, models, tables, batch)
+            moved, info = rebalance(plan, ms, costs, sim, alone)
+            tries = [(moved, info)]
+            if info["changes"] > REBALANCE_SHORT:  # its first changes too: the estimate errs with their number
+                tries.append(rebalance(plan, ms, costs, sim, alone, max_changes=REBALANCE_SHORT))
+            for moved, info in tries:
+                record["plans"].append({"round": round_, "from": label, **info})
+                if moved is not None and moved.layout_key() not in known:
+                    known.add(moved.layout_key())
+                    candidates.append((i, moved, record["plans"][-1]))
         log.info("refine: rebalance round %d: marginal costs fitted to %d timed devices (%.1f%% off them); %d "
                  "rebalanced plan(s) to time", round_, costs.sets_, 100 * costs.fit_error_, len(candidates))
         if not candidates:
