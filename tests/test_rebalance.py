@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from neuroshard.costmodels import load_cost_models
-from neuroshard.measured.rebalance import REBALANCE_SHORT, fit_marginal_costs, rebalance
+from neuroshard.measured.rebalance import (REBALANCE_SHORT, MarginalCosts, anchor_weight, fit_marginal_costs,
+                                           rebalance, run_noise_var)
 from neuroshard.measured.refine import REBALANCE_ROUNDS, refine
 from neuroshard.search.api import shard
 from neuroshard.search.simulator import Simulator
@@ -60,6 +61,37 @@ def test_rebalance_moves_work_off_the_slowest_measured_device_and_keeps_memory()
     assert even is None and record["changes"] == 0
 
 
+def test_one_runs_noise_is_pooled_from_plans_timed_again_and_shrinks_the_anchor():
+    rng = np.random.default_rng(1)
+    truth = rng.uniform(5.0, 40.0, size=(6, 8))  # six plans' devices, each timed in three runs, 3% noise
+    repeats = [t * (1 + 0.03 * rng.standard_normal((3, 8))) for t in truth]
+    assert run_noise_var(repeats) == pytest.approx(0.03 ** 2, rel=0.3)
+    assert run_noise_var([t[None, :] for t in truth]) is None  # no plan timed twice: nothing to say
+    costs = MarginalCosts(np.ones(3), 1.0, 0.5, 0.04, 30, residual_var_=0.05 ** 2)
+    # the fit's residuals (5%) are single runs' devices: 3% of them is the run's noise, 4% the sets' own
+    assert anchor_weight(costs, 0.03 ** 2) == pytest.approx(0.04 ** 2 / (0.04 ** 2 + 0.03 ** 2))
+    assert anchor_weight(costs, 0.03 ** 2, runs=3) > anchor_weight(costs, 0.03 ** 2)
+    assert anchor_weight(costs, None) == 1.0 and anchor_weight(costs, 0.06 ** 2) == 0.0
+
+
+def test_a_noisy_anchor_is_estimated_from_the_fitted_costs():
+    models = load_cost_models()
+    plan = shard(TABLES, 3, "64MiB", algorithm="size", cost_models=models)
+    measured = np.array([device_ms(plan.shards_on(d), TABLES) for d in range(3)])
+    sim = Simulator.from_plan(plan, models, TABLES, 4096)
+    costs = fit_marginal_costs(sim.device_sets(plan), measured, _alone, len(TABLES))
+    _, trusted = rebalance(plan, measured, costs, sim, _alone)
+    assert "anchor_weight" not in trusted
+    # one device 30% slow in this run: trusted whole, the estimate says so; all noise, it does not
+    slow = measured * np.array([1.3, 1.0, 1.0])
+    _, loud = rebalance(plan, slow, costs, sim, _alone)
+    _, shrunk = rebalance(plan, slow, costs, sim, _alone, noise_var=1.0)
+    _, fitted = rebalance(plan, measured, costs, sim, _alone, noise_var=1.0)
+    assert shrunk["anchor_weight"] == 0.0
+    assert shrunk["estimated_cost_before_ms"] == fitted["estimated_cost_before_ms"]
+    assert loud["estimated_cost_before_ms"] > trusted["estimated_cost_before_ms"]
+
+
 class HotRowsTimer(FakeTimer):
     """The fake hardware with three tables dearer than any model of the others says (rows
     that miss the cache): refine's plans put them where the models think they are cheap."""
@@ -104,6 +136,9 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
     if timer is HotRowsTimer:
         assert cuts >= 1
     assert all(p["estimated_cost_after_ms"] <= p["estimated_cost_before_ms"] for p in rebalanced["plans"])
+    # the finalists were timed in several runs: their noise shrinks every anchor (formats revision 27)
+    assert rebalanced["fit"]["run_noise"] >= 0.0
+    assert all(0.0 <= p["anchor_weight"] <= 1.0 for p in rebalanced["plans"])
     timed = [p for p in rebalanced["plans"] if "measured_cost_ms" in p]
     assert timed and all(p["changes"] >= 1 and p["against_ms"] > 0 for p in timed)
     rounds = sorted({p["round"] for p in rebalanced["plans"]})

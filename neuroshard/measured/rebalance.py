@@ -18,7 +18,14 @@ toward a free shared mean, so ``numpy.linalg.lstsq`` on the stacked rows; scikit
 ``rebalance`` then moves and swaps whole pieces of a timed plan, offline: each device's
 estimate is its *measured* time plus the fitted costs of what came in minus what left (the
 device's own residual, what additivity misses about its set, stays), communication modelled
-by the simulator, until no change lowers the slowest device by ``REBALANCE_MIN_GAIN``. Row
+by the simulator, until no change lowers the slowest device by ``REBALANCE_MIN_GAIN``. A
+measured time is also one run's noise, and a greedy walk that trusts it moves work onto the
+devices that happened to measure fast (the winner's curse: session 32, 7 changes estimated
+21% cheaper, measured 4.6% dearer). Given the noise of one run (``run_noise_var``, from the
+plans refine timed more than once), the residual kept is shrunk by ``anchor_weight``: the
+share of a device's deviation from the fitted costs that is its set's own rather than the
+run's (empirical Bayes: the fit's residuals hold both, their variance less the noise's is
+the sets' own). Row
 blocks stay on their devices (TorchRec runs them in rank order), pinned tables stay where
 they may go, memory holds. The result is a candidate that refine times against the plan it
 came from (``measured.refine``); it is never written unmeasured.
@@ -56,13 +63,14 @@ REBALANCE_SHORT = 2
 class MarginalCosts:
     """Each table's factor on its pieces' alone-costs (``factor_[t]``), the devices' launch
     level (``level_ms_``), and how well the fit reproduces the sets it was fitted on
-    (``fit_error_``: the mean relative error)."""
+    (``fit_error_``: the mean relative error; ``residual_var_``: the mean squared one)."""
 
     factor_: np.ndarray
     shared_: float
     level_ms_: float
     fit_error_: float
     sets_: int
+    residual_var_: float = 0.0
 
     def piece_ms(self, pieces: Sequence[Piece], alone_ms: np.ndarray) -> np.ndarray:
         """The marginal cost (ms) of ``pieces`` whose alone-costs are ``alone_ms``."""
@@ -108,7 +116,41 @@ def fit_marginal_costs(sets: Sequence[Sequence[Piece]], times_ms: np.ndarray, al
     shared = float(x[1])
     factor = np.clip(x[2:], FACTOR_RANGE[0] * shared, FACTOR_RANGE[1] * shared)
     fitted = x[0] + rows[:, 2:] @ factor
-    return MarginalCosts(factor, shared, float(x[0]), float(np.mean(np.abs(fitted / times - 1))), len(sets))
+    relative = fitted / times - 1
+    return MarginalCosts(factor, shared, float(x[0]), float(np.mean(np.abs(relative))), len(sets),
+                         float(np.mean(relative ** 2)))
+
+
+def run_noise_var(repeats: Sequence[np.ndarray]) -> float | None:
+    """The relative variance of one device's time in one run: each of ``repeats`` is one plan's
+    devices timed in several runs ((runs, devices), ms); each device's times over their mean,
+    their variance over the runs (ddof 1) pooled over every such device. None when no plan was
+    timed twice."""
+    deviations, dof = 0.0, 0
+    for times in repeats:
+        times = np.asarray(times, dtype=np.float64)
+        if times.ndim != 2 or times.shape[0] < 2:
+            continue
+        mean = times.mean(axis=0)
+        used = mean > 0
+        if not used.any():
+            continue
+        deviations += float((((times[:, used] / mean[used]) - 1) ** 2).sum())
+        dof += (times.shape[0] - 1) * int(used.sum())
+    return deviations / dof if dof else None
+
+
+def anchor_weight(costs: MarginalCosts, noise_var: float | None, runs: int = 1) -> float:
+    """The share of a device's measured deviation from the fitted costs that an estimate keeps
+    (see the module docstring): ``tau2 / (tau2 + noise_var / runs)``, where ``noise_var`` is one
+    run's relative variance (``run_noise_var``), ``runs`` how many runs the anchor's times
+    aggregate, and ``tau2 = residual_var_ - noise_var`` the sets' own variance (the fit's residuals
+    are single runs' devices: they hold both). 1 (the measured time kept whole) without a noise
+    estimate."""
+    if noise_var is None or noise_var <= 0:
+        return 1.0
+    own = max(costs.residual_var_ - noise_var, 0.0)
+    return own / (own + noise_var / max(int(runs), 1))
 
 
 def whole_rows(pieces: Sequence[Piece], tables: TableSet) -> np.ndarray:
@@ -120,14 +162,18 @@ def whole_rows(pieces: Sequence[Piece], tables: TableSet) -> np.ndarray:
 def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Simulator,
               alone_ms: Callable[[list], np.ndarray], min_gain: float = REBALANCE_MIN_GAIN,
               steps_per_device: int = REBALANCE_STEPS_PER_DEVICE,
-              max_changes: int | None = None) -> tuple[Plan | None, dict]:
+              max_changes: int | None = None, noise_var: float | None = None,
+              runs: int = 1) -> tuple[Plan | None, dict]:
     """The plan ``plan`` (its devices measured ``measured_ms``) with whole pieces moved and
     swapped off its slowest device while the anchored estimate (see the module docstring) of
     the slowest device drops by ``min_gain``; ``sim`` is the plan's simulator
     (``Simulator.from_plan``, at the batch the times are for). Returns (None, record) when no
     change was made, and the record: ``changes``, the estimated cost before and after. With
     ``max_changes`` it stops after that many changes (the first changes of the full rebalance:
-    each step is the same greedy choice)."""
+    each step is the same greedy choice). With ``noise_var`` (one run's relative variance,
+    ``run_noise_var``; ``runs``: how many runs ``measured_ms`` aggregates) each device starts
+    from its fitted cost plus ``anchor_weight`` of its measured deviation from it (record:
+    ``anchor_weight``)."""
     pieces, where = sim.pieces_of_plan(plan)
     devices = plan.num_devices
     movable = whole_rows(pieces, sim.tables)
@@ -136,6 +182,11 @@ def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     limits = np.array(plan.memory_limits(), dtype=np.float64)
     marginal = costs.piece_ms(pieces, alone_ms(pieces))
     estimate = np.asarray(measured_ms, dtype=np.float64).copy()
+    weight = anchor_weight(costs, noise_var, runs)
+    if weight < 1.0:  # shrink each device's residual toward its fitted cost (the run's noise is not its set's)
+        held = np.bincount(where, minlength=devices) > 0
+        fitted = np.where(held, costs.level_ms_ + np.bincount(where, weights=marginal, minlength=devices), 0.0)
+        estimate = fitted + weight * (estimate - fitted)
 
     def peaks(candidates: list, compute: np.ndarray) -> np.ndarray:
         # (P,) each candidate's slowest device; devices wait for each other in the exchange, so
@@ -146,6 +197,8 @@ def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     record = {"estimated_cost_before_ms": round(now, 4), "changes": 0}
     if max_changes is not None:
         record["cut_after"] = int(max_changes)
+    if noise_var is not None:
+        record["anchor_weight"] = round(weight, 4)
     limit = steps_per_device * devices if max_changes is None else min(max_changes, steps_per_device * devices)
     for _ in range(limit):
         hot = int(np.argmax(estimate))
@@ -200,5 +253,5 @@ def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     return moved_plan, record
 
 
-__all__ = ["MarginalCosts", "fit_marginal_costs", "rebalance", "whole_rows", "MARGINAL_RIDGE", "REBALANCE_MIN_GAIN",
-           "REBALANCE_SHORT"]
+__all__ = ["MarginalCosts", "fit_marginal_costs", "rebalance", "whole_rows", "run_noise_var", "anchor_weight",
+           "MARGINAL_RIDGE", "REBALANCE_MIN_GAIN", "REBALANCE_SHORT"]

@@ -69,7 +69,7 @@ from ..search.simulator import Simulator
 from ..tables import TableSet
 from ..validate import check_int, check_row_blocks
 from .judge import PlanJudge, geometric_mean
-from .rebalance import REBALANCE_SHORT, fit_marginal_costs, rebalance, whole_rows
+from .rebalance import REBALANCE_SHORT, fit_marginal_costs, rebalance, run_noise_var, whole_rows
 
 log = logging.getLogger(__name__)
 
@@ -365,6 +365,8 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
     one of the ``starts``, each anchored at its devices' ``medians``) and times the rebalanced
     plans together with the plan kept so far (``FINAL_CHECK_RUNS`` runs, each device's mean);
     a rebalance of more than ``REBALANCE_SHORT`` changes is timed cut after that many too;
+    each anchor is shrunk toward its fitted cost by the noise of one run, estimated from the
+    plans timed in more than one run (``measured.rebalance.anchor_weight``);
     the cheapest is kept, and the rounds stop when it is the one kept before or nothing
     changes. A rebalanced plan kept is appended to ``plans`` and ``entries``. Returns the index
     of the plan kept, the start it came from, its devices' measured compute, and the record
@@ -382,6 +384,11 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
 
     for run in timed:
         add(run, plans)
+    # the noise of one run, from the plans timed in more than one (the finalists, then each round's plans):
+    # what each rebalance's anchor is shrunk by (measured.rebalance.anchor_weight)
+    repeats = [np.array([comp for run in timed for _, j, comp in run if j == i])
+               for i in sorted({i for run in timed for _, i, _ in run})]
+    runs_of = {i: len(r) for i, r in zip(sorted({i for run in timed for _, i, _ in run}), repeats)}
 
     def alone(pieces: list) -> np.ndarray:
         return calibration.predict([[p] for p in pieces], models)
@@ -389,17 +396,21 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
     record: dict = {"plans": [], "kept": None}
     known = {p.layout_key() for p in plans}
     kept_plan, kept_ms, kept_label, origin = plans[best], compute, names[0], best
-    froms = [(i, label, plans[i], medians[i]) for i, label in zip(starts, names)]
+    froms = [(i, label, plans[i], medians[i], runs_of.get(i, 1)) for i, label in zip(starts, names)]
     for round_ in range(1, REBALANCE_ROUNDS + 1):
         costs = fit_marginal_costs(sets, np.array(times), alone, len(tables))
+        noise = run_noise_var(repeats)
         record["fit"] = costs.to_dict()
+        if noise is not None:
+            record["fit"]["run_noise"] = round(float(np.sqrt(noise)), 4)
         candidates = []  # (start index, plan, its record)
-        for i, label, plan, ms in froms:
+        for i, label, plan, ms, runs_in in froms:
             sim = Simulator.from_plan(plan, models, tables, batch)
-            moved, info = rebalance(plan, ms, costs, sim, alone)
+            moved, info = rebalance(plan, ms, costs, sim, alone, noise_var=noise, runs=runs_in)
             tries = [(moved, info)]
             if info["changes"] > REBALANCE_SHORT:  # its first changes too: the estimate errs with their number
-                tries.append(rebalance(plan, ms, costs, sim, alone, max_changes=REBALANCE_SHORT))
+                tries.append(rebalance(plan, ms, costs, sim, alone, max_changes=REBALANCE_SHORT, noise_var=noise,
+                                       runs=runs_in))
             for moved, info in tries:
                 record["plans"].append({"round": round_, "from": label, **info})
                 if moved is not None and moved.layout_key() not in known:
@@ -417,6 +428,7 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
             break
         for run in runs:
             add(run, which)
+        repeats += [np.array([run[k][2] for run in runs]) for k in range(len(which))]
         for k, (_, _, info) in enumerate(candidates, start=1):
             info["measured_cost_ms"], info["against_ms"] = round(cost[k], 4), round(cost[0], 4)
         if round_ == 1:
@@ -434,7 +446,7 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
         kept_ms = means[k]
         kept_label = f"{names[starts.index(origin)]}, rebalanced"
         record["kept"], record["rounds_kept"] = kept_label, round_
-        froms = [(origin, kept_label, kept_plan, kept_ms)]
+        froms = [(origin, kept_label, kept_plan, kept_ms, len(runs))]
     if record["kept"] is None:
         return best, best, kept_ms, record
     plans.append(kept_plan)
