@@ -7,7 +7,7 @@ import pytest
 
 from neuroshard.costmodels import load_cost_models
 from neuroshard.measured.rebalance import (REBALANCE_SHORT, MarginalCosts, anchor_weight, fit_marginal_costs,
-                                           rebalance, run_noise_var)
+                                           rebalance, rebalance_cuts, run_noise_var)
 from neuroshard.measured.refine import REBALANCE_ROUNDS, refine
 from neuroshard.search.api import shard
 from neuroshard.search.simulator import Simulator
@@ -56,6 +56,13 @@ def test_rebalance_moves_work_off_the_slowest_measured_device_and_keeps_memory()
     assert record["estimated_cost_after_ms"] <= short["estimated_cost_after_ms"] < short["estimated_cost_before_ms"]
     if record["changes"] == 1:
         assert cut.layout_key() == moved.layout_key()
+    # one walk gives the full rebalance and its cuts: the same plans and records as walked apart
+    walked = rebalance_cuts(plan, measured, costs, sim, _alone, cuts=(1, 99))
+    assert walked[0][1] == record and walked[0][0].layout_key() == moved.layout_key()
+    if record["changes"] > 1:
+        assert len(walked) == 2 and walked[1][1] == short and walked[1][0].layout_key() == cut.layout_key()
+    else:
+        assert len(walked) == 1
     # nothing to gain: a plan measured perfectly even is left alone
     even, record = rebalance(plan, np.full(3, measured.mean()), costs, sim, _alone, min_gain=0.5)
     assert even is None and record["changes"] == 0

@@ -170,10 +170,60 @@ def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     (``Simulator.from_plan``, at the batch the times are for). Returns (None, record) when no
     change was made, and the record: ``changes``, the estimated cost before and after. With
     ``max_changes`` it stops after that many changes (the first changes of the full rebalance:
-    each step is the same greedy choice). With ``noise_var`` (one run's relative variance,
-    ``run_noise_var``; ``runs``: how many runs ``measured_ms`` aggregates) each device starts
-    from its fitted cost plus ``anchor_weight`` of its measured deviation from it (record:
-    ``anchor_weight``)."""
+    each step is the same greedy choice; record: ``cut_after``). With ``noise_var`` (one run's
+    relative variance, ``run_noise_var``; ``runs``: how many runs ``measured_ms`` aggregates)
+    each device starts from its fitted cost plus ``anchor_weight`` of its measured deviation
+    from it (record: ``anchor_weight``)."""
+    walk = _walk(plan, measured_ms, costs, sim, alone_ms, min_gain, steps_per_device, max_changes, noise_var, runs)
+    return walk.result(len(walk.states), cut=max_changes)
+
+
+def rebalance_cuts(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Simulator,
+                   alone_ms: Callable[[list], np.ndarray], cuts: Sequence[int] = (REBALANCE_SHORT,),
+                   min_gain: float = REBALANCE_MIN_GAIN, steps_per_device: int = REBALANCE_STEPS_PER_DEVICE,
+                   noise_var: float | None = None, runs: int = 1) -> list[tuple[Plan | None, dict]]:
+    """``rebalance`` and its walk cut after each of ``cuts`` changes, from one walk: the full
+    rebalance first, then each cut shorter than it (``rebalance(..., max_changes=c)`` gives the
+    same plan and record)."""
+    walk = _walk(plan, measured_ms, costs, sim, alone_ms, min_gain, steps_per_device, None, noise_var, runs)
+    done = len(walk.states)
+    return [walk.result(done)] + [walk.result(c, cut=c) for c in sorted(set(cuts)) if 0 < c < done]
+
+
+@dataclass
+class _Walk:
+    """A greedy rebalance walk: the plan, its pieces, the record of its start, and the state
+    (placement, estimated slowest device) after each change."""
+
+    plan: Plan
+    sim: Simulator
+    pieces: list
+    record: dict
+    states: list
+
+    def result(self, changes: int, cut: int | None = None) -> tuple[Plan | None, dict]:
+        """The plan after the walk's first ``changes`` changes (None when none) and its record."""
+        record = dict(self.record, changes=changes)
+        if cut is not None:
+            record["cut_after"] = int(cut)
+        if not changes:
+            record["estimated_cost_after_ms"] = record["estimated_cost_before_ms"]
+            return None, record
+        where, now = self.states[changes - 1]
+        record["estimated_cost_after_ms"] = round(now, 4)
+        moved_plan = replace(self.plan, shards=self.sim.to_shards(self.pieces, where),
+                             provenance=self.plan.provenance.to_dict())
+        problems = moved_plan.problems()
+        if problems:  # a guard: the changes keep memory and placement rules
+            record["rejected"] = problems[0]
+            return None, record
+        return moved_plan, record
+
+
+def _walk(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Simulator,
+          alone_ms: Callable[[list], np.ndarray], min_gain: float, steps_per_device: int,
+          max_changes: int | None, noise_var: float | None, runs: int) -> _Walk:
+    """The greedy walk of ``rebalance`` (its docstring), up to ``max_changes`` changes."""
     pieces, where = sim.pieces_of_plan(plan)
     devices = plan.num_devices
     movable = whole_rows(pieces, sim.tables)
@@ -194,9 +244,8 @@ def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
         return sim.evaluate_with_compute(candidates, compute).max_ms
 
     now = float(peaks([(pieces, where)], estimate[None, :])[0])
-    record = {"estimated_cost_before_ms": round(now, 4), "changes": 0}
-    if max_changes is not None:
-        record["cut_after"] = int(max_changes)
+    record = {"estimated_cost_before_ms": round(now, 4)}
+    states = []
     if noise_var is not None:
         record["anchor_weight"] = round(weight, 4)
     limit = steps_per_device * devices if max_changes is None else min(max_changes, steps_per_device * devices)
@@ -241,17 +290,9 @@ def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
         if peak[k] > now * (1 - min_gain):
             break
         where, estimate, now = changes[k], compute[k], float(peak[k])
-        record["changes"] += 1
-    record["estimated_cost_after_ms"] = round(now, 4)
-    if not record["changes"]:
-        return None, record
-    moved_plan = replace(plan, shards=sim.to_shards(pieces, where), provenance=plan.provenance.to_dict())
-    problems = moved_plan.problems()
-    if problems:  # a guard: the changes keep memory and placement rules
-        record["rejected"] = problems[0]
-        return None, record
-    return moved_plan, record
+        states.append((where, now))
+    return _Walk(plan, sim, pieces, record, states)
 
 
-__all__ = ["MarginalCosts", "fit_marginal_costs", "rebalance", "whole_rows", "run_noise_var", "anchor_weight",
-           "MARGINAL_RIDGE", "REBALANCE_MIN_GAIN", "REBALANCE_SHORT"]
+__all__ = ["MarginalCosts", "fit_marginal_costs", "rebalance", "rebalance_cuts", "whole_rows", "run_noise_var",
+           "anchor_weight", "MARGINAL_RIDGE", "REBALANCE_MIN_GAIN", "REBALANCE_SHORT"]

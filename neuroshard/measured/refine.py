@@ -69,7 +69,7 @@ from ..search.simulator import Simulator
 from ..tables import TableSet
 from ..validate import check_int, check_row_blocks
 from .judge import PlanJudge, geometric_mean
-from .rebalance import REBALANCE_SHORT, fit_marginal_costs, rebalance, run_noise_var, whole_rows
+from .rebalance import REBALANCE_SHORT, fit_marginal_costs, rebalance_cuts, run_noise_var, whole_rows
 
 log = logging.getLogger(__name__)
 
@@ -406,12 +406,9 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
         candidates = []  # (start index, plan, its record)
         for i, label, plan, ms, runs_in in froms:
             sim = Simulator.from_plan(plan, models, tables, batch)
-            moved, info = rebalance(plan, ms, costs, sim, alone, noise_var=noise, runs=runs_in)
-            tries = [(moved, info)]
-            if info["changes"] > REBALANCE_SHORT:  # its first changes too: the estimate errs with their number
-                tries.append(rebalance(plan, ms, costs, sim, alone, max_changes=REBALANCE_SHORT, noise_var=noise,
-                                       runs=runs_in))
-            for moved, info in tries:
+            # the full rebalance, and when longer its first REBALANCE_SHORT changes: the estimate errs with their number
+            for moved, info in rebalance_cuts(plan, ms, costs, sim, alone, (REBALANCE_SHORT,), noise_var=noise,
+                                              runs=runs_in):
                 record["plans"].append({"round": round_, "from": label, **info})
                 if moved is not None and moved.layout_key() not in known:
                     known.add(moved.layout_key())
