@@ -2,12 +2,14 @@
 on the fake hardware of ``test_measured_loop`` (whose costs the test knows) and through refine."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from neuroshard.costmodels import load_cost_models
 from neuroshard.measured.rebalance import (REBALANCE_SHORT, MarginalCosts, anchor_weight, fit_marginal_costs,
-                                           rebalance, rebalance_cuts, run_noise_var)
+                                           REBALANCE_MIN_GAIN, rebalance, rebalance_cuts, repack, run_noise_var)
 from neuroshard.measured.refine import REBALANCE_ROUNDS, refine
 from neuroshard.search.api import shard
 from neuroshard.search.simulator import Simulator
@@ -99,6 +101,32 @@ def test_a_noisy_anchor_is_estimated_from_the_fitted_costs():
     assert loud["estimated_cost_before_ms"] > trusted["estimated_cost_before_ms"]
 
 
+def test_repack_places_whole_tables_by_the_fitted_costs_and_keeps_row_blocks():
+    models = load_cost_models()
+    plan = shard(TABLES, 3, "64MiB", algorithm="size", cost_models=models)
+    measured = np.array([device_ms(plan.shards_on(d), TABLES) for d in range(3)])
+    sim = Simulator.from_plan(plan, models, TABLES, 4096)
+    costs = fit_marginal_costs(sim.device_sets(plan), measured, _alone, len(TABLES))
+    packed, record = repack(plan, costs, sim, _alone)
+    assert record["repacked"] and "rejected" not in record
+    if packed is None:  # the fit prefers no other placement
+        assert record["estimated_cost_after_ms"] > record["estimated_cost_before_ms"] * (1 - REBALANCE_MIN_GAIN)
+    else:
+        assert not packed.problems() and record["estimated_cost_after_ms"] < record["estimated_cost_before_ms"]
+        assert sorted((s.table, s.row_offset, s.col_offset) for s in packed.shards) == sorted(
+            (s.table, s.row_offset, s.col_offset) for s in plan.shards)
+        blocks = {(s.table, s.row_offset): s.device for s in plan.shards if s.num_rows < TABLES[s.table].num_embeddings}
+        assert all(blocks[(s.table, s.row_offset)] == s.device for s in packed.shards
+                   if (s.table, s.row_offset) in blocks)
+    # the three biggest tables crowded onto one device: the fit places them apart again
+    big = {"t7": 0, "t8": 0, "t9": 0, "t0": 1, "t1": 1}
+    skewed = replace(plan, shards=[replace(s, device=big.get(s.table, 2)) for s in plan.shards])
+    spread, record = repack(skewed, costs, sim, _alone)
+    assert spread is not None and not spread.problems() and record["changes"] >= 0
+    assert record["estimated_cost_after_ms"] < record["estimated_cost_before_ms"]
+    assert len({s.device for s in spread.shards if s.table in ("t7", "t8", "t9")}) > 1
+
+
 class HotRowsTimer(FakeTimer):
     """The fake hardware with three tables dearer than any model of the others says (rows
     that miss the cache): refine's plans put them where the models think they are cheap."""
@@ -129,8 +157,12 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
     record = plan.provenance["refine"]
     rebalanced = record["rebalance"]
     assert rebalanced["fit"]["sets"] >= 3 * 2
-    froms = [p["from"] for p in rebalanced["plans"] if p["round"] == 1 and "cut_after" not in p]
+    froms = [p["from"] for p in rebalanced["plans"] if p["round"] == 1 and "cut_after" not in p
+             and not p.get("repacked")]
     assert len(froms) == 2 and froms[0] == rebalanced["plans"][0]["from"]
+    # the chosen plan's whole tables placed afresh by the fitted costs too, in round 1 only
+    repacked = [p for p in rebalanced["plans"] if p.get("repacked")]
+    assert len(repacked) == 1 and repacked[0]["round"] == 1 and repacked[0]["from"] == froms[0]
     # a rebalance of many changes is timed cut after its first ones too (formats revision 26)
     cuts = 0
     for k, p in enumerate(rebalanced["plans"]):
@@ -142,19 +174,21 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
     assert cuts == sum(1 for p in rebalanced["plans"] if "cut_after" in p)
     if timer is HotRowsTimer:
         assert cuts >= 1
-    assert all(p["estimated_cost_after_ms"] <= p["estimated_cost_before_ms"] for p in rebalanced["plans"])
+    # (a repacked plan the fit does not prefer is recorded, not timed)
+    assert all(p["estimated_cost_after_ms"] <= p["estimated_cost_before_ms"] for p in rebalanced["plans"]
+               if not p.get("repacked") or "measured_cost_ms" in p)
     # the finalists were timed in several runs: their noise shrinks every anchor (formats revision 27)
     assert rebalanced["fit"]["run_noise"] >= 0.0
-    assert all(0.0 <= p["anchor_weight"] <= 1.0 for p in rebalanced["plans"])
+    assert all(0.0 <= p["anchor_weight"] <= 1.0 for p in rebalanced["plans"] if not p.get("repacked"))
     timed = [p for p in rebalanced["plans"] if "measured_cost_ms" in p]
-    assert timed and all(p["changes"] >= 1 and p["against_ms"] > 0 for p in timed)
+    assert timed and all((p["changes"] >= 1 or p.get("repacked")) and p["against_ms"] > 0 for p in timed)
     rounds = sorted({p["round"] for p in rebalanced["plans"]})
     assert rounds == list(range(1, len(rounds) + 1)) and len(rounds) <= REBALANCE_ROUNDS
     if rebalanced["kept"] is None:  # no rebalanced plan measured cheaper than the chosen one
         assert all(p["measured_cost_ms"] >= p["against_ms"] for p in timed if p["round"] == 1)
         assert record["chosen"] == rebalanced["plans"][0]["from"]
     else:  # each round kept the cheapest rebalanced plan, when it measured below the plan kept before
-        assert record["chosen"] == rebalanced["kept"] and rebalanced["kept"].endswith(", rebalanced")
+        assert record["chosen"] == rebalanced["kept"] and rebalanced["kept"].endswith((", rebalanced", ", repacked"))
         last = [p for p in timed if p["round"] == rebalanced["rounds_kept"]]
         assert min(p["measured_cost_ms"] for p in last) < last[0]["against_ms"]
         assert record["chosen_round"] is None

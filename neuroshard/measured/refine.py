@@ -69,7 +69,7 @@ from ..search.simulator import Simulator
 from ..tables import TableSet
 from ..validate import check_int, check_row_blocks
 from .judge import PlanJudge, geometric_mean
-from .rebalance import REBALANCE_SHORT, fit_marginal_costs, rebalance_cuts, run_noise_var, whole_rows
+from .rebalance import REBALANCE_SHORT, fit_marginal_costs, rebalance_cuts, repack, run_noise_var, whole_rows
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,9 @@ WORK_SUFFIX = "-work"
 #: (dlrm-2021 at 8 devices, seed 181: one round's rebalanced plan measured 4.2% below the chosen one, where its
 #: estimate said 6.9%)
 REBALANCE_ROUNDS = 3
+#: how a rebalanced plan kept is named (``"<plan>, rebalanced"``), and one whose whole tables were placed afresh
+#: by the fitted costs (``measured.rebalance.repack``; round 1, from the chosen plan; later rounds rebalance it)
+REBALANCED, REPACKED = "rebalanced", "repacked"
 #: the ``shard`` options that describe the plan (not the algorithm): the compared baselines get them too
 PLAN_OPTIONS = ("bytes_per_element", "seed", "optimizer", "topology", "comm_precision")
 
@@ -403,21 +406,24 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
         record["fit"] = costs.to_dict()
         if noise is not None:
             record["fit"]["run_noise"] = round(float(np.sqrt(noise)), 4)
-        candidates = []  # (start index, plan, its record)
-        for i, label, plan, ms, runs_in in froms:
+        candidates = []  # (start index, plan, its record, how the plan kept is named)
+        for k, (i, label, plan, ms, runs_in) in enumerate(froms):
             sim = Simulator.from_plan(plan, models, tables, batch)
             # the full rebalance, and when longer its first REBALANCE_SHORT changes: the estimate errs with their number
-            for moved, info in rebalance_cuts(plan, ms, costs, sim, alone, (REBALANCE_SHORT,), noise_var=noise,
-                                              runs=runs_in):
+            tries = [(moved, info, REBALANCED) for moved, info in
+                     rebalance_cuts(plan, ms, costs, sim, alone, (REBALANCE_SHORT,), noise_var=noise, runs=runs_in)]
+            if k == 0 and round_ == 1:  # the chosen plan's whole tables placed afresh by the fit too
+                tries.append((*repack(plan, costs, sim, alone), REPACKED))
+            for moved, info, suffix in tries:
                 record["plans"].append({"round": round_, "from": label, **info})
                 if moved is not None and moved.layout_key() not in known:
                     known.add(moved.layout_key())
-                    candidates.append((i, moved, record["plans"][-1]))
+                    candidates.append((i, moved, record["plans"][-1], suffix))
         log.info("refine: rebalance round %d: marginal costs fitted to %d timed devices (%.1f%% off them); %d "
                  "rebalanced plan(s) to time", round_, costs.sets_, 100 * costs.fit_error_, len(candidates))
         if not candidates:
             break
-        which = [kept_plan] + [p for _, p, _ in candidates]
+        which = [kept_plan] + [c[1] for c in candidates]
         try:
             cost, means, runs = _timed_together(which, tables, calibration, models)
         except NeuroShardError as exc:  # e.g. no memory to time them now: the plan kept so far stays
@@ -426,7 +432,7 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
         for run in runs:
             add(run, which)
         repeats += [np.array([run[k][2] for run in runs]) for k in range(len(which))]
-        for k, (_, _, info) in enumerate(candidates, start=1):
+        for k, (_, _, info, _) in enumerate(candidates, start=1):
             info["measured_cost_ms"], info["against_ms"] = round(cost[k], 4), round(cost[0], 4)
         if round_ == 1:
             record["chosen_measured_cost_ms"] = round(cost[0], 4)
@@ -437,11 +443,11 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
             if record["kept"] is not None:
                 kept_ms = means[0]
             break
-        start, kept_plan, _ = candidates[k - 1]
+        start, kept_plan, _, suffix = candidates[k - 1]
         if round_ == 1:
-            origin = start
+            origin, kept_suffix = start, suffix
         kept_ms = means[k]
-        kept_label = f"{names[starts.index(origin)]}, rebalanced"
+        kept_label = f"{names[starts.index(origin)]}, {kept_suffix}"
         record["kept"], record["rounds_kept"] = kept_label, round_
         froms = [(origin, kept_label, kept_plan, kept_ms, len(runs))]
     if record["kept"] is None:

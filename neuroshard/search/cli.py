@@ -154,7 +154,8 @@ def _search(args: argparse.Namespace) -> int:
     rebalanced = refine.get("rebalance")
     if rebalanced:
         fit = rebalanced["fit"]
-        tried = "; ".join(f"{p['from']} {p['changes']} changes{' (cut)' if 'cut_after' in p else ''}, "
+        tried = "; ".join(f"{p['from']}{' repacked,' if p.get('repacked') else ''} {p['changes']} changes"
+                          f"{' (cut)' if 'cut_after' in p else ''}, "
                           f"estimated {p['estimated_cost_before_ms']:.2f} -> {p['estimated_cost_after_ms']:.2f} ms"
                           + (f", measured {p['measured_cost_ms']:.2f} ms" if "measured_cost_ms" in p else "")
                           for p in rebalanced["plans"])
