@@ -184,10 +184,18 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
     assert timed and all((p["changes"] >= 1 or p.get("repacked")) and p["against_ms"] > 0 for p in timed)
     rounds = sorted({p["round"] for p in rebalanced["plans"]})
     assert rounds == list(range(1, len(rounds) + 1)) and len(rounds) <= REBALANCE_ROUNDS
-    if rebalanced["kept"] is None:  # no rebalanced plan measured cheaper than the chosen one
-        assert all(p["measured_cost_ms"] >= p["against_ms"] for p in timed if p["round"] == 1)
+    confirm = rebalanced.get("confirm")
+    if confirm is not None:  # the plan the rounds kept, timed again beside the chosen one in fresh runs
+        chosen_ms, rebalanced_ms = confirm["measured_cost_ms"]
+        assert confirm["runs"] >= 1 and confirm["kept"] == (rebalanced_ms < chosen_ms)
+        assert confirm["plan"].endswith((", rebalanced", ", repacked"))
+        assert (rebalanced["kept"] is None) == (not confirm["kept"])
+    if rebalanced["kept"] is None:  # no rebalanced plan measured cheaper than the chosen one, or not again
+        if confirm is None:
+            assert all(p["measured_cost_ms"] >= p["against_ms"] for p in timed if p["round"] == 1)
         assert record["chosen"] == rebalanced["plans"][0]["from"]
     else:  # each round kept the cheapest rebalanced plan, when it measured below the plan kept before
+        assert confirm is not None and confirm["kept"]
         assert record["chosen"] == rebalanced["kept"] and rebalanced["kept"].endswith((", rebalanced", ", repacked"))
         last = [p for p in timed if p["round"] == rebalanced["rounds_kept"]]
         assert min(p["measured_cost_ms"] for p in last) < last[0]["against_ms"]

@@ -162,6 +162,10 @@ def _search(args: argparse.Namespace) -> int:
         outcome = ("could not be timed (" + rebalanced["stopped"] + ")" if "stopped" in rebalanced else
                    f"the chosen plan {rebalanced['chosen_measured_cost_ms']:.2f} ms in the same runs" if
                    "chosen_measured_cost_ms" in rebalanced else "nothing to time")
+        confirm = rebalanced.get("confirm", {})
+        if "measured_cost_ms" in confirm:
+            outcome += (f"; {confirm['plan']} timed again in fresh runs: {confirm['measured_cost_ms'][1]:.2f} ms "
+                        f"against {confirm['measured_cost_ms'][0]:.2f}, " + ("kept" if confirm["kept"] else "not kept"))
         say(f"refine, rebalanced on marginal costs fitted to {fit['sets']} timed devices ({100 * fit['fit_error']:.1f}% "
             f"off them): {tried}; {outcome}; written: "
             + (f"{rebalanced['kept']}'s plan" if rebalanced["kept"] else "the chosen plan"))
