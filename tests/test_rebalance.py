@@ -23,6 +23,16 @@ def _alone(pieces):
     return np.array([1e-6 * p.num_rows * p.num_cols for p in pieces])
 
 
+def _size_plan():
+    """size's plan of TABLES on 3 devices, its devices timed by the fake hardware, its simulator
+    and the marginal costs fitted to those devices."""
+    models = load_cost_models()
+    plan = shard(TABLES, 3, "64MiB", algorithm="size", cost_models=models)
+    measured = np.array([device_ms(plan.shards_on(d), TABLES) for d in range(3)])
+    sim = Simulator.from_plan(plan, models, TABLES, 4096)
+    return plan, measured, sim, fit_marginal_costs(sim.device_sets(plan), measured, _alone, len(TABLES))
+
+
 def test_marginal_costs_recover_each_tables_factor_from_additive_devices():
     rng = np.random.default_rng(0)
     pieces = [Piece(t, 0, TABLES[t].num_embeddings, 0, TABLES[t].embedding_dim) for t in range(len(TABLES))]
@@ -38,12 +48,7 @@ def test_marginal_costs_recover_each_tables_factor_from_additive_devices():
 
 
 def test_rebalance_moves_work_off_the_slowest_measured_device_and_keeps_memory():
-    models = load_cost_models()
-    plan = shard(TABLES, 3, "64MiB", algorithm="size", cost_models=models)
-    measured = np.array([device_ms(plan.shards_on(d), TABLES) for d in range(3)])
-    sim = Simulator.from_plan(plan, models, TABLES, 4096)
-    sets = sim.device_sets(plan)
-    costs = fit_marginal_costs(sets, measured, _alone, len(TABLES))
+    plan, measured, sim, costs = _size_plan()
     moved, record = rebalance(plan, measured, costs, sim, _alone)
     assert moved is not None and record["changes"] >= 1 and not moved.problems()
     assert record["estimated_cost_after_ms"] < record["estimated_cost_before_ms"]
@@ -84,11 +89,7 @@ def test_one_runs_noise_is_pooled_from_plans_timed_again_and_shrinks_the_anchor(
 
 
 def test_a_noisy_anchor_is_estimated_from_the_fitted_costs():
-    models = load_cost_models()
-    plan = shard(TABLES, 3, "64MiB", algorithm="size", cost_models=models)
-    measured = np.array([device_ms(plan.shards_on(d), TABLES) for d in range(3)])
-    sim = Simulator.from_plan(plan, models, TABLES, 4096)
-    costs = fit_marginal_costs(sim.device_sets(plan), measured, _alone, len(TABLES))
+    plan, measured, sim, costs = _size_plan()
     _, trusted = rebalance(plan, measured, costs, sim, _alone)
     assert "anchor_weight" not in trusted
     # one device 30% slow in this run: trusted whole, the estimate says so; all noise, it does not
@@ -102,11 +103,7 @@ def test_a_noisy_anchor_is_estimated_from_the_fitted_costs():
 
 
 def test_repack_places_whole_tables_by_the_fitted_costs_and_keeps_row_blocks():
-    models = load_cost_models()
-    plan = shard(TABLES, 3, "64MiB", algorithm="size", cost_models=models)
-    measured = np.array([device_ms(plan.shards_on(d), TABLES) for d in range(3)])
-    sim = Simulator.from_plan(plan, models, TABLES, 4096)
-    costs = fit_marginal_costs(sim.device_sets(plan), measured, _alone, len(TABLES))
+    plan, measured, sim, costs = _size_plan()
     packed, record = repack(plan, costs, sim, _alone)
     assert record["repacked"] and "rejected" not in record
     if packed is None:  # the fit prefers no other placement

@@ -77,6 +77,12 @@ class MarginalCosts:
         """The marginal cost (ms) of ``pieces`` whose alone-costs are ``alone_ms``."""
         return np.asarray(alone_ms, dtype=np.float64) * self.factor_[[p.table for p in pieces]]
 
+    def devices_ms(self, where: np.ndarray, marginal_ms: np.ndarray, devices: int) -> np.ndarray:
+        """(devices,) the fitted cost of each device: the launch level plus the marginal costs
+        (``piece_ms``) of the pieces placed on it (``where``); 0 for a device holding none."""
+        held = np.bincount(where, minlength=devices) > 0
+        return np.where(held, self.level_ms_ + np.bincount(where, weights=marginal_ms, minlength=devices), 0.0)
+
     def to_dict(self) -> dict:
         return {"sets": self.sets_, "fit_error": round(self.fit_error_, 4), "shared_factor": round(self.shared_, 4),
                 "level_ms": round(self.level_ms_, 4),
@@ -210,11 +216,8 @@ def repack(plan: Plan, costs: MarginalCosts, sim: Simulator, alone_ms: Callable[
     movable = whole_rows(pieces, sim.tables)
     marginal = costs.piece_ms(pieces, alone_ms(pieces))
 
-    def fitted(at: np.ndarray) -> np.ndarray:
-        held = np.bincount(at, minlength=devices) > 0
-        return np.where(held, costs.level_ms_ + np.bincount(at, weights=marginal, minlength=devices), 0.0)
-
-    before = float(sim.evaluate_with_compute([(pieces, where)], fitted(where)[None, :]).max_ms[0])
+    before = float(sim.evaluate_with_compute([(pieces, where)],
+                                             costs.devices_ms(where, marginal, devices)[None, :]).max_ms[0])
     record = {"repacked": True, "estimated_cost_before_ms": round(before, 4), "changes": 0,
               "estimated_cost_after_ms": round(before, 4)}
     mask = sim.device_mask(pieces)
@@ -230,7 +233,8 @@ def repack(plan: Plan, costs: MarginalCosts, sim: Simulator, alone_ms: Callable[
         record["rejected"] = "memory"
         return None, record
     packed = replace(plan, shards=sim.to_shards(pieces, placed), provenance=plan.provenance.to_dict())
-    moved, info = rebalance(packed, fitted(placed), costs, sim, alone_ms, min_gain, steps_per_device)
+    moved, info = rebalance(packed, costs.devices_ms(placed, marginal, devices), costs, sim, alone_ms, min_gain,
+                            steps_per_device)
     record.update(changes=info["changes"], estimated_cost_after_ms=info["estimated_cost_after_ms"])
     out = moved if moved is not None else packed
     if out.layout_key() == plan.layout_key() or info["estimated_cost_after_ms"] > before * (1 - min_gain):
@@ -286,8 +290,7 @@ def _walk(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Simula
     estimate = np.asarray(measured_ms, dtype=np.float64).copy()
     weight = anchor_weight(costs, noise_var, runs)
     if weight < 1.0:  # shrink each device's residual toward its fitted cost (the run's noise is not its set's)
-        held = np.bincount(where, minlength=devices) > 0
-        fitted = np.where(held, costs.level_ms_ + np.bincount(where, weights=marginal, minlength=devices), 0.0)
+        fitted = costs.devices_ms(where, marginal, devices)
         estimate = fitted + weight * (estimate - fitted)
 
     def peaks(candidates: list, compute: np.ndarray) -> np.ndarray:

@@ -391,9 +391,12 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
         add(run, plans)
     # the noise of one run, from the plans timed in more than one (the finalists, then each round's plans):
     # what each rebalance's anchor is shrunk by (measured.rebalance.anchor_weight)
-    repeats = [np.array([comp for run in timed for _, j, comp in run if j == i])
-               for i in sorted({i for run in timed for _, i, _ in run})]
-    runs_of = {i: len(r) for i, r in zip(sorted({i for run in timed for _, i, _ in run}), repeats)}
+    by_plan: dict[int, list[np.ndarray]] = {}
+    for run in timed:
+        for _, i, comp in run:
+            by_plan.setdefault(i, []).append(comp)
+    repeats = [np.array(times) for times in by_plan.values()]
+    runs_of = {i: len(times) for i, times in by_plan.items()}
 
     def alone(pieces: list) -> np.ndarray:
         return calibration.predict([[p] for p in pieces], models)
