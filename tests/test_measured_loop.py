@@ -76,8 +76,6 @@ def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
     round_maxima = [r["measured_max_compute_ms"] for r in record["rounds"]]
     assert all(m > 0 for m in round_maxima)
     timed = [e for e in record["rounds"] + record["compared"] if "final_measured_cost_ms" in e]
-    chosen = (record["rounds"][record["chosen_round"]] if record["chosen_round"] is not None
-              else next(c for c in record["compared"] if c["algorithm"] == record["chosen"]))
     finalists = [e for e in timed if "final_median_cost_ms" in e]
     # timed FINALIST_RUNS times: the MIN_FINALISTS cheapest of the first run and any other within
     # FINALIST_MARGIN of the cheapest (at most MAX_FINALISTS), chosen by each device's median over the runs
@@ -86,7 +84,25 @@ def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
         [c for k, c in enumerate(ranked) if k < MIN_FINALISTS or c <= ranked[0] * (1 + FINALIST_MARGIN)][:MAX_FINALISTS])
     assert max(e["final_measured_cost_ms"] for e in finalists) <= max(
         ranked[min(MIN_FINALISTS, len(ranked)) - 1], ranked[0] * (1 + FINALIST_MARGIN)) + 1e-3
-    assert chosen["final_median_cost_ms"] == min(e["final_median_cost_ms"] for e in finalists)
+    # the finalist of least median is chosen, unless a plan rebalanced from it or the plan of least work
+    # then measured cheaper beside it (which depends on the plans the fine-tuned models find, and so on
+    # the CPU's floating point: CI kept one where an EPYC here did not)
+    picked = min(finalists, key=lambda e: e["final_median_cost_ms"])
+    name = {id(e): (f"round {e['round']}" if "round" in e else e["algorithm"]) for e in timed}
+    lean, rebalanced = record.get("lean") or {}, record["rebalance"]["kept"]
+    if lean.get("kept"):
+        assert record["chosen"] == lean["plan"]
+        assert lean["measured_cost_ms"][1] < lean["measured_cost_ms"][0]
+    elif rebalanced:
+        # rebalanced from the picked plan or the plan of least work, and confirmed in fresh runs
+        assert record["chosen"] == rebalanced and record["chosen_round"] is None
+        start, how = rebalanced.rsplit(", ", 1)
+        assert how in ("rebalanced", "repacked") and start in name.values()
+        confirm = record["rebalance"]["confirm"]
+        assert "stopped" in confirm or confirm["kept"]
+        assert "stopped" in confirm or confirm["measured_cost_ms"][1] < confirm["measured_cost_ms"][0]
+    else:
+        assert record["chosen"] == name[id(picked)]
     assert all(len(e["final_runs_cost_ms"]) == FINALIST_RUNS and e["final_runs_cost_ms"][0] == e["final_measured_cost_ms"]
                and e["final_runs_cost_ms"][1] == e["final_measured_cost_ms_again"] for e in finalists)
     # polish keeps only changes that lower the measured cost, and the written plan is what it kept

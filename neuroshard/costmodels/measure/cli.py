@@ -148,7 +148,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"timed repeats at most while cv > --target-cv (default {KERNEL_MAX_REPEATS})")
     p.add_argument("--target-cv", type=nonneg_float, default=0.05)
     p.add_argument("--flush-bytes", type=_flush_bytes, default="auto", help="cache-flush buffer read before each repeat "
-                                                          "(default auto: 1.25 x last-level cache, at most 512MiB)")
+                                                          "(default auto: $NEUROSHARD_FLUSH_BYTES when set, else 1.25 x "
+                                                          "last-level cache, at most 512MiB)")
     p.add_argument("--max-minutes", type=positive_float, default=None,
                    help="stop cleanly after this long (rerun continues)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

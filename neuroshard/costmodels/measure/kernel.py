@@ -33,7 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ...constants import CLOCKS, KERNEL_MAX_REPEATS, KERNEL_REPEATS, MEASURED_BATCH_SIZE
+from ...constants import CLOCKS, FLUSH_BYTES_ENV, KERNEL_MAX_REPEATS, KERNEL_REPEATS, MEASURED_BATCH_SIZE
 from ...datasets.sampler import sample_lookups
 from ...errors import NeuroShardError
 from ...kernels import (  # noqa: F401
@@ -75,10 +75,21 @@ def llc_bytes() -> int:
     return best or 64 << 20
 
 
-def default_flush_bytes() -> int:
-    """The CPU cache flush a kernel benchmark reads before every timed run: 1.25x the
-    last-level cache, at most 512 MiB."""
+def cache_flush_bytes() -> int:
+    """The flush that evicts this CPU's last-level cache: 1.25x its size, at most 512 MiB (also
+    what tells stored data of another cache apart, ``store.same_cpu``)."""
     return min(int(llc_bytes() * 1.25), 512 << 20)
+
+
+def default_flush_bytes() -> int:
+    """The CPU cache flush a kernel benchmark reads before every timed run: the environment's
+    ``FLUSH_BYTES_ENV`` (bytes) when set, else ``cache_flush_bytes()``."""
+    text = os.environ.get(FLUSH_BYTES_ENV, "").strip()
+    if not text:
+        return cache_flush_bytes()
+    if not text.isdigit():
+        raise NeuroShardError(f"{FLUSH_BYTES_ENV} must be a number of bytes (0: no flush), got {text!r}")
+    return int(text)
 
 
 @dataclass

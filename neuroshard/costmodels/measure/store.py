@@ -49,7 +49,7 @@ from ...tables import Table
 from ...validate import read_json
 from ..base import reduce_time_ms
 from ..features import shard_set_features
-from .kernel import default_flush_bytes
+from .kernel import cache_flush_bytes
 
 COSTDATA_FORMAT = "neuroshard.costdata/v1"
 COMPUTE_FILE = "compute.jsonl"
@@ -117,7 +117,7 @@ def same_cpu(record: dict) -> bool:
     if hardware.get("cpu_model") != cpu_model():
         return False
     flush = config.get("flush_bytes")
-    return flush is None or config.get("backend", "cpu") != "cpu" or int(flush) == default_flush_bytes()
+    return flush is None or config.get("backend", "cpu") != "cpu" or int(flush) == cache_flush_bytes()
 
 
 def hardware_info(backend: str) -> dict:
