@@ -8,7 +8,8 @@ task's most recent run (a task is its family, device count, tables and memory: a
 again after a change counts once, as last measured), and prints per device count the
 geometric mean and worst of ``--refine``'s and plain ``search``'s max device over the best
 baseline's, the calibrated search's, the A/A control's (and how many tasks' A/A is more than
-``AA_BROKEN`` from 1), and refine's total work over the least of the baselines': the figures
+``AA_BROKEN`` from 1), and refine's total work over the least of the baselines' (with its noise: the
+mean absolute log ratio of the A/A control's total work to its twin's): the figures
 issue 25's "Done when" names. Then the same over ``RUNS_ANY``, our searches with
 ``--row-blocks any``, and where a run also timed the plain search with TorchRec's layouts
 (session 27 on), its ratio and the plain search's over it, paired by task; and last the runs of
@@ -71,6 +72,8 @@ ROWS = {"refine": "neuroshard-refined", "plain": "neuroshard", "calibrated": "ne
 #: the plain search with TorchRec's layouts, timed in the same run as the ``--row-blocks any`` plans
 #: (``plan_benchmark.TORCHREC_LAYOUTS``): what the option buys, task by task
 PAIRED = "neuroshard-torchrec-layouts"
+#: the A/A control's plan (measured-greedy's, timed a second time in the run: ``plan_benchmark.CONTROL``)
+CONTROL = "control"
 
 
 def geomean(x: pd.Series) -> float:
@@ -94,6 +97,12 @@ def tally(runs: list[str]) -> pd.DataFrame:
             line[f"{label}_geomean"] = geomean(g["ratio_to_best_baseline"])
             line[f"{label}_worst"] = float(g["ratio_to_best_baseline"].max())
         line["refine_total_work"] = geomean(part[part["algorithm"] == ROWS["refine"]]["total_ratio_to_least_baseline"])
+        # the same plan's total work measured twice in its run (the A/A control's plan over measured-greedy's):
+        # how far one task's total-work ratio is noise
+        totals = part.set_index(TASK + ["algorithm"])["total_compute_ms"]
+        control = totals.xs(CONTROL, level="algorithm")
+        greedy = totals.xs("measured-greedy", level="algorithm").loc[control.index]
+        line["aa_total_mean_abs_%"] = float(100 * np.abs(np.log(control / greedy)).mean())
         paired = part[part["algorithm"] == PAIRED]  # --row-blocks any runs from session 27 on
         if len(paired):
             line["paired_tasks"] = len(paired)

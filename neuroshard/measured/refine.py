@@ -275,6 +275,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
                                  "statistic": calibration.config.get("figure", "fastest")},
               "batch_size": batch,
               "hardware": calibration.config.get("hardware", "")}
+    picked = best  # the plan the comparison and finalist runs chose (the lean plan saves work against it)
     if rebalance_plans:
         # the chosen plan and the plan of least total work, rebalanced against the marginal costs the
         # timing runs themselves give (measured.rebalance), then timed against the plan chosen
@@ -296,7 +297,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
             lean_plan, lean_record = polish(plans[lean], tables, calibration, models, latest_ms[lean], polish_steps,
                                             row_blocks=row_blocks)
             record["lean"] = {"plan": name(lean), "total_compute_ms": round(float(np.sum(first[lean])), 4),
-                              "chosen_total_compute_ms": round(float(np.sum(first.get(best, compute))), 4),
+                              "chosen_total_compute_ms": round(float(np.sum(first[picked])), 4),
                               "polish": lean_record}
             try:
                 kept, costs = measured_choice([(name(best), chosen), (name(lean), lean_plan)], tables, calibration,
