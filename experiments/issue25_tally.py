@@ -61,7 +61,8 @@ RUNS_ANY = ["plan_benchmark_issue25_session26_8dev_seed163_any", "plan_benchmark
             "plan_benchmark_issue25_session34_8dev_seed187", "plan_benchmark_issue25_session34_8dev_seed187_dlrm",
             "plan_benchmark_issue25_session34_8dev_seed189_dlrm",
             # session 35 (AMD EPYC model 17, a CPU the shipped checkpoint is 148% off on before calibration)
-            "plan_benchmark_issue25_session35_16dev_seed191", "plan_benchmark_issue25_session35_16dev_seed191_dlrm"]
+            "plan_benchmark_issue25_session35_16dev_seed191", "plan_benchmark_issue25_session35_16dev_seed191_dlrm",
+            "plan_benchmark_issue25_session35_4dev_seed191", "plan_benchmark_issue25_session35_4dev_seed191_dlrm"]
 #: the runs of ``RUNS_ANY`` timed in transparent huge pages (formats revision 21, session 28 on: a device's
 #: share of its run moves 3.2% between runs against 7.9% in small pages), tallied apart as well
 RUNS_HUGE_PAGES = RUNS_ANY[RUNS_ANY.index("plan_benchmark_issue25_session28_8dev_seed167_any_thp"):]
