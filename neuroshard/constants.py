@@ -146,11 +146,12 @@ TIMING_HUGE_PAGES = True
 #: PyTorch's CPU allocator advises huge pages for allocations of 2 MiB and more when this is "1"
 #: (read once, at the process's first allocation: set before a rank starts)
 HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
-#: the cache flush (bytes) a CPU kernel benchmark reads before every timed run, when this environment
-#: variable sets it (``costmodels.measure.kernel.default_flush_bytes``; default: 1.25x the last-level
-#: cache, at most 512 MiB). A VM may report a whole host's cache (300 MiB on an Intel Xeon, session 17:
-#: a 393 MB flush, 30 ms a run); the test suite sets 8 MiB, since it checks the flows, not the figures.
-#: Whether stored data was measured on this CPU is still judged by the cache-sized flush
+#: the cache flush a CPU kernel benchmark reads before every timed run (a size: bytes, 8MiB; 0: none),
+#: when this environment variable sets it (``costmodels.measure.kernel.default_flush_bytes``; default:
+#: 1.25x the last-level cache, at most 512 MiB). A VM may report a whole host's cache (300 MiB on an
+#: Intel Xeon, session 17: a 393 MB flush, 30 ms a run); the test suite sets 8 MiB, since it checks the
+#: flows, not the figures. Whether stored data was measured on this CPU is still judged by the
+#: cache-sized flush
 FLUSH_BYTES_ENV = "NEUROSHARD_FLUSH_BYTES"
 #: the size of a transparent huge page on x86-64 and arm64 Linux
 HUGE_PAGE_BYTES = 2**21

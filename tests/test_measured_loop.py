@@ -88,7 +88,10 @@ def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
     # then measured cheaper beside it (which depends on the plans the fine-tuned models find, and so on
     # the CPU's floating point: CI kept one where an EPYC here did not)
     picked = min(finalists, key=lambda e: e["final_median_cost_ms"])
-    name = {id(e): (f"round {e['round']}" if "round" in e else e["algorithm"]) for e in timed}
+
+    def name(entry: dict) -> str:
+        return f"round {entry['round']}" if "round" in entry else entry["algorithm"]
+
     lean, rebalanced = record.get("lean") or {}, record["rebalance"]["kept"]
     if lean.get("kept"):
         assert record["chosen"] == lean["plan"]
@@ -97,12 +100,12 @@ def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
         # rebalanced from the picked plan or the plan of least work, and confirmed in fresh runs
         assert record["chosen"] == rebalanced and record["chosen_round"] is None
         start, how = rebalanced.rsplit(", ", 1)
-        assert how in ("rebalanced", "repacked") and start in name.values()
+        assert how in ("rebalanced", "repacked") and start in {name(e) for e in timed}
         confirm = record["rebalance"]["confirm"]
         assert "stopped" in confirm or confirm["kept"]
         assert "stopped" in confirm or confirm["measured_cost_ms"][1] < confirm["measured_cost_ms"][0]
     else:
-        assert record["chosen"] == name[id(picked)]
+        assert record["chosen"] == name(picked)
     assert all(len(e["final_runs_cost_ms"]) == FINALIST_RUNS and e["final_runs_cost_ms"][0] == e["final_measured_cost_ms"]
                and e["final_runs_cost_ms"][1] == e["final_measured_cost_ms_again"] for e in finalists)
     # polish keeps only changes that lower the measured cost, and the written plan is what it kept

@@ -36,6 +36,7 @@ import numpy as np
 from ...constants import CLOCKS, FLUSH_BYTES_ENV, KERNEL_MAX_REPEATS, KERNEL_REPEATS, MEASURED_BATCH_SIZE
 from ...datasets.sampler import sample_lookups
 from ...errors import NeuroShardError
+from ...units import parse_bytes
 from ...kernels import (  # noqa: F401
     BACKENDS,
     DEFAULT_MAX_ROWS,
@@ -83,13 +84,17 @@ def cache_flush_bytes() -> int:
 
 def default_flush_bytes() -> int:
     """The CPU cache flush a kernel benchmark reads before every timed run: the environment's
-    ``FLUSH_BYTES_ENV`` (bytes) when set, else ``cache_flush_bytes()``."""
+    ``FLUSH_BYTES_ENV`` when set (a size as ``measure --flush-bytes`` reads it: bytes, ``8MiB``;
+    ``0`` or ``none``: no flush), else ``cache_flush_bytes()``."""
     text = os.environ.get(FLUSH_BYTES_ENV, "").strip()
     if not text:
         return cache_flush_bytes()
-    if not text.isdigit():
-        raise NeuroShardError(f"{FLUSH_BYTES_ENV} must be a number of bytes (0: no flush), got {text!r}")
-    return int(text)
+    if text in ("0", "none"):
+        return 0
+    try:
+        return parse_bytes(text)
+    except NeuroShardError as exc:
+        raise NeuroShardError(f"{FLUSH_BYTES_ENV}: {exc}") from None
 
 
 @dataclass
