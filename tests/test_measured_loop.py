@@ -10,7 +10,8 @@ from neuroshard.costmodels import load_cost_models
 from neuroshard.errors import NeuroShardError
 from neuroshard.measured.calibrate import start_calibration
 from neuroshard.measured.judge import PlanJudge
-from neuroshard.measured.refine import FINALIST_MARGIN, FINALIST_RUNS, MAX_FINALISTS, MIN_FINALISTS, _finalists, refine
+from neuroshard.measured.refine import (FINALIST_MARGIN, FINALIST_RUNS, MAX_FINALISTS, MIN_FINALISTS, TIE_MARGIN,
+                                        _finalists, _less_work_wins, refine)
 from neuroshard.tables import Table, TableSet
 
 TABLES = TableSet("fake-hw", [Table(f"t{i}", 2_000 * (i + 1), 16 if i % 2 else 32, 1.0 + 2 * (i % 4),
@@ -84,10 +85,18 @@ def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
         [c for k, c in enumerate(ranked) if k < MIN_FINALISTS or c <= ranked[0] * (1 + FINALIST_MARGIN)][:MAX_FINALISTS])
     assert max(e["final_measured_cost_ms"] for e in finalists) <= max(
         ranked[min(MIN_FINALISTS, len(ranked)) - 1], ranked[0] * (1 + FINALIST_MARGIN)) + 1e-3
-    # the finalist of least median is chosen, unless a plan rebalanced from it or the plan of least work
-    # then measured cheaper beside it (which depends on the plans the fine-tuned models find, and so on
-    # the CPU's floating point: CI kept one where an EPYC here did not)
-    picked = min(finalists, key=lambda e: e["final_median_cost_ms"])
+    # the finalist of least median is chosen (of those within TIE_MARGIN of it, the one of least median
+    # total compute), unless a plan rebalanced from it or the plan of least work then measured cheaper
+    # beside it (which depends on the plans the fine-tuned models find, and so on the CPU's floating
+    # point: CI kept one where an EPYC here did not)
+    cheapest = min(e["final_median_cost_ms"] for e in finalists)
+    tied = [e for e in finalists if e["final_median_cost_ms"] <= cheapest * (1 + TIE_MARGIN)]
+    picked = min(tied, key=lambda e: e["final_median_total_compute_ms"])
+    assert all(e["final_median_total_compute_ms"] > 0 for e in finalists)
+    if picked["final_median_cost_ms"] > cheapest:
+        assert record["tie"]["margin"] == TIE_MARGIN
+    else:
+        assert "tie" not in record
 
     def name(entry: dict) -> str:
         return f"round {entry['round']}" if "round" in entry else entry["algorithm"]
@@ -95,7 +104,8 @@ def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
     lean, rebalanced = record.get("lean") or {}, record["rebalance"]["kept"]
     if lean.get("kept"):
         assert record["chosen"] == lean["plan"]
-        assert lean["measured_cost_ms"][1] < lean["measured_cost_ms"][0]
+        (chosen_cost, lean_cost), (chosen_total, lean_total) = lean["measured_cost_ms"], lean["measured_total_compute_ms"]
+        assert lean_cost < chosen_cost or (lean_cost <= chosen_cost * (1 + TIE_MARGIN) and lean_total < chosen_total)
     elif rebalanced:
         # rebalanced from the picked plan or the plan of least work, and confirmed in fresh runs
         assert record["chosen"] == rebalanced and record["chosen_round"] is None
@@ -439,6 +449,18 @@ def test_the_least_work_plan_is_chosen_within_the_margin_and_only_when_it_saves_
     assert _lean(near, best=1) is None
 
 
+def test_a_tie_on_the_slowest_device_goes_to_the_plan_of_less_total_work():
+    # (measured cost, index, total compute): plan 1 is the cheapest, plan 2 within the margin with less work
+    plans = [(10.5, 0, 60.0), (10.0, 1, 80.0), (10.0 * (1 + TIE_MARGIN) - 1e-6, 2, 70.0)]
+    assert _less_work_wins(plans) == 2
+    # outside the margin, less work does not buy a slower device
+    assert _less_work_wins([(10.0, 1, 80.0), (10.0 * (1 + TIE_MARGIN) + 1e-3, 2, 50.0)]) == 1
+    # with no margin the cheapest wins, an exact tie on cost goes to less work, then the lower index
+    assert _less_work_wins(plans, margin=0.0) == 1
+    assert _less_work_wins([(10.0, 0, 80.0), (10.0, 1, 70.0)], margin=0.0) == 1
+    assert _less_work_wins([(10.0, 3, 70.0), (10.0, 1, 70.0)]) == 1
+
+
 def test_refine_polishes_the_least_work_plan_too_and_keeps_the_cheaper_of_both(monkeypatch):
     """When another timed plan did less total work than the one chosen, refine polishes it too, times
     both polished plans together (fake hardware) and writes the cheaper, saying so in ``lean``."""
@@ -466,11 +488,15 @@ def test_refine_polishes_the_least_work_plan_too_and_keeps_the_cheaper_of_both(m
     assert lean["plan"] == name(seen["lean"]) != name(seen["best"]) and "accepted" in lean["polish"]
     assert lean["total_compute_ms"] > 0 and lean["chosen_total_compute_ms"] > 0
     chosen_cost, lean_cost = lean["measured_cost_ms"]
-    assert lean["kept"] == (lean_cost < chosen_cost)
+    chosen_total, lean_total = lean["measured_total_compute_ms"]
+    # cheaper wins; within TIE_MARGIN of each other, less total work does
+    tied = max(chosen_cost, lean_cost) <= min(chosen_cost, lean_cost) * (1 + TIE_MARGIN)
+    assert lean["kept"] == ((lean_total < chosen_total) if tied else (lean_cost < chosen_cost))
     assert record["chosen"] == name(seen["lean"] if lean["kept"] else seen["best"])
-    # the fake hardware's cost of the written plan is the measured cost of the one kept
+    # the fake hardware's cost and total of the written plan are the measured ones of the plan kept
     models, _ = calibration.fit()
     compute = [device_ms(plan.shards_on(d), TABLES) for d in range(3)]
     written = float(Simulator.from_plan(plan, models, TABLES, 4096).evaluate_plan(plan, compute).max_ms[0])
-    assert written == pytest.approx(min(chosen_cost, lean_cost), rel=1e-3)
+    assert written == pytest.approx(lean_cost if lean["kept"] else chosen_cost, rel=1e-3)
+    assert sum(compute) == pytest.approx(lean_total if lean["kept"] else chosen_total, rel=1e-3)
     assert not plan.problems()

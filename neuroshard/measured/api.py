@@ -119,7 +119,7 @@ def calibrated_search(task: Task, models: Any, calibrated: Any, timer: DeviceTim
     options = {k: v for k, v in calibration_options(task, 0).items() if k != "sets"}
     timing = Calibration(task.tables, models, task.seed, timer=timer, **options)  # its timer; nothing is fitted
     try:
-        best, costs = measured_choice(named, task.tables, timing, calibrated)
+        best, costs, _ = measured_choice(named, task.tables, timing, calibrated)
     except NeuroShardError as exc:
         log.warning("calibrate: the calibrated, pre-trained and work models' plans could not be timed; writing the "
                     "calibrated one: %s", exc)

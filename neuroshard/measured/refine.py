@@ -48,6 +48,10 @@ the devices themselves removes that. Less total work comes first, then balance: 
 another plan of the comparison run, within ``LEAN_MARGIN`` of the cheapest, measured less
 total compute than the plan chosen (by ``LEAN_SAVING`` at least), it is polished too and
 the two polished plans are timed together; the cheaper is kept (``provenance.refine.lean``).
+Wherever two plans measure within ``TIE_MARGIN`` of each other on the slowest device (the
+finalists, and the chosen and lean plans polished), the one whose devices did less total compute
+wins (``provenance.refine.tie``): a tie on the maximum within the instrument's noise is settled
+by the work, which the instrument resolves better.
 Provenance records every round and step.
 """
 from __future__ import annotations
@@ -132,6 +136,16 @@ LEAN_MARGIN = 0.20
 #: ... at least this fraction of the chosen plan's total (a plan's total moves 0.5-1% between copies in
 #: one run: experiments/issue25_noise.py, the robust spread at 4-16 devices)
 LEAN_SAVING = 0.01
+#: measured costs within this fraction of the cheapest tie, and of tied plans the one whose devices measured
+#: the least total compute wins (issue 25: less total work first, then balance). It decides among the
+#: finalists (each device's median over FINALIST_RUNS runs) and between the chosen and the lean plan polished
+#: (each device's mean over FINAL_CHECK_RUNS runs). 0.01: the max device of two copies of one plan agreed
+#: within 0.4-2% in one run (experiments/timing_noise.py), and a median or mean over 2-3 runs is closer; among
+#: 40 stored refine records the second finalist was within 1% of the first in 7. Total work, by contrast,
+#: moves 0.5-1.9% between copies (issue25_tally's A/A) and its spread between finalists is 2-10%, so a tie on
+#: the max leaves a difference in total work that one can see. 0 restores the cheapest-wins rule of
+#: formats revisions 19-27
+TIE_MARGIN = 0.01
 #: the baselines whose plans join the final measured comparison: what a user would otherwise run
 #: (measured-greedy and size-lookup were the best baseline in 25 of 27 benchmark tasks, experiments/results;
 #: the other greedy plans cost nothing to make and one device set each to time, and catch the rest)
@@ -258,7 +272,10 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
             entries[i]["final_mean_cost_ms"] = round(_measured_cost(plans[i], per_run.mean(axis=0), tables, models,
                                                                     batch), 4)
             entries[i]["final_median_cost_ms"] = round(finalists[-1][0], 4)
-    _, best, compute = min(finalists, key=lambda f: f[0])
+            entries[i]["final_median_total_compute_ms"] = round(float(np.sum(median)), 4)
+    cheapest = min(finalists, key=lambda f: (f[0], f[1]))[1]
+    best = _less_work_wins([(c, i, float(np.sum(comp))) for c, i, comp in finalists])
+    compute = next(comp for _, i, comp in finalists if i == best)
     lean = _lean(finals, best)  # the plan of least total work, when it is not the one chosen
     first = {i: comp for _, i, comp in finals}  # the comparison run: every plan timed together
     latest_ms = first | {i: comp for _, i, comp in finalists}  # ... and a finalist's device medians
@@ -275,6 +292,8 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
                                  "statistic": calibration.config.get("figure", "fastest")},
               "batch_size": batch,
               "hardware": calibration.config.get("hardware", "")}
+    if best != cheapest:  # a tie on the slowest device went to the plan of less total work
+        record["tie"] = {"margin": TIE_MARGIN, "cheapest": name(cheapest), "chosen": name(best)}
     picked = best  # the plan the comparison and finalist runs chose (the lean plan saves work against it)
     if rebalance_plans:
         # the chosen plan and the plan of least total work, rebalanced against the marginal costs the
@@ -300,12 +319,13 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
                               "chosen_total_compute_ms": round(float(np.sum(first[picked])), 4),
                               "polish": lean_record}
             try:
-                kept, costs = measured_choice([(name(best), chosen), (name(lean), lean_plan)], tables, calibration,
-                                              models)
+                kept, costs, totals = measured_choice([(name(best), chosen), (name(lean), lean_plan)], tables,
+                                                      calibration, models, tie_margin=TIE_MARGIN)
             except NeuroShardError as exc:  # e.g. no memory to time them now: the cheapest plan's stays
                 record["lean"]["stopped"] = str(exc).splitlines()[0]
             else:
-                record["lean"].update(measured_cost_ms=[round(c, 4) for c in costs], kept=kept == 1)
+                record["lean"].update(measured_cost_ms=[round(c, 4) for c in costs],
+                                      measured_total_compute_ms=[round(t, 4) for t in totals], kept=kept == 1)
                 if kept == 1:
                     chosen, start = lean_plan, lean
                     record.update(chosen=name(lean), chosen_round=round_of(lean))
@@ -493,6 +513,16 @@ def _lean(finals: list[tuple[float, int, np.ndarray]], best: int) -> int | None:
     near = [i for cost, i, _ in finals if cost <= cheapest * (1 + LEAN_MARGIN)]
     lean = min(near, key=lambda i: (total[i], i))
     return lean if lean != best and total[lean] <= (1 - LEAN_SAVING) * total[best] else None
+
+
+def _less_work_wins(plans: list[tuple[float, int, float]], margin: float = TIE_MARGIN) -> int:
+    """The index of the plan chosen among ``plans`` (``(measured cost, index, measured total
+    compute)``, timed together): of those whose cost is within ``margin`` of the cheapest (a
+    tie within the instrument's noise), the one of least total compute; remaining ties go to the
+    cheaper, then to the lower index."""
+    cheapest = min(cost for cost, _, _ in plans)
+    tied = [p for p in plans if p[0] <= cheapest * (1 + margin)]
+    return min(tied, key=lambda p: (p[2], p[0], p[1]))[1]
 
 
 def _finalists(finals: list[tuple[float, int, np.ndarray]]) -> list[tuple[float, int, np.ndarray]]:
@@ -743,14 +773,20 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
 
 def measured_choice(named: list[tuple[str, Plan]], tables: TableSet, calibration: Any, models: Any,
                     passes: int = COMPARE_PASSES, repeats: int = COMPARE_REPEATS,
-                    runs: int = FINAL_CHECK_RUNS) -> tuple[int, list[float]]:
-    """Which of ``named``'s plans ((name, plan)) measures cheapest here, and each plan's
-    measured cost (ms): every device of every plan timed together in ``runs`` interleaved
-    runs (``measure``'s protocol), each device's mean over the runs, communication
-    modelled (``_measured_cost``); a tie goes to the first. Raises ``NeuroShardError`` when
-    the plans cannot be timed now (e.g. no memory for them)."""
-    costs, _, _ = _timed_together([plan for _, plan in named], tables, calibration, models, passes, repeats, runs)
-    return min(range(len(named)), key=lambda k: (costs[k], k)), costs
+                    runs: int = FINAL_CHECK_RUNS, tie_margin: float = 0.0) -> tuple[int, list[float], list[float]]:
+    """Which of ``named``'s plans ((name, plan)) measures cheapest here, each plan's measured
+    cost (ms) and its devices' total compute (ms): every device of every plan timed together
+    in ``runs`` interleaved runs (``measure``'s protocol), each device's mean over the runs,
+    communication modelled (``_measured_cost``). Costs within ``tie_margin`` of the cheapest
+    tie and the least total compute wins (``_less_work_wins``); with 0, an exact tie goes to
+    the first. Raises ``NeuroShardError`` when the plans cannot be timed now (e.g. no memory
+    for them)."""
+    costs, means, _ = _timed_together([plan for _, plan in named], tables, calibration, models, passes, repeats,
+                                      runs)
+    totals = [float(np.sum(m)) for m in means]
+    if tie_margin <= 0:
+        return min(range(len(named)), key=lambda k: (costs[k], k)), costs, totals
+    return _less_work_wins([(c, k, t) for k, (c, t) in enumerate(zip(costs, totals))], tie_margin), costs, totals
 
 
 def _timed_together(plans: list[Plan], tables: TableSet, calibration: Any, models: Any,
@@ -775,8 +811,8 @@ def final_check(started: Plan, polished: Plan, tables: TableSet, calibration: An
     scaled by those two's drift, so kept changes can add up to a plan no faster. When the
     plans cannot be timed now (e.g. no memory), ``polished`` stays, as before this check."""
     try:
-        best, (before, after) = measured_choice([("started", started), ("polished", polished)], tables,
-                                                calibration, models, passes, repeats, runs)
+        best, (before, after), _ = measured_choice([("started", started), ("polished", polished)], tables,
+                                                   calibration, models, passes, repeats, runs)
     except NeuroShardError as exc:
         log.warning("polish: the final check could not be timed: %s", exc)
         return polished, {"stopped": str(exc).splitlines()[0]}

@@ -169,6 +169,10 @@ def _search(args: argparse.Namespace) -> int:
         say(f"refine, rebalanced on marginal costs fitted to {fit['sets']} timed devices ({100 * fit['fit_error']:.1f}% "
             f"off them): {tried}; {outcome}; written: "
             + (f"{rebalanced['kept']}'s plan" if rebalanced["kept"] else "the chosen plan"))
+    tie = refine.get("tie")
+    if tie:
+        say(f"refine, a tie: {tie['chosen']}'s plan measured within {100 * tie['margin']:.0f}% of {tie['cheapest']}'s "
+            f"on the slowest device and did less total compute: it goes on")
     if "polish" in refine:
         polish = refine["polish"]
         say(f"polish: {polish['accepted']} of {polish['steps']} timed changes kept (a change is kept when two "
@@ -185,7 +189,10 @@ def _search(args: argparse.Namespace) -> int:
     if lean:
         timed = ("both could not be timed (" + lean["stopped"] + "): the chosen plan written" if "stopped" in lean else
                  f"both polished plans timed together: {lean['measured_cost_ms'][1]:.2f} ms against "
-                 f"{lean['measured_cost_ms'][0]:.2f} for the chosen, "
+                 f"{lean['measured_cost_ms'][0]:.2f} for the chosen"
+                 + (f" (total compute {lean['measured_total_compute_ms'][1]:.1f} against "
+                    f"{lean['measured_total_compute_ms'][0]:.1f} ms)" if "measured_total_compute_ms" in lean else "")
+                 + ", "
                  + (f"{lean['plan']}'s plan written" if lean["kept"] else "the chosen plan written"))
         say(f"refine, less work first: {lean['plan']}'s plan did {lean['total_compute_ms']:.1f} ms of compute in all "
             f"against {lean['chosen_total_compute_ms']:.1f} for the chosen one; polished too "
