@@ -57,7 +57,7 @@ Provenance records every round and step.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -195,8 +195,66 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     distinct plan timed (``final_judgement``). The plan of least total work is polished too
     and kept when it then measures cheaper (``LEAN_MARGIN``). With ``rebalance_plans`` the chosen
     and the least-work plan are first rebalanced against marginal costs fitted to the timing runs
-    (``measured.rebalance``) and a rebalanced plan goes on when it measures cheaper."""
+    (``measured.rebalance``) and a rebalanced plan goes on when it measures cheaper.
+
+    The steps, each a function of this module: ``_search_rounds`` (the rounds' plans),
+    ``_other_plans`` (the pre-trained, work-model and baselines' plans), ``_compare`` (every plan
+    timed together, the finalists timed again, the choice), ``_rebalance``, ``_polish_and_lean``
+    and ``final_judgement``."""
     rounds = check_refine(algorithm, rounds)
+    history, plans, models = _search_rounds(tables, devices, memory, calibration, models, rounds, timing_passes,
+                                            algorithm, search_options)
+    others, compared = _other_plans(tables, devices, memory, calibration, models, algorithm, compare, search_options)
+    plans += others
+    entries = history + [c for c in compared if "failed" not in c]  # one per plan, in order
+    choice = _compare(plans, entries, tables, calibration, models)
+    best, lean = choice.best, choice.lean
+
+    def name(i: int) -> str:
+        return f"round {i}" if i < len(history) else entries[i]["algorithm"]
+
+    record = {"rounds": history, "chosen_round": _round_of(best, history),
+              "chosen": name(best), "compared": compared, "timing_passes": timing_passes,
+              "compare_timing": {"passes": COMPARE_PASSES, "repeats": COMPARE_REPEATS,
+                                 "statistic": calibration.config.get("figure", "fastest")},
+              "batch_size": calibration.models.batch_size,
+              "hardware": calibration.config.get("hardware", "")}
+    if best != choice.cheapest:  # a tie on the slowest device went to the plan of less total work
+        record["tie"] = {"margin": TIE_MARGIN, "cheapest": name(choice.cheapest), "chosen": name(best)}
+    compute = choice.compute
+    if rebalance_plans:
+        # the chosen plan and the plan of least total work, rebalanced against the marginal costs the
+        # timing runs themselves give (measured.rebalance), then timed against the plan chosen
+        starts = [best] + ([lean] if lean is not None else [])
+        kept, origin, compute, record["rebalance"] = _rebalance(plans, entries, starts, choice.latest_ms, compute,
+                                                                choice.timed, tables, calibration, models,
+                                                                [name(i) for i in starts])
+        if kept != best:
+            best, lean = kept, (None if origin == lean else lean)
+            record.update(chosen=name(best), chosen_round=None)
+    if polish_steps is None:
+        polish_steps = default_polish_steps(devices)
+    chosen, start = _polish_and_lean(plans, best, lean, compute, choice, polish_steps, search_options.get("row_blocks"),
+                                     tables, calibration, models, record, name, history)
+    if judge is not None:
+        named = [(name(i), p) for i, p in enumerate(plans)]
+        ours = record["chosen"] + ("" if chosen is plans[start] else ", polished")
+        chosen, record["judge"] = final_judgement([(ours, chosen), *named], tables, judge)
+        record["chosen"] = record["judge"].get("chosen", record["chosen"])
+    chosen.provenance["refine"] = record
+    return chosen
+
+
+def _round_of(i: int, history: list[dict]) -> int | None:
+    """The round whose plan is ``plans[i]`` (the rounds' plans come first), or None."""
+    return i if i < len(history) else None
+
+
+def _search_rounds(tables: TableSet, devices: int, memory: Any, calibration: Any, models: Any, rounds: int,
+                   timing_passes: int, algorithm: str, search_options: dict) -> tuple[list[dict], list[Plan], Any]:
+    """The rounds (module docstring, 1-3): each searches a plan against the current models, times its
+    devices (they join the calibration) and fine-tunes the models on them, but the last. Returns each
+    round's record, its plan, and the models fitted last (the plans of the last round's search)."""
     batch = calibration.models.batch_size
     if models is None:
         models, report = calibration.fit()
@@ -222,7 +280,15 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         plans.append(plan)
         if r < rounds:  # the rounds fine-tune the weights too: plans unlike the pre-trained model's to compare
             models, report = calibration.fit(fine_tune=True)
-    compared = []  # the baselines' plans: {"algorithm", then "final_measured_cost_ms" or "failed"}
+    return history, plans, models
+
+
+def _other_plans(tables: TableSet, devices: int, memory: Any, calibration: Any, models: Any, algorithm: str,
+                 compare: tuple[str, ...], search_options: dict) -> tuple[list[Plan], list[dict]]:
+    """The plans compared with the rounds', and their records (``provenance.refine.compared``: a
+    baseline that found no plan has ``failed`` and no plan): the same search against the pre-trained
+    models and against the calibration's work model alone, then the ``compare`` algorithms'."""
+    plans, compared = [], []
     # the same search against the pre-trained models: fine-tuned on a few hundred sets, a model
     # can be worse where the search goes (measured: calibrated plans 1.01-1.28x the best baseline
     # where the pre-trained model's were 0.84-1.04x, experiments/results/plan_benchmark_issue25)
@@ -244,12 +310,34 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         except NeuroShardError as exc:  # e.g. no plan fits, or tables only data_parallel may hold
             log.warning("refine: %s found no plan to compare with: %s", name, exc)
             compared.append({"algorithm": name, "failed": str(exc).splitlines()[0]})
-    entries = history + [c for c in compared if "failed" not in c]  # one per plan, in order
-    # the plans are compared in ONE interleaved run of all their devices (see _time_plans)
+    return plans, compared
+
+
+@dataclass
+class _Choice:
+    """What ``_compare`` found: ``best`` (the index of the plan chosen), ``cheapest`` (the finalist of
+    least median cost; ``best`` unless a tie went to less work), ``compute`` (``best``'s devices as its
+    runs measured them), ``lean`` (the plan of least total work, or None: ``_lean``), ``first`` (each
+    plan's devices in the comparison run), ``latest_ms`` (... and a finalist's device medians) and
+    ``timed`` (every timing run of whole plans: what the rebalance's marginal costs are fitted to)."""
+    best: int
+    cheapest: int
+    compute: np.ndarray
+    lean: int | None
+    first: dict
+    latest_ms: dict
+    timed: list
+
+
+def _compare(plans: list[Plan], entries: list[dict], tables: TableSet, calibration: Any, models: Any) -> _Choice:
+    """Every distinct plan timed in ONE interleaved run (``_time_plans``), the finalists (``_finalists``)
+    timed ``FINALIST_RUNS`` times in all and chosen by the cost of each device's median over the runs, a
+    tie within ``TIE_MARGIN`` going to less total work (``_less_work_wins``). Writes each plan's figures
+    into its ``entries`` record."""
+    batch = calibration.models.batch_size
     distinct = {p.layout_key(): i for i, p in reversed(list(enumerate(plans)))}  # the first of each plan
-    candidates = sorted(distinct.values())
-    finals = _time_plans(plans, candidates, tables, calibration, models)
-    timed = [finals]  # every timing run of whole plans so far: what the marginal costs are fitted to
+    finals = _time_plans(plans, sorted(distinct.values()), tables, calibration, models)
+    timed = [finals]
     for cost, i, _ in finals:
         entries[i]["final_measured_cost_ms"] = round(cost, 4)
     # the cheapest of ~10 plans timed once is partly the luckiest: the finalists (the MIN_FINALISTS
@@ -276,66 +364,44 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     cheapest = min(finalists, key=lambda f: (f[0], f[1]))[1]
     best = _less_work_wins([(c, i, float(np.sum(comp))) for c, i, comp in finalists])
     compute = next(comp for _, i, comp in finalists if i == best)
-    lean = _lean(finals, best)  # the plan of least total work, when it is not the one chosen
     first = {i: comp for _, i, comp in finals}  # the comparison run: every plan timed together
-    latest_ms = first | {i: comp for _, i, comp in finalists}  # ... and a finalist's device medians
+    return _Choice(best=best, cheapest=cheapest, compute=compute, lean=_lean(finals, best), first=first,
+                   latest_ms=first | {i: comp for _, i, comp in finalists}, timed=timed)
 
-    def round_of(i: int) -> int | None:
-        return i if i < len(history) else None
 
-    def name(i: int) -> str:
-        return f"round {i}" if round_of(i) is not None else entries[i]["algorithm"]
-
-    record = {"rounds": history, "chosen_round": round_of(best),
-              "chosen": name(best), "compared": compared, "timing_passes": timing_passes,
-              "compare_timing": {"passes": COMPARE_PASSES, "repeats": COMPARE_REPEATS,
-                                 "statistic": calibration.config.get("figure", "fastest")},
-              "batch_size": batch,
-              "hardware": calibration.config.get("hardware", "")}
-    if best != cheapest:  # a tie on the slowest device went to the plan of less total work
-        record["tie"] = {"margin": TIE_MARGIN, "cheapest": name(cheapest), "chosen": name(best)}
-    picked = best  # the plan the comparison and finalist runs chose (the lean plan saves work against it)
-    if rebalance_plans:
-        # the chosen plan and the plan of least total work, rebalanced against the marginal costs the
-        # timing runs themselves give (measured.rebalance), then timed against the plan chosen
-        starts = [best] + ([lean] if lean is not None else [])
-        kept, origin, compute, record["rebalance"] = _rebalance(plans, entries, starts, latest_ms, compute, timed,
-                                                                tables, calibration, models, [name(i) for i in starts])
-        if kept != best:
-            best, lean = kept, (None if origin == lean else lean)
-            record.update(chosen=name(best), chosen_round=None)
-    chosen = plans[best]
-    if polish_steps is None:
-        polish_steps = default_polish_steps(devices)
-    start = best  # the plan the written one started from
-    if polish_steps:
-        row_blocks = search_options.get("row_blocks")
-        chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps,
-                                          row_blocks=row_blocks)
-        if lean is not None:
-            lean_plan, lean_record = polish(plans[lean], tables, calibration, models, latest_ms[lean], polish_steps,
-                                            row_blocks=row_blocks)
-            record["lean"] = {"plan": name(lean), "total_compute_ms": round(float(np.sum(first[lean])), 4),
-                              "chosen_total_compute_ms": round(float(np.sum(first[picked])), 4),
-                              "polish": lean_record}
-            try:
-                kept, costs, totals = measured_choice([(name(best), chosen), (name(lean), lean_plan)], tables,
-                                                      calibration, models, tie_margin=TIE_MARGIN)
-            except NeuroShardError as exc:  # e.g. no memory to time them now: the cheapest plan's stays
-                record["lean"]["stopped"] = str(exc).splitlines()[0]
-            else:
-                record["lean"].update(measured_cost_ms=[round(c, 4) for c in costs],
-                                      measured_total_compute_ms=[round(t, 4) for t in totals], kept=kept == 1)
-                if kept == 1:
-                    chosen, start = lean_plan, lean
-                    record.update(chosen=name(lean), chosen_round=round_of(lean))
-    if judge is not None:
-        named = [(name(i), p) for i, p in enumerate(plans)]
-        ours = record["chosen"] + ("" if chosen is plans[start] else ", polished")
-        chosen, record["judge"] = final_judgement([(ours, chosen), *named], tables, judge)
-        record["chosen"] = record["judge"].get("chosen", record["chosen"])
-    chosen.provenance["refine"] = record
-    return chosen
+def _polish_and_lean(plans: list[Plan], best: int, lean: int | None, compute: np.ndarray, choice: _Choice,
+                     polish_steps: int, row_blocks: Any, tables: TableSet, calibration: Any, models: Any,
+                     record: dict, name: Any, history: list[dict]) -> tuple[Plan, int]:
+    """``plans[best]`` polished (its devices measured ``compute``), and when there is a ``lean`` plan,
+    that one polished too and the two timed together (``measured_choice``, a tie within ``TIE_MARGIN``
+    going to less total work). Writes ``polish`` and ``lean`` into ``record`` (and ``chosen``,
+    ``chosen_round`` when the lean plan is kept). Returns the plan and the index of the plan it
+    started from."""
+    chosen, start = plans[best], best
+    if not polish_steps:
+        return chosen, start
+    chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps,
+                                      row_blocks=row_blocks)
+    if lean is None:
+        return chosen, start
+    lean_plan, lean_record = polish(plans[lean], tables, calibration, models, choice.latest_ms[lean], polish_steps,
+                                    row_blocks=row_blocks)
+    # the lean plan saves work against the plan the comparison and finalist runs chose (formats revision 27)
+    record["lean"] = {"plan": name(lean), "total_compute_ms": round(float(np.sum(choice.first[lean])), 4),
+                      "chosen_total_compute_ms": round(float(np.sum(choice.first[choice.best])), 4),
+                      "polish": lean_record}
+    try:
+        kept, costs, totals = measured_choice([(name(best), chosen), (name(lean), lean_plan)], tables,
+                                              calibration, models, tie_margin=TIE_MARGIN)
+    except NeuroShardError as exc:  # e.g. no memory to time them now: the cheapest plan's stays
+        record["lean"]["stopped"] = str(exc).splitlines()[0]
+        return chosen, start
+    record["lean"].update(measured_cost_ms=[round(c, 4) for c in costs],
+                          measured_total_compute_ms=[round(t, 4) for t in totals], kept=kept == 1)
+    if kept == 1:
+        record.update(chosen=name(lean), chosen_round=_round_of(lean, history))
+        return lean_plan, lean
+    return chosen, start
 
 
 def final_judgement(named: list[tuple[str, Plan]], tables: TableSet, judge: PlanJudge) -> tuple[Plan, dict]:
