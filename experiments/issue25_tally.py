@@ -66,7 +66,8 @@ RUNS_ANY = ["plan_benchmark_issue25_session26_8dev_seed163_any", "plan_benchmark
             # session 36 (AMD EPYC model 17): a tie on the slowest device goes to less total work (formats revision 28)
             "plan_benchmark_issue25_session36_8dev_seed193", "plan_benchmark_issue25_session36_8dev_seed193_dlrm",
             "plan_benchmark_issue25_session36_4dev_seed193", "plan_benchmark_issue25_session36_4dev_seed193_dlrm",
-            "plan_benchmark_issue25_session36_4dev_seed195", "plan_benchmark_issue25_session36_4dev_seed195_dlrm"]
+            "plan_benchmark_issue25_session36_4dev_seed195", "plan_benchmark_issue25_session36_4dev_seed195_dlrm",
+            "plan_benchmark_issue25_session36_8dev_seed195", "plan_benchmark_issue25_session36_8dev_seed195_dlrm"]
 #: the runs of ``RUNS_ANY`` timed in transparent huge pages (formats revision 21, session 28 on: a device's
 #: share of its run moves 3.2% between runs against 7.9% in small pages), tallied apart as well
 RUNS_HUGE_PAGES = RUNS_ANY[RUNS_ANY.index("plan_benchmark_issue25_session28_8dev_seed167_any_thp"):]
