@@ -119,6 +119,7 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
                   if "final_median_cost_ms" in e}
         picked = min((n for n in means if means[n] <= means[picked] * (1 + TIE_MARGIN)), key=totals.get)
         assert ("tie" in refine) == (means[picked] > min(means.values()))
+        assert ("refine, a tie" in printed) == ("tie" in refine)
     # less work first: a plan of less total compute than the picked one polished too, and written only
     # when it then measured cheaper beside it (formats revision 23)
     lean = refine.get("lean")
