@@ -109,14 +109,13 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
     finals.update((c["algorithm"], c["final_measured_cost_ms"]) for c in refine["compared"]
                   if "final_measured_cost_ms" in c)  # (absent: the same plan as one before it)
     assert "round 0" in finals and "measured-greedy" in finals
-    means = {name: e["final_median_cost_ms"] for name, e in
-             [*((f"round {r['round']}", r) for r in rounds), *((c["algorithm"], c) for c in refine["compared"])]
-             if "final_median_cost_ms" in e}  # the finalists, timed three times, by each device's median
+    finalists = {name: e for name, e in
+                 [*((f"round {r['round']}", r) for r in rounds), *((c["algorithm"], c) for c in refine["compared"])]
+                 if "final_median_cost_ms" in e}  # the finalists, timed three times, by each device's median
+    means = {name: e["final_median_cost_ms"] for name, e in finalists.items()}
     picked = min(means or finals, key=(means or finals).get)
     if means:  # within TIE_MARGIN of the cheapest median, the finalist of least total compute (revision 28)
-        totals = {name: e["final_median_total_compute_ms"] for name, e in
-                  [*((f"round {r['round']}", r) for r in rounds), *((c["algorithm"], c) for c in refine["compared"])]
-                  if "final_median_cost_ms" in e}
+        totals = {name: e["final_median_total_compute_ms"] for name, e in finalists.items()}
         picked = min((n for n in means if means[n] <= means[picked] * (1 + TIE_MARGIN)), key=totals.get)
         assert ("tie" in refine) == (means[picked] > min(means.values()))
         assert ("refine, a tie" in printed) == ("tie" in refine)

@@ -211,7 +211,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     best, lean = choice.best, choice.lean
 
     def name(i: int) -> str:
-        return f"round {i}" if i < len(history) else entries[i]["algorithm"]
+        return entries[i]["algorithm"] if _round_of(i, history) is None else f"round {i}"
 
     record = {"rounds": history, "chosen_round": _round_of(best, history),
               "chosen": name(best), "compared": compared, "timing_passes": timing_passes,
