@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from neuroshard.costmodels import load_cost_models
-from neuroshard.measured.rebalance import (REBALANCE_SHORT, MarginalCosts, anchor_weight, fit_marginal_costs,
+from neuroshard.measured.rebalance import (EVEN_SLACK, REBALANCE_SHORT, MarginalCosts, anchor_weight, fit_marginal_costs,
                                            REBALANCE_MIN_GAIN, rebalance, rebalance_cuts, repack, run_noise_var)
 from neuroshard.measured.refine import REBALANCE_ROUNDS, refine
 from neuroshard.search.api import shard
@@ -128,6 +128,32 @@ def test_repack_places_whole_tables_by_the_fitted_costs_and_keeps_row_blocks():
     assert len({s.device for s in spread.shards if s.table in ("t7", "t8", "t9")}) > 1
 
 
+def test_even_repack_caps_every_device_at_its_share_of_pieces_and_keeps_the_counts_when_it_swaps():
+    plan, measured, sim, costs = _size_plan()
+    pieces, _ = sim.pieces_of_plan(plan)
+    cap = -(-len(pieces) // 3)
+    # most tables crowded onto one device: an even repack spreads them, as many on every device
+    crowded = replace(plan, shards=[replace(s, device=0 if s.table not in ("t7", "t8") else
+                                            (1 if s.table == "t7" else 2)) for s in plan.shards])
+    assert not crowded.problems()
+    packed, record = repack(crowded, costs, sim, _alone, even=True)
+    assert record["repacked"] and record["even"] and "rejected" not in record
+    assert packed is not None and not packed.problems()
+    counts = np.bincount([s.device for s in packed.shards], minlength=3)
+    assert counts.max() <= cap and counts.sum() == len(pieces)
+    assert record["estimated_cost_after_ms"] <= record["estimated_cost_before_ms"] * (1 + EVEN_SLACK)
+    # the plan repacked evenly again: its counts are already even, nothing to time
+    again, record = repack(packed, costs, sim, _alone, even=True)
+    assert again is None and record["rejected"] == "even already"
+    # a rebalance by swaps only keeps every device's count
+    swapped, _ = rebalance(crowded, costs.devices_ms(sim.pieces_of_plan(crowded)[1],
+                                                     costs.piece_ms(pieces, _alone(pieces)), 3),
+                           costs, sim, _alone, swaps_only=True)
+    before = np.bincount([s.device for s in crowded.shards], minlength=3)
+    if swapped is not None:
+        assert (np.bincount([s.device for s in swapped.shards], minlength=3) == before).all()
+
+
 class HotRowsTimer(FakeTimer):
     """The fake hardware with three tables dearer than any model of the others says (rows
     that miss the cache): refine's plans put them where the models think they are cheap."""
@@ -162,8 +188,10 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
              and not p.get("repacked")]
     assert len(froms) == 2 and froms[0] == rebalanced["plans"][0]["from"]
     # the chosen plan's whole tables placed afresh by the fitted costs too, in round 1 only
+    # (as they come, and evenly: as many pieces on every device, formats revision 29)
     repacked = [p for p in rebalanced["plans"] if p.get("repacked")]
-    assert len(repacked) == 1 and repacked[0]["round"] == 1 and repacked[0]["from"] == froms[0]
+    assert len(repacked) == 2 and all(p["round"] == 1 and p["from"] == froms[0] for p in repacked)
+    assert [bool(p.get("even")) for p in repacked] == [False, True]
     # a rebalance of many changes is timed cut after its first ones too (formats revision 26)
     cuts = 0
     for k, p in enumerate(rebalanced["plans"]):
@@ -177,7 +205,9 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
         assert cuts >= 1
     # (a repacked plan the fit does not prefer is recorded, not timed)
     assert all(p["estimated_cost_after_ms"] <= p["estimated_cost_before_ms"] for p in rebalanced["plans"]
-               if not p.get("repacked") or "measured_cost_ms" in p)
+               if not p.get("even") and (not p.get("repacked") or "measured_cost_ms" in p))
+    assert all(p["estimated_cost_after_ms"] <= p["estimated_cost_before_ms"] * (1 + EVEN_SLACK)
+               for p in rebalanced["plans"] if p.get("even") and "measured_cost_ms" in p)
     # the finalists were timed in several runs: their noise shrinks every anchor (formats revision 27)
     assert rebalanced["fit"]["run_noise"] >= 0.0
     assert all(0.0 <= p["anchor_weight"] <= 1.0 for p in rebalanced["plans"] if not p.get("repacked"))
@@ -189,7 +219,7 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
     if confirm is not None:  # the plan the rounds kept, timed again beside the chosen one in fresh runs
         chosen_ms, rebalanced_ms = confirm["measured_cost_ms"]
         assert confirm["runs"] >= 1 and confirm["kept"] == (rebalanced_ms < chosen_ms)
-        assert confirm["plan"].endswith((", rebalanced", ", repacked"))
+        assert confirm["plan"].endswith((", rebalanced", ", repacked", ", repacked evenly"))
         assert (rebalanced["kept"] is None) == (not confirm["kept"])
     if rebalanced["kept"] is None:  # no rebalanced plan measured cheaper than the chosen one, or not again
         if confirm is None:
@@ -197,7 +227,7 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
         assert record["chosen"] == rebalanced["plans"][0]["from"]
     else:  # each round kept the cheapest rebalanced plan, when it measured below the plan kept before
         assert confirm is not None and confirm["kept"]
-        assert record["chosen"] == rebalanced["kept"] and rebalanced["kept"].endswith((", rebalanced", ", repacked"))
+        assert record["chosen"] == rebalanced["kept"] and rebalanced["kept"].endswith((", rebalanced", ", repacked", ", repacked evenly"))
         last = [p for p in timed if p["round"] == rebalanced["rounds_kept"]]
         assert min(p["measured_cost_ms"] for p in last) < last[0]["against_ms"]
         assert record["chosen_round"] is None

@@ -159,9 +159,10 @@ WORK_SUFFIX = "-work"
 #: (dlrm-2021 at 8 devices, seed 181: one round's rebalanced plan measured 4.2% below the chosen one, where its
 #: estimate said 6.9%)
 REBALANCE_ROUNDS = 3
-#: how a rebalanced plan kept is named (``"<plan>, rebalanced"``), and one whose whole tables were placed afresh
-#: by the fitted costs (``measured.rebalance.repack``; round 1, from the chosen plan; later rounds rebalance it)
-REBALANCED, REPACKED = "rebalanced", "repacked"
+#: how a rebalanced plan kept is named (``"<plan>, rebalanced"``), one whose whole tables were placed afresh
+#: by the fitted costs (``measured.rebalance.repack``; round 1, from the chosen plan; later rounds rebalance it),
+#: and one placed afresh with as many pieces on every device (``repack(..., even=True)``, also round 1)
+REBALANCED, REPACKED, REPACKED_EVEN = "rebalanced", "repacked", "repacked evenly"
 #: the ``shard`` options that describe the plan (not the algorithm): the compared baselines get them too
 PLAN_OPTIONS = ("bytes_per_element", "seed", "optimizer", "topology", "comm_precision")
 
@@ -452,7 +453,9 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
     (``measured.rebalance``), whichever measures cheapest. Each of up to ``REBALANCE_ROUNDS``
     rounds fits marginal costs to every device timed so far (the ``timed`` runs of ``plans``,
     then the rounds' own runs), rebalances the plan kept so far (in the first round every
-    one of the ``starts``, each anchored at its devices' ``medians``) and times the rebalanced
+    one of the ``starts``, each anchored at its devices' ``medians``, and the chosen one's whole tables are
+    also placed afresh by the fitted costs, as they come and with as many on every device:
+    ``measured.rebalance.repack``) and times the rebalanced
     plans together with the plan kept so far (``FINAL_CHECK_RUNS`` runs, each device's mean);
     a rebalance of more than ``REBALANCE_SHORT`` changes is timed cut after that many too;
     each anchor is shrunk toward its fitted cost by the noise of one run, estimated from the
@@ -506,6 +509,7 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
                      rebalance_cuts(plan, ms, costs, sim, alone, (REBALANCE_SHORT,), noise_var=noise, runs=runs_in)]
             if k == 0 and round_ == 1:  # the chosen plan's whole tables placed afresh by the fit too
                 tries.append((*repack(plan, costs, sim, alone), REPACKED))
+                tries.append((*repack(plan, costs, sim, alone, even=True), REPACKED_EVEN))
             for moved, info, suffix in tries:
                 record["plans"].append({"round": round_, "from": label, **info})
                 if moved is not None and moved.layout_key() not in known:
