@@ -123,7 +123,7 @@ def main() -> None:
     per["total_over_dim"] = per["total_ms"] / per.loc["dim", "total_ms"]
     per["max_over_dim"] = per["max_ms"] / per.loc["dim", "max_ms"]
     lines.append(f"# python experiments/count_balance.py --family {args.family} --devices {args.devices} "
-                 f"--seed {args.seed}\n\nCPU: {cpu_model()}; {len(tables)} tables; sum of tables alone "
+                 f"--seed {args.seed} --passes {args.passes}\n\nCPU: {cpu_model()}; {len(tables)} tables; sum of tables alone "
                  f"{alone.sum():.2f} ms\n")
     lines.append(per.round(3).to_string())
     fit = df[df["grouping"] != "dim (A/A)"]

@@ -93,7 +93,7 @@ COLUMNS = ["family", "devices", "task", "tables", "memory_bytes", "algorithm", "
            "estimate_spearman_calibrated", "estimate_gmae_also", "estimate_spearman_also", "aa_spearman",
            "refine_chosen_round", "polish_accepted", "refine_chosen", "total_compute_ms",
            "total_ratio_to_least_baseline", "work_bound_ratio", "estimate_total_ratio",
-           "estimate_total_ratio_calibrated"]
+           "estimate_total_ratio_calibrated", "row_split_tables", "column_split_tables"]
 
 
 def algorithms(include_torchrec: bool) -> list[str]:
@@ -124,6 +124,13 @@ def total_error(ratios: pd.Series) -> float:
     the metric ``estimate_gmae`` is over devices."""
     ratios = ratios.to_numpy(float)
     return gmae(ratios, np.ones_like(ratios))
+
+
+def split_columns(plan, tables) -> dict:
+    """How many tables the plan splits by rows and by columns (a table may be both)."""
+    rows = {s.table for s in plan.shards if s.num_rows < tables[s.table].num_embeddings}
+    cols = {s.table for s in plan.shards if s.num_cols < tables[s.table].embedding_dim}
+    return {"row_split_tables": len(rows), "column_split_tables": len(cols)}
 
 
 def refine_columns(refine: dict) -> dict:
@@ -248,7 +255,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                      "estimate_spearman": p.error_spearman, "max_total_ms": p.max_total_ms,
                      "search_time_s": p.plan.provenance.get("search_time_s", float("nan")),
                      "a2a_bytes_per_device": a2a_bytes_per_device(p.plan, tables.batch_size),
-                     "shards": len(p.plan.shards), "failed": "",
+                     "shards": len(p.plan.shards), "failed": "", **split_columns(p.plan, tables),
                      **refine_columns(p.plan.provenance.get("refine", {})),
                      "calibration_s": p.plan.provenance.get("calibration_s", float("nan"))})
         for label, other in others.items():

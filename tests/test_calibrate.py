@@ -135,7 +135,7 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
     assert "refine, rebalanced" in printed
     rebalanced = refine["rebalance"]["kept"]
     if rebalanced:
-        assert rebalanced.endswith((", rebalanced", ", repacked", ", repacked evenly")) and refine["rebalance"]["rounds_kept"] >= 1
+        assert rebalanced.endswith((", rebalanced", ", repacked", ", repacked evenly", ", split")) and refine["rebalance"]["rounds_kept"] >= 1
     else:  # polish starts from the chosen plan as the finalists' runs timed it, or as the fresh runs timed
         # it that did not confirm a rebalanced plan (the latest runs of it)
         confirm = refine["rebalance"].get("confirm", {})

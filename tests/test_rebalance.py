@@ -9,7 +9,8 @@ import pytest
 
 from neuroshard.costmodels import load_cost_models
 from neuroshard.measured.rebalance import (EVEN_SLACK, REBALANCE_SHORT, MarginalCosts, anchor_weight, fit_marginal_costs,
-                                           REBALANCE_MIN_GAIN, rebalance, rebalance_cuts, repack, run_noise_var)
+                                           REBALANCE_MIN_GAIN, rebalance, rebalance_cuts, repack, run_noise_var,
+                                           split_hot)
 from neuroshard.measured.refine import REBALANCE_ROUNDS, refine
 from neuroshard.search.api import shard
 from neuroshard.search.simulator import Simulator
@@ -154,6 +155,38 @@ def test_even_repack_caps_every_device_at_its_share_of_pieces_and_keeps_the_coun
         assert (np.bincount([s.device for s in swapped.shards], minlength=3) == before).all()
 
 
+@pytest.mark.parametrize("row_blocks", ["torchrec", "any"])
+def test_split_hot_cuts_the_slowest_devices_dearest_table_into_row_blocks_and_keeps_the_rest(row_blocks):
+    models = load_cost_models()
+    # t8 (the dearest by alone-cost) alone on device 0, far dearer than the others' devices: no move of a whole table lightens it
+    base = shard(TABLES, 3, "64MiB", algorithm="size", cost_models=models, topology=Topology(3, local_world_size=3),
+                 row_blocks=row_blocks)
+    whole = [s for s in base.shards if s.num_rows == TABLES[s.table].num_embeddings]
+    assert len(whole) == len(base.shards)
+    plan = replace(base, shards=[replace(s, device=0 if s.table == "t8" else 1 + int(s.table[1:]) % 2)
+                                 for s in base.shards])
+    assert not plan.problems()
+    sim = Simulator.from_plan(plan, models, TABLES, 4096)
+    costs = fit_marginal_costs(sim.device_sets(plan), np.ones(3), _alone, len(TABLES), ridge=1e6)
+    costs = replace(costs, factor_=np.ones(len(TABLES)), shared_=1.0, level_ms_=0.0)
+    measured = np.array([_alone(sim.pieces_of_plan(plan)[0])[[i for i, d in enumerate(sim.pieces_of_plan(plan)[1])
+                                                              if d == dev]].sum() for dev in range(3)])
+    measured[0] = 2.0 * measured[1:].max()  # the hot table's device is the slowest by far
+    out, record = split_hot(plan, measured, costs, sim, _alone)
+    assert record["split"] == "t8" and "rejected" not in record, record
+    assert out is not None and not out.problems()
+    blocks = sorted((s.row_offset, s.device) for s in out.shards if s.table == "t8")
+    assert len(blocks) == record["blocks"] == (2 if row_blocks == "any" else 3)
+    assert len({d for _, d in blocks}) == len(blocks)
+    assert [d for _, d in blocks] == sorted(d for _, d in blocks)  # rank order
+    assert sum(s.num_rows for s in out.shards if s.table == "t8") == TABLES["t8"].num_embeddings
+    assert record["estimated_cost_after_ms"] < record["estimated_cost_before_ms"]
+    # the plan's other tables stay where they were, but for the rebalance's changes after the split
+    was = {s.table: s.device for s in plan.shards}
+    moved = {s.table for s in out.shards if s.table != "t8" and s.device != was[s.table]}
+    assert len(moved) <= 2 * record["changes"]
+
+
 class HotRowsTimer(FakeTimer):
     """The fake hardware with three tables dearer than any model of the others says (rows
     that miss the cache): refine's plans put them where the models think they are cheap."""
@@ -185,8 +218,11 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
     rebalanced = record["rebalance"]
     assert rebalanced["fit"]["sets"] >= 3 * 2
     froms = [p["from"] for p in rebalanced["plans"] if p["round"] == 1 and "cut_after" not in p
-             and not p.get("repacked")]
+             and not p.get("repacked") and "split" not in p]
     assert len(froms) == 2 and froms[0] == rebalanced["plans"][0]["from"]
+    # every start's slowest device's dearest table cut into row blocks too, in round 1 only (formats revision 29)
+    splits = [p for p in rebalanced["plans"] if "split" in p]
+    assert [p["from"] for p in splits] == froms and all(p["round"] == 1 for p in splits)
     # the chosen plan's whole tables placed afresh by the fitted costs too, in round 1 only
     # (as they come, and evenly: as many pieces on every device, formats revision 29)
     repacked = [p for p in rebalanced["plans"] if p.get("repacked")]
@@ -203,23 +239,24 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
     assert cuts == sum(1 for p in rebalanced["plans"] if "cut_after" in p)
     if timer is HotRowsTimer:
         assert cuts >= 1
-    # (a repacked plan the fit does not prefer is recorded, not timed)
+    # (a repacked or split plan the fit does not prefer is recorded, not timed)
     assert all(p["estimated_cost_after_ms"] <= p["estimated_cost_before_ms"] for p in rebalanced["plans"]
-               if not p.get("even") and (not p.get("repacked") or "measured_cost_ms" in p))
+               if not p.get("even") and ((not p.get("repacked") and "split" not in p) or "measured_cost_ms" in p))
     assert all(p["estimated_cost_after_ms"] <= p["estimated_cost_before_ms"] * (1 + EVEN_SLACK)
                for p in rebalanced["plans"] if p.get("even") and "measured_cost_ms" in p)
     # the finalists were timed in several runs: their noise shrinks every anchor (formats revision 27)
     assert rebalanced["fit"]["run_noise"] >= 0.0
     assert all(0.0 <= p["anchor_weight"] <= 1.0 for p in rebalanced["plans"] if not p.get("repacked"))
     timed = [p for p in rebalanced["plans"] if "measured_cost_ms" in p]
-    assert timed and all((p["changes"] >= 1 or p.get("repacked")) and p["against_ms"] > 0 for p in timed)
+    assert timed and all((p["changes"] >= 1 or p.get("repacked") or p.get("split")) and p["against_ms"] > 0
+                         for p in timed)
     rounds = sorted({p["round"] for p in rebalanced["plans"]})
     assert rounds == list(range(1, len(rounds) + 1)) and len(rounds) <= REBALANCE_ROUNDS
     confirm = rebalanced.get("confirm")
     if confirm is not None:  # the plan the rounds kept, timed again beside the chosen one in fresh runs
         chosen_ms, rebalanced_ms = confirm["measured_cost_ms"]
         assert confirm["runs"] >= 1 and confirm["kept"] == (rebalanced_ms < chosen_ms)
-        assert confirm["plan"].endswith((", rebalanced", ", repacked", ", repacked evenly"))
+        assert confirm["plan"].endswith((", rebalanced", ", repacked", ", repacked evenly", ", split"))
         assert (rebalanced["kept"] is None) == (not confirm["kept"])
     if rebalanced["kept"] is None:  # no rebalanced plan measured cheaper than the chosen one, or not again
         if confirm is None:
@@ -227,7 +264,7 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
         assert record["chosen"] == rebalanced["plans"][0]["from"]
     else:  # each round kept the cheapest rebalanced plan, when it measured below the plan kept before
         assert confirm is not None and confirm["kept"]
-        assert record["chosen"] == rebalanced["kept"] and rebalanced["kept"].endswith((", rebalanced", ", repacked", ", repacked evenly"))
+        assert record["chosen"] == rebalanced["kept"] and rebalanced["kept"].endswith((", rebalanced", ", repacked", ", repacked evenly", ", split"))
         last = [p for p in timed if p["round"] == rebalanced["rounds_kept"]]
         assert min(p["measured_cost_ms"] for p in last) < last[0]["against_ms"]
         assert record["chosen_round"] is None

@@ -73,7 +73,8 @@ from ..search.simulator import Simulator
 from ..tables import TableSet
 from ..validate import check_int, check_row_blocks
 from .judge import PlanJudge, geometric_mean
-from .rebalance import REBALANCE_SHORT, fit_marginal_costs, rebalance_cuts, repack, run_noise_var, whole_rows
+from .rebalance import (REBALANCE_SHORT, fit_marginal_costs, rebalance_cuts, repack, run_noise_var, split_hot,
+                        whole_rows)
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +162,10 @@ WORK_SUFFIX = "-work"
 REBALANCE_ROUNDS = 3
 #: how a rebalanced plan kept is named (``"<plan>, rebalanced"``), one whose whole tables were placed afresh
 #: by the fitted costs (``measured.rebalance.repack``; round 1, from the chosen plan; later rounds rebalance it),
-#: and one placed afresh with as many pieces on every device (``repack(..., even=True)``, also round 1)
-REBALANCED, REPACKED, REPACKED_EVEN = "rebalanced", "repacked", "repacked evenly"
+#: one placed afresh with as many pieces on every device (``repack(..., even=True)``, also round 1), and one
+#: whose slowest device's dearest table was cut into row blocks (``measured.rebalance.split_hot``; round 1, from
+#: every start: the least-work plan's slowest device is often one hot table that no move of whole tables lightens)
+REBALANCED, REPACKED, REPACKED_EVEN, SPLIT = "rebalanced", "repacked", "repacked evenly", "split"
 #: the ``shard`` options that describe the plan (not the algorithm): the compared baselines get them too
 PLAN_OPTIONS = ("bytes_per_element", "seed", "optimizer", "topology", "comm_precision")
 
@@ -455,7 +458,8 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
     then the rounds' own runs), rebalances the plan kept so far (in the first round every
     one of the ``starts``, each anchored at its devices' ``medians``, and the chosen one's whole tables are
     also placed afresh by the fitted costs, as they come and with as many on every device:
-    ``measured.rebalance.repack``) and times the rebalanced
+    ``measured.rebalance.repack``; and each start's slowest device's dearest table is cut into row
+    blocks, the rest as it is: ``measured.rebalance.split_hot``) and times the rebalanced
     plans together with the plan kept so far (``FINAL_CHECK_RUNS`` runs, each device's mean);
     a rebalance of more than ``REBALANCE_SHORT`` changes is timed cut after that many too;
     each anchor is shrunk toward its fitted cost by the noise of one run, estimated from the
@@ -507,6 +511,8 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
             # the full rebalance, and when longer its first REBALANCE_SHORT changes: the estimate errs with their number
             tries = [(moved, info, REBALANCED) for moved, info in
                      rebalance_cuts(plan, ms, costs, sim, alone, (REBALANCE_SHORT,), noise_var=noise, runs=runs_in)]
+            if round_ == 1:  # the dearest table of the slowest device cut into row blocks, the rest as it is
+                tries.append((*split_hot(plan, ms, costs, sim, alone, noise_var=noise, runs=runs_in), SPLIT))
             if k == 0 and round_ == 1:  # the chosen plan's whole tables placed afresh by the fit too
                 tries.append((*repack(plan, costs, sim, alone), REPACKED))
                 tries.append((*repack(plan, costs, sim, alone, even=True), REPACKED_EVEN))

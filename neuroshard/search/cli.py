@@ -154,7 +154,8 @@ def _search(args: argparse.Namespace) -> int:
     rebalanced = refine.get("rebalance")
     if rebalanced:
         fit = rebalanced["fit"]
-        tried = "; ".join(f"{p['from']}{(' repacked evenly,' if p.get('even') else ' repacked,') if p.get('repacked') else ''} "
+        tried = "; ".join(f"{p['from']}{(' repacked evenly,' if p.get('even') else ' repacked,') if p.get('repacked') else ''}"
+                          f"{' ' + p['split'] + ' split,' if p.get('split') else ''} "
                           f"{p['changes']} changes"
                           f"{' (cut)' if 'cut_after' in p else ''}, "
                           f"estimated {p['estimated_cost_before_ms']:.2f} -> {p['estimated_cost_after_ms']:.2f} ms"
