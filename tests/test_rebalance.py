@@ -180,11 +180,15 @@ def test_split_hot_cuts_the_slowest_devices_dearest_table_into_row_blocks_and_ke
     assert len({d for _, d in blocks}) == len(blocks)
     assert [d for _, d in blocks] == sorted(d for _, d in blocks)  # rank order
     assert sum(s.num_rows for s in out.shards if s.table == "t8") == TABLES["t8"].num_embeddings
+    assert out.row_blocks == row_blocks
     assert record["estimated_cost_after_ms"] < record["estimated_cost_before_ms"]
     # the plan's other tables stay where they were, but for the rebalance's changes after the split
     was = {s.table: s.device for s in plan.shards}
     moved = {s.table for s in out.shards if s.table != "t8" and s.device != was[s.table]}
     assert len(moved) <= 2 * record["changes"]
+    if row_blocks == "torchrec":  # the search's row_blocks over the plan's own: two blocks, and the plan says so
+        out, record = split_hot(plan, measured, costs, sim, _alone, row_blocks="any")
+        assert record["blocks"] == 2 and out is not None and out.row_blocks == "any" and not out.problems()
 
 
 class HotRowsTimer(FakeTimer):

@@ -37,12 +37,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..constants import block_counts
 from ..plan import Plan
 from ..search.placer import greedy_place
-from ..search.rowwise import align_row_blocks, split_table_rows
+from ..search.rowwise import align_row_blocks
 from ..search.simulator import Simulator
 from ..tables import TableSet
-from ..types import Piece
+from ..types import Piece, split_rows
+from ..validate import check_row_blocks
 
 #: the ridge on each table's factor around the shared factor, in units of a device's relative error:
 #: a table whose pieces cost 10% of a mean device moved 0.5 off the shared factor weighs as a device
@@ -275,7 +277,7 @@ def repack(plan: Plan, costs: MarginalCosts, sim: Simulator, alone_ms: Callable[
 def split_hot(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Simulator,
               alone_ms: Callable[[list], np.ndarray], min_gain: float = REBALANCE_MIN_GAIN,
               steps_per_device: int = REBALANCE_STEPS_PER_DEVICE, noise_var: float | None = None,
-              runs: int = 1) -> tuple[Plan | None, dict]:
+              runs: int = 1, row_blocks: str | None = None) -> tuple[Plan | None, dict]:
     """The plan with the dearest whole table of its slowest device cut into row blocks, the rest
     of the plan as it is, then rebalanced (``rebalance``). Where ``rebalance`` only moves whole
     tables, a plan whose slowest device is one hot table (the greedy plans of least total work,
@@ -284,15 +286,17 @@ def split_hot(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     too, but regroups the others around them, and its plans did 8-13% more work than lookup's
     on two criteo-terabyte tasks. Here the grouping the timing found cheap in total stays.
 
-    The table is cut into the next block count the plan's simulator allows (``sim.row_block_counts``,
-    ``rowwise.split_table_rows``). All ranks: block ``i`` on device ``i`` (TorchRec's row-wise); with
+    The table is cut into the fewest row blocks that fit memory among the block counts allowed
+    (``constants.block_counts`` for ``row_blocks``, None: the plan's own; ``rowwise.split_rows``,
+    TorchRec's ceil blocks). All ranks: block ``i`` on device ``i`` (TorchRec's row-wise); with
     ``row_blocks="any"`` and fewer blocks: the first block stays, each other goes to the device of
-    least estimate with memory for it, then the blocks are put in rank order (``align_row_blocks``).
-    Each device's estimate is anchored as in ``rebalance`` (``noise_var``, ``runs``), the blocks
-    cost their fitted marginal costs. Returns (None, record) when no whole table is on the slowest
-    device, the split does not fit, or the estimate does not drop by ``min_gain``; the record:
-    ``split`` (the table's name; None when there was none to split), ``blocks``, the changes of the rebalance after it and the
-    estimated cost before and after."""
+    least estimate with memory for it, then the blocks are put in rank order (``align_row_blocks``),
+    and the plan says ``row_blocks: any``. Each device's estimate is anchored as in ``rebalance``
+    (``noise_var``, ``runs``); the blocks cost their fitted marginal costs. Returns (None, record)
+    when no whole table is on the slowest device, no split fits memory, or the estimate does not
+    drop by ``min_gain``; the record: ``split`` (the table's name; None when there was none to
+    split), ``blocks``, the changes of the rebalance after it and the estimated cost before and
+    after, ``rejected`` (why none was made)."""
     pieces, where = sim.pieces_of_plan(plan)
     devices = plan.num_devices
     marginal = costs.piece_ms(pieces, alone_ms(pieces))
@@ -303,54 +307,62 @@ def split_hot(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     if noise_var is not None:
         record["anchor_weight"] = round(weight, 4)
     hot = int(np.argmax(estimate))
-    ours = np.flatnonzero((where == hot) & whole_rows(pieces, sim.tables))
+    whole = whole_rows(pieces, sim.tables) & np.array([p.num_cols == sim.tables[p.table].embedding_dim
+                                                         for p in pieces])
+    ours = np.flatnonzero((where == hot) & whole)
     if not len(ours):
         record["rejected"] = "no whole table on the slowest device"
         return None, record
     i = int(ours[np.argmax(marginal[ours])])
-    table = pieces[i].table
+    table, piece = pieces[i].table, pieces[i]
     record["split"] = sim.tables[table].name
-    cut = split_table_rows(pieces, i, valid_parts=sim.row_block_counts)
-    blocks = [q for q in (cut or []) if q.table == table]
-    if not blocks or (len(blocks) < devices and sim.row_blocks != "any"):
-        record["rejected"] = "no row split allowed"
-        return None, record
-    record["blocks"] = len(blocks)
-    device_of = {q: int(d) for q, d in zip(pieces, where)}
-    rest = [q for q in cut if q.table != table]
-    block_ms = costs.piece_ms(blocks, alone_ms(blocks))
-    load = estimate.copy()
-    load[hot] -= marginal[i]
-    used = np.bincount(where, weights=sim.sizes_bytes(pieces), minlength=devices)
-    used[hot] -= sim.sizes_bytes([pieces[i]])[0]
+    mode = check_row_blocks(row_blocks or sim.row_blocks)
     limits = np.array(plan.memory_limits(), dtype=np.float64)
-    mask = sim.device_mask([blocks[0]])
-    sizes = sim.sizes_bytes(blocks)
-    if len(blocks) == devices:
-        targets = list(range(devices))
-    else:
-        targets, free = [hot], [d for d in range(devices) if d != hot]
-        for size in sizes[1:]:
-            fits = [d for d in free if used[d] + size <= limits[d] and (mask is None or mask[0, d])]
-            if not fits:
-                record["rejected"] = "memory"
-                return None, record
-            d = min(fits, key=lambda d: (load[d], d))
-            targets.append(d)
-            free.remove(d)
-    for d, ms, size in zip(targets, block_ms, sizes):
-        load[d] += ms
-        used[d] += size
-    if (used > limits).any() or (mask is not None and not mask[0, targets].all()):
+    used = np.bincount(where, weights=sim.sizes_bytes(pieces), minlength=devices)
+    used[hot] -= sim.sizes_bytes([piece])[0]
+    mask = sim.device_mask([piece])
+    base = estimate.copy()
+    base[hot] -= marginal[i]
+    rest = [q for k, q in enumerate(pieces) if k != i]
+    rest_where = np.delete(where, i)
+    made = None
+    for parts in block_counts(devices, sim.local_world_size, mode):
+        if parts > devices or (parts < devices and mode != "any"):
+            continue
+        blocks = split_rows(piece, parts)
+        sizes = sim.sizes_bytes(blocks)
+        block_ms = costs.piece_ms(blocks, alone_ms(blocks))
+        load, room = base.copy(), used.copy()
+        if parts == devices:
+            targets = list(range(devices))
+        else:
+            targets, free = [hot], [d for d in range(devices) if d != hot]
+            for size in sizes[1:]:
+                fits = [d for d in free if room[d] + size <= limits[d] and (mask is None or mask[0, d])]
+                if not fits:
+                    break
+                d = min(fits, key=lambda d: (load[d], d))
+                targets.append(d)
+                free.remove(d)
+        if len(targets) < parts:
+            continue
+        for d, ms, size in zip(targets, block_ms, sizes):
+            load[d] += ms
+            room[d] += size
+        if (room > limits).any() or (mask is not None and not mask[0, targets].all()):
+            continue
+        made = (blocks, targets, load)
+        break
+    if made is None:
         record["rejected"] = "memory"
         return None, record
-    new_pieces = rest + blocks
-    new_where = np.array([device_of[q] for q in rest] + targets, dtype=np.int64)
-    aligned, aligned_where = align_row_blocks(new_pieces, new_where, sim.footprint, int(min(limits)))
-    if len(aligned) != len(new_pieces):  # (blocks on distinct devices: nothing is joined)
-        record["rejected"] = "blocks joined"
-        return None, record
+    blocks, targets, load = made
+    record["blocks"] = len(blocks)
+    aligned, aligned_where = align_row_blocks(rest + blocks, np.concatenate([rest_where, targets]).astype(np.int64),
+                                              sim.footprint, int(min(limits)))
     split_plan = replace(plan, shards=sim.to_shards(aligned, aligned_where), provenance=plan.provenance.to_dict())
+    if mode == "any" and len(blocks) < devices:  # row blocks TorchRec may not run: the exporter names the option
+        split_plan.provenance["row_blocks"] = "any"
     problems = split_plan.problems()
     if problems:  # a guard: the split keeps memory and placement rules
         record["rejected"] = problems[0]

@@ -232,7 +232,8 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         starts = [best] + ([lean] if lean is not None else [])
         kept, origin, compute, record["rebalance"] = _rebalance(plans, entries, starts, choice.latest_ms, compute,
                                                                 choice.timed, tables, calibration, models,
-                                                                [name(i) for i in starts])
+                                                                [name(i) for i in starts],
+                                                                search_options.get("row_blocks"))
         if kept != best:
             best, lean = kept, (None if origin == lean else lean)
             record.update(chosen=name(best), chosen_round=None)
@@ -450,8 +451,8 @@ def format_judgement(judged: dict) -> str:
 
 
 def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], medians: dict, compute: np.ndarray,
-               timed: list, tables: TableSet, calibration: Any, models: Any, names: list[str]
-               ) -> tuple[int, int, np.ndarray, dict]:
+               timed: list, tables: TableSet, calibration: Any, models: Any, names: list[str],
+               row_blocks: str | None = None) -> tuple[int, int, np.ndarray, dict]:
     """``starts[0]`` (the plan chosen, its devices measured ``compute``) or a rebalanced plan
     (``measured.rebalance``), whichever measures cheapest. Each of up to ``REBALANCE_ROUNDS``
     rounds fits marginal costs to every device timed so far (the ``timed`` runs of ``plans``,
@@ -459,7 +460,8 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
     one of the ``starts``, each anchored at its devices' ``medians``, and the chosen one's whole tables are
     also placed afresh by the fitted costs, as they come and with as many on every device:
     ``measured.rebalance.repack``; and each start's slowest device's dearest table is cut into row
-    blocks, the rest as it is: ``measured.rebalance.split_hot``) and times the rebalanced
+    blocks, the rest as it is: ``measured.rebalance.split_hot``, with the search's ``row_blocks``)
+    and times the rebalanced
     plans together with the plan kept so far (``FINAL_CHECK_RUNS`` runs, each device's mean);
     a rebalance of more than ``REBALANCE_SHORT`` changes is timed cut after that many too;
     each anchor is shrunk toward its fitted cost by the noise of one run, estimated from the
@@ -512,7 +514,8 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
             tries = [(moved, info, REBALANCED) for moved, info in
                      rebalance_cuts(plan, ms, costs, sim, alone, (REBALANCE_SHORT,), noise_var=noise, runs=runs_in)]
             if round_ == 1:  # the dearest table of the slowest device cut into row blocks, the rest as it is
-                tries.append((*split_hot(plan, ms, costs, sim, alone, noise_var=noise, runs=runs_in), SPLIT))
+                tries.append((*split_hot(plan, ms, costs, sim, alone, noise_var=noise, runs=runs_in,
+                                         row_blocks=row_blocks), SPLIT))
             if k == 0 and round_ == 1:  # the chosen plan's whole tables placed afresh by the fit too
                 tries.append((*repack(plan, costs, sim, alone), REPACKED))
                 tries.append((*repack(plan, costs, sim, alone, even=True), REPACKED_EVEN))
