@@ -95,7 +95,7 @@ def main() -> None:
     models = load_cost_models(None)
     (tables, memory), = family_tasks(args.family, args.devices, 1, tuple(args.tables_per_device), seed=args.seed)
     tables = tables.at_batch(models.batch_size)
-    memory = max(memory, int(math.ceil(max(t.size_bytes(FP32_BYTES) for t in tables) * 1.02)))
+    memory = max(memory, math.ceil(max(t.size_bytes(FP32_BYTES) for t in tables) * 1.02))
     groups = groupings(tables, args.devices, memory, models, args.randoms)
     names = list(groups)
     shards = [Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, 0) for t in tables]

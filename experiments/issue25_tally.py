@@ -67,7 +67,14 @@ RUNS_ANY = ["plan_benchmark_issue25_session26_8dev_seed163_any", "plan_benchmark
             "plan_benchmark_issue25_session36_8dev_seed193", "plan_benchmark_issue25_session36_8dev_seed193_dlrm",
             "plan_benchmark_issue25_session36_4dev_seed193", "plan_benchmark_issue25_session36_4dev_seed193_dlrm",
             "plan_benchmark_issue25_session36_4dev_seed195", "plan_benchmark_issue25_session36_4dev_seed195_dlrm",
-            "plan_benchmark_issue25_session36_8dev_seed195", "plan_benchmark_issue25_session36_8dev_seed195_dlrm"]
+            "plan_benchmark_issue25_session36_8dev_seed195", "plan_benchmark_issue25_session36_8dev_seed195_dlrm",
+            # session 37: refine also repacks the chosen plan evenly (e4e4cf0); then (the seed-201 criteo-terabyte
+            # task again, twice: its later runs replace the first) also cuts each start's hottest table into row
+            # blocks (split_hot, fad7cb0 and f12babd; the first of those runs had split_hot refuse the lean plan's
+            # TorchRec layout, the second the code as committed). Formats revision 29
+            "plan_benchmark_issue25_session37_4dev_seed199", "plan_benchmark_issue25_session37_4dev_seed199_dlrm",
+            "plan_benchmark_issue25_session37_4dev_seed201", "plan_benchmark_issue25_session37_4dev_seed201_dlrm",
+            "plan_benchmark_issue25_session37_4dev_seed201_split", "plan_benchmark_issue25_session37_4dev_seed201_split2"]
 #: the runs of ``RUNS_ANY`` timed in transparent huge pages (formats revision 21, session 28 on: a device's
 #: share of its run moves 3.2% between runs against 7.9% in small pages), tallied apart as well
 RUNS_HUGE_PAGES = RUNS_ANY[RUNS_ANY.index("plan_benchmark_issue25_session28_8dev_seed167_any_thp"):]

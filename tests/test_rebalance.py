@@ -130,7 +130,7 @@ def test_repack_places_whole_tables_by_the_fitted_costs_and_keeps_row_blocks():
 
 
 def test_even_repack_caps_every_device_at_its_share_of_pieces_and_keeps_the_counts_when_it_swaps():
-    plan, measured, sim, costs = _size_plan()
+    plan, _measured, sim, costs = _size_plan()
     pieces, _ = sim.pieces_of_plan(plan)
     cap = -(-len(pieces) // 3)
     # most tables crowded onto one device: an even repack spreads them, as many on every device
