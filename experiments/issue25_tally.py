@@ -74,7 +74,8 @@ RUNS_ANY = ["plan_benchmark_issue25_session26_8dev_seed163_any", "plan_benchmark
             # TorchRec layout, the second the code as committed). Formats revision 29
             "plan_benchmark_issue25_session37_4dev_seed199", "plan_benchmark_issue25_session37_4dev_seed199_dlrm",
             "plan_benchmark_issue25_session37_4dev_seed201", "plan_benchmark_issue25_session37_4dev_seed201_dlrm",
-            "plan_benchmark_issue25_session37_4dev_seed201_split", "plan_benchmark_issue25_session37_4dev_seed201_split2"]
+            "plan_benchmark_issue25_session37_4dev_seed201_split", "plan_benchmark_issue25_session37_4dev_seed201_split2",
+            "plan_benchmark_issue25_session37_8dev_seed203"]
 #: the runs of ``RUNS_ANY`` timed in transparent huge pages (formats revision 21, session 28 on: a device's
 #: share of its run moves 3.2% between runs against 7.9% in small pages), tallied apart as well
 RUNS_HUGE_PAGES = RUNS_ANY[RUNS_ANY.index("plan_benchmark_issue25_session28_8dev_seed167_any_thp"):]
