@@ -38,29 +38,26 @@ from neuroshard.costmodels.measure.timing import time_devices
 from neuroshard.datasets.families import family_tasks
 from neuroshard.plan import Shard
 from neuroshard.search.api import shard
+from neuroshard.search.placer import greedy_place
 from neuroshard.search.simulator import Simulator
 from neuroshard.tables import TableSet
 from neuroshard.types import whole_pieces
 
 
 def lpt(cost: np.ndarray, devices: int, cap: int | None) -> np.ndarray:
-    """Longest first onto the least loaded device (with fewer than ``cap`` tables)."""
-    where = np.full(len(cost), -1)
-    load, count = np.zeros(devices), np.zeros(devices, dtype=int)
-    for i in np.argsort(-cost, kind="stable"):
-        open_ = np.flatnonzero(count < cap) if cap else np.arange(devices)
-        d = open_[np.argmin(load[open_])]
-        where[i], load[d], count[d] = d, load[d] + cost[i], count[d] + 1
-    return where
+    """Longest first onto the least loaded device (with fewer than ``cap`` tables): the search's
+    greedy (``placer.greedy_place``) with every table one unit of width under the cap, memory aside."""
+    caps = None if cap is None else np.array([cap])
+    return greedy_place(cost, np.zeros(len(cost)), devices, 1, widths=np.ones(len(cost)), caps=caps)[0]
 
 
 def groupings(tables: TableSet, devices: int, memory: int, models, randoms: int) -> dict[str, np.ndarray]:
     """Name -> each table's device (tables whole)."""
     n = len(tables)
+    index = {t.name: i for i, t in enumerate(tables)}
     out = {}
     for key in ("dim", "lookup", "size"):
         plan = shard(tables, devices, memory, algorithm=key, cost_models=models, seed=0)
-        index = {t.name: i for i, t in enumerate(tables)}
         where = np.full(n, -1)
         for s in plan.shards:
             assert s.num_rows == tables[s.table].num_embeddings, "a table was split"
@@ -123,7 +120,8 @@ def main() -> None:
     per["total_over_dim"] = per["total_ms"] / per.loc["dim", "total_ms"]
     per["max_over_dim"] = per["max_ms"] / per.loc["dim", "max_ms"]
     lines.append(f"# python experiments/count_balance.py --family {args.family} --devices {args.devices} "
-                 f"--seed {args.seed} --passes {args.passes}\n\nCPU: {cpu_model()}; {len(tables)} tables; sum of tables alone "
+                 f"--seed {args.seed} --passes {args.passes}\n\nCPU: {cpu_model()}; {len(tables)} tables; "
+                 f"sum of tables alone "
                  f"{alone.sum():.2f} ms\n")
     lines.append(per.round(3).to_string())
     fit = df[df["grouping"] != "dim (A/A)"]

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from neuroshard.costmodels import load_cost_models
-from neuroshard.measured.rebalance import (EVEN_SLACK, REBALANCE_SHORT, MarginalCosts, anchor_weight, fit_marginal_costs,
-                                           REBALANCE_MIN_GAIN, rebalance, rebalance_cuts, repack, run_noise_var,
-                                           split_hot)
+from neuroshard.measured.rebalance import (EVEN_SLACK, REBALANCE_MIN_GAIN, REBALANCE_SHORT, MarginalCosts,
+                                           anchor_weight, fit_marginal_costs, rebalance, rebalance_cuts, repack,
+                                           run_noise_var, split_hot)
 from neuroshard.measured.refine import REBALANCE_ROUNDS, refine
 from neuroshard.search.api import shard
 from neuroshard.search.simulator import Simulator
@@ -158,7 +158,8 @@ def test_even_repack_caps_every_device_at_its_share_of_pieces_and_keeps_the_coun
 @pytest.mark.parametrize("row_blocks", ["torchrec", "any"])
 def test_split_hot_cuts_the_slowest_devices_dearest_table_into_row_blocks_and_keeps_the_rest(row_blocks):
     models = load_cost_models()
-    # t8 (the dearest by alone-cost) alone on device 0, far dearer than the others' devices: no move of a whole table lightens it
+    # t8 (the dearest by alone-cost) alone on device 0, far dearer than the others' devices: no move of a
+    # whole table lightens it
     base = shard(TABLES, 3, "64MiB", algorithm="size", cost_models=models, topology=Topology(3, local_world_size=3),
                  row_blocks=row_blocks)
     whole = [s for s in base.shards if s.num_rows == TABLES[s.table].num_embeddings]
@@ -167,10 +168,9 @@ def test_split_hot_cuts_the_slowest_devices_dearest_table_into_row_blocks_and_ke
                                  for s in base.shards])
     assert not plan.problems()
     sim = Simulator.from_plan(plan, models, TABLES, 4096)
-    costs = fit_marginal_costs(sim.device_sets(plan), np.ones(3), _alone, len(TABLES), ridge=1e6)
-    costs = replace(costs, factor_=np.ones(len(TABLES)), shared_=1.0, level_ms_=0.0)
-    measured = np.array([_alone(sim.pieces_of_plan(plan)[0])[[i for i, d in enumerate(sim.pieces_of_plan(plan)[1])
-                                                              if d == dev]].sum() for dev in range(3)])
+    costs = MarginalCosts(np.ones(len(TABLES)), 1.0, 0.0, 0.0, 3)  # each piece costs its alone-cost
+    pieces, where = sim.pieces_of_plan(plan)
+    measured = costs.devices_ms(where, _alone(pieces), 3)
     measured[0] = 2.0 * measured[1:].max()  # the hot table's device is the slowest by far
     out, record = split_hot(plan, measured, costs, sim, _alone)
     assert record["split"] == "t8" and "rejected" not in record, record

@@ -457,12 +457,12 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
     (``measured.rebalance``), whichever measures cheapest. Each of up to ``REBALANCE_ROUNDS``
     rounds fits marginal costs to every device timed so far (the ``timed`` runs of ``plans``,
     then the rounds' own runs), rebalances the plan kept so far (in the first round every
-    one of the ``starts``, each anchored at its devices' ``medians``, and the chosen one's whole tables are
-    also placed afresh by the fitted costs, as they come and with as many on every device:
-    ``measured.rebalance.repack``; and each start's slowest device's dearest table is cut into row
-    blocks, the rest as it is: ``measured.rebalance.split_hot``, with the search's ``row_blocks``)
-    and times the rebalanced
-    plans together with the plan kept so far (``FINAL_CHECK_RUNS`` runs, each device's mean);
+    one of the ``starts``, each anchored at its devices' ``medians``; the chosen one's whole
+    tables are also placed afresh by the fitted costs, as they come and with as many on every
+    device, ``measured.rebalance.repack``; and each start's slowest device's dearest table is cut
+    into row blocks, the rest as it is, ``measured.rebalance.split_hot``, with the search's
+    ``row_blocks``) and times the rebalanced plans together with the plan kept so far
+    (``FINAL_CHECK_RUNS`` runs, each device's mean);
     a rebalance of more than ``REBALANCE_SHORT`` changes is timed cut after that many too;
     each anchor is shrunk toward its fitted cost by the noise of one run, estimated from the
     plans timed in more than one run (``measured.rebalance.anchor_weight``);

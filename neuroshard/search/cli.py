@@ -154,9 +154,9 @@ def _search(args: argparse.Namespace) -> int:
     rebalanced = refine.get("rebalance")
     if rebalanced:
         fit = rebalanced["fit"]
-        tried = "; ".join(f"{p['from']}{(' repacked evenly,' if p.get('even') else ' repacked,') if p.get('repacked') else ''}"
-                          f"{' ' + p['split'] + ' split,' if p.get('split') else ''} "
-                          f"{p['changes']} changes"
+        how = {"repacked": " repacked,", "even": " repacked evenly,"}
+        tried = "; ".join(f"{p['from']}{how['even' if p.get('even') else 'repacked'] if p.get('repacked') else ''}"
+                          f"{' ' + p['split'] + ' split,' if p.get('split') else ''} {p['changes']} changes"
                           f"{' (cut)' if 'cut_after' in p else ''}, "
                           f"estimated {p['estimated_cost_before_ms']:.2f} -> {p['estimated_cost_after_ms']:.2f} ms"
                           + (f", measured {p['measured_cost_ms']:.2f} ms" if "measured_cost_ms" in p else "")
