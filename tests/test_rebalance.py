@@ -11,8 +11,9 @@ from neuroshard.costmodels import load_cost_models
 from neuroshard.measured.rebalance import (EVEN_SLACK, REBALANCE_MIN_GAIN, REBALANCE_SHORT, MarginalCosts,
                                            anchor_weight, fit_marginal_costs, rebalance, rebalance_cuts, repack,
                                            run_noise_var, split_hot)
-from neuroshard.measured.refine import REBALANCE_ROUNDS, refine
+from neuroshard.measured.refine import HOW_KEPT, REBALANCE_ROUNDS, refine
 from neuroshard.search.api import shard
+from neuroshard.tables import Table, TableSet
 from neuroshard.search.simulator import Simulator
 from neuroshard.topology import Topology
 from neuroshard.types import Piece
@@ -191,6 +192,44 @@ def test_split_hot_cuts_the_slowest_devices_dearest_table_into_row_blocks_and_ke
         assert record["blocks"] == 2 and out is not None and out.row_blocks == "any" and not out.problems()
 
 
+
+def test_split_hot_repacked_cuts_the_hot_table_where_memory_only_fits_the_big_tables_paired_afresh():
+    """Criteo-terabyte's shape at 4 devices (session 38): six big tables fill a device two at a
+    time and the hot table is alone on the slowest device. Its row halves fit beside no device of
+    the plan as it is, but do with the big tables packed afresh around them."""
+    models = load_cost_models()
+    tables = TableSet("tight", [Table("h", 6_600, 64, 40.0, {"zipf_alpha": 0.9})]
+                      + [Table(f"b{i}", 10_000, 64, 2.0, {"zipf_alpha": 0.9}) for i in range(6)]
+                      + [Table(f"s{i}", 100, 8, 1.0, {"zipf_alpha": 0.9}) for i in range(4)], 4096)
+    big = int(Simulator.from_plan(shard(tables, 4, "1GiB", algorithm="size", cost_models=models), models, tables,
+                                  4096).sizes_bytes([Piece(1, 0, 10_000, 0, 64)])[0])
+    memory = int(2.1 * big)
+    base = shard(tables, 4, memory, algorithm="size", cost_models=models, topology=Topology(4, local_world_size=4),
+                 row_blocks="any")
+    assert all(s.num_rows == tables[s.table].num_embeddings for s in base.shards)
+    device = {"h": 0, "b0": 1, "b1": 1, "b2": 2, "b3": 2, "b4": 3, "b5": 3}
+    plan = replace(base, shards=[replace(s, device=device.get(s.table, 0)) for s in base.shards])
+    assert not plan.problems()
+    sim = Simulator.from_plan(plan, models, tables, 4096)
+    costs = MarginalCosts(np.ones(len(tables)), 1.0, 0.0, 0.0, 4)
+    pieces, where = sim.pieces_of_plan(plan)
+    measured = costs.devices_ms(where, _alone(pieces), 4)
+    measured[0] = 2.0 * measured[1:].max()  # the hot table's device the slowest by far
+    out, record = split_hot(plan, measured, costs, sim, _alone)
+    assert out is None and record["split"] == "h" and record["rejected"] == "memory"
+    out, record = split_hot(plan, measured, costs, sim, _alone, repack=True)
+    assert record["split"] == "h" and record["repacked"] and "rejected" not in record, record
+    assert out is not None and not out.problems() and out.row_blocks == "any"
+    blocks = sorted((s.row_offset, s.device) for s in out.shards if s.table == "h")
+    assert len(blocks) == record["blocks"] == 2 and blocks[0][1] < blocks[1][1]
+    assert sum(s.num_rows for s in out.shards if s.table == "h") == tables["h"].num_embeddings
+    # two big tables share a device only where no block of the hot table is
+    with_blocks = {d for _, d in blocks}
+    bigs = np.bincount([s.device for s in out.shards if s.table.startswith("b")], minlength=4)
+    assert all(bigs[d] <= 1 for d in with_blocks) and bigs.sum() == 6
+    assert record["estimated_cost_after_ms"] < record["estimated_cost_before_ms"]
+
+
 class HotRowsTimer(FakeTimer):
     """The fake hardware with three tables dearer than any model of the others says (rows
     that miss the cache): refine's plans put them where the models think they are cheap."""
@@ -225,11 +264,14 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
              and not p.get("repacked") and "split" not in p]
     assert len(froms) == 2 and froms[0] == rebalanced["plans"][0]["from"]
     # every start's slowest device's dearest table cut into row blocks too, in round 1 only (formats revision 29)
-    splits = [p for p in rebalanced["plans"] if "split" in p]
+    # (formats revision 29), and cut so with the rest placed afresh by the fitted costs (revision 30)
+    splits = [p for p in rebalanced["plans"] if "split" in p and not p.get("repacked")]
     assert [p["from"] for p in splits] == froms and all(p["round"] == 1 for p in splits)
+    split_packed = [p for p in rebalanced["plans"] if "split" in p and p.get("repacked")]
+    assert [p["from"] for p in split_packed] == froms and all(p["round"] == 1 for p in split_packed)
     # the chosen plan's whole tables placed afresh by the fitted costs too, in round 1 only
     # (as they come, and evenly: as many pieces on every device, formats revision 29)
-    repacked = [p for p in rebalanced["plans"] if p.get("repacked")]
+    repacked = [p for p in rebalanced["plans"] if p.get("repacked") and "split" not in p]
     assert len(repacked) == 2 and all(p["round"] == 1 and p["from"] == froms[0] for p in repacked)
     assert [bool(p.get("even")) for p in repacked] == [False, True]
     # a rebalance of many changes is timed cut after its first ones too (formats revision 26)
@@ -260,7 +302,7 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
     if confirm is not None:  # the plan the rounds kept, timed again beside the chosen one in fresh runs
         chosen_ms, rebalanced_ms = confirm["measured_cost_ms"]
         assert confirm["runs"] >= 1 and confirm["kept"] == (rebalanced_ms < chosen_ms)
-        assert confirm["plan"].endswith((", rebalanced", ", repacked", ", repacked evenly", ", split"))
+        assert confirm["plan"].endswith(tuple(", " + h for h in HOW_KEPT))
         assert (rebalanced["kept"] is None) == (not confirm["kept"])
     if rebalanced["kept"] is None:  # no rebalanced plan measured cheaper than the chosen one, or not again
         if confirm is None:
@@ -268,7 +310,7 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
         assert record["chosen"] == rebalanced["plans"][0]["from"]
     else:  # each round kept the cheapest rebalanced plan, when it measured below the plan kept before
         assert confirm is not None and confirm["kept"]
-        assert record["chosen"] == rebalanced["kept"] and rebalanced["kept"].endswith((", rebalanced", ", repacked", ", repacked evenly", ", split"))
+        assert record["chosen"] == rebalanced["kept"] and rebalanced["kept"].endswith(tuple(", " + h for h in HOW_KEPT))
         last = [p for p in timed if p["round"] == rebalanced["rounds_kept"]]
         assert min(p["measured_cost_ms"] for p in last) < last[0]["against_ms"]
         assert record["chosen_round"] is None

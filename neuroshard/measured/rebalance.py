@@ -240,22 +240,13 @@ def repack(plan: Plan, costs: MarginalCosts, sim: Simulator, alone_ms: Callable[
                                              costs.devices_ms(where, marginal, devices)[None, :]).max_ms[0])
     record = {"repacked": True, "estimated_cost_before_ms": round(before, 4), "changes": 0,
               "estimated_cost_after_ms": round(before, 4)}
-    mask = sim.device_mask(pieces)
-    allowed = np.ones((len(pieces), devices), dtype=bool) if mask is None else mask.copy()
-    allowed[~movable] = False
-    allowed[np.flatnonzero(~movable), where[~movable]] = True  # row blocks stay on their devices
-    tables = np.array([p.table for p in pieces])
-    counts = np.bincount(tables)
-    groups = np.where(counts[tables] > 1, tables, -1)  # a table's pieces on distinct devices, where memory allows
     cap = int(np.ceil(len(pieces) / devices))
     if even:
         record["even"] = True
         if np.bincount(where, minlength=devices).max() <= cap:
             record["rejected"] = "even already"
             return None, record
-    placed = greedy_place(marginal, sim.sizes_bytes(pieces), devices, int(min(plan.memory_limits())),
-                          widths=np.ones(len(pieces)) if even else None, caps=np.array([cap]) if even else None,
-                          groups=groups, allowed=allowed, first=~movable | (allowed.sum(axis=1) < devices))[0]
+    placed = _lpt(pieces, movable, where, marginal, sim, devices, int(min(plan.memory_limits())), even)
     if (placed < 0).any():
         record["rejected"] = "memory"
         return None, record
@@ -277,7 +268,7 @@ def repack(plan: Plan, costs: MarginalCosts, sim: Simulator, alone_ms: Callable[
 def split_hot(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Simulator,
               alone_ms: Callable[[list], np.ndarray], min_gain: float = REBALANCE_MIN_GAIN,
               steps_per_device: int = REBALANCE_STEPS_PER_DEVICE, noise_var: float | None = None,
-              runs: int = 1, row_blocks: str | None = None) -> tuple[Plan | None, dict]:
+              runs: int = 1, row_blocks: str | None = None, repack: bool = False) -> tuple[Plan | None, dict]:
     """The plan with the dearest whole table of its slowest device cut into row blocks, the rest
     of the plan as it is, then rebalanced (``rebalance``). Where ``rebalance`` only moves whole
     tables, a plan whose slowest device is one hot table (the greedy plans of least total work,
@@ -296,7 +287,16 @@ def split_hot(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     when no whole table is on the slowest device, no split fits memory, or the estimate does not
     drop by ``min_gain``; the record: ``split`` (the table's name; None when there was none to
     split), ``blocks``, the changes of the rebalance after it and the estimated cost before and
-    after, ``rejected`` (why none was made)."""
+    after, ``rejected`` (why none was made).
+
+    ``repack``: after the cut, every whole piece and the new blocks are placed afresh by the fitted
+    costs (``repack``'s LPT with memory, the blocks on distinct devices), then rebalanced from the
+    fitted costs (record: ``repacked``, true). Where memory is tight the blocks fit beside the rest
+    of the plan nowhere (session 37: every cut of the least-work plan refused, 1.2-1.5x headroom;
+    criteo-terabyte's big tables fill a device two at a time), but they do with the big tables
+    paired afresh around them: on criteo-terabyte seed 201 at 4 devices, six such packings of the
+    hottest table's row halves measured 0.89-0.93x lookup's slowest device, three of them at
+    1.003-1.009x its total work (``experiments/hot_cut_packings.py``)."""
     pieces, where = sim.pieces_of_plan(plan)
     devices = plan.num_devices
     marginal = costs.piece_ms(pieces, alone_ms(pieces))
@@ -304,6 +304,8 @@ def split_hot(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     before = float(sim.evaluate_with_compute([(pieces, where)], estimate[None, :]).max_ms[0])
     record: dict = {"split": None, "estimated_cost_before_ms": round(before, 4), "changes": 0,
                     "estimated_cost_after_ms": round(before, 4)}
+    if repack:
+        record["repacked"] = True
     if noise_var is not None:
         record["anchor_weight"] = round(weight, 4)
     hot = int(np.argmax(estimate))
@@ -318,6 +320,41 @@ def split_hot(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     record["split"] = sim.tables[table].name
     mode = check_row_blocks(row_blocks or sim.row_blocks)
     limits = np.array(plan.memory_limits(), dtype=np.float64)
+    rest = [q for k, q in enumerate(pieces) if k != i]
+    rest_where = np.delete(where, i)
+    counts = [c for c in block_counts(devices, sim.local_world_size, mode)
+              if c <= devices and (c == devices or mode == "any")]
+    made = (_cut_packed(piece, rest, rest_where, costs, sim, alone_ms, counts, devices, int(min(limits))) if repack else
+            _cut_in_place(i, pieces, where, marginal, estimate, hot, costs, sim, alone_ms, counts, limits))
+    if made is None:
+        record["rejected"] = "memory"
+        return None, record
+    blocks, aligned, aligned_where, load = made
+    record["blocks"] = len(blocks)
+    split_plan = replace(plan, shards=sim.to_shards(aligned, aligned_where), provenance=plan.provenance.to_dict())
+    if mode == "any" and len(blocks) < devices:  # row blocks TorchRec may not run: the exporter names the option
+        split_plan.provenance["row_blocks"] = "any"
+    problems = split_plan.problems()
+    if problems:  # a guard: the split keeps memory and placement rules
+        record["rejected"] = problems[0]
+        return None, record
+    moved, info = rebalance(split_plan, load, costs, sim, alone_ms, min_gain, steps_per_device)
+    after = info["estimated_cost_before_ms"] if moved is None else info["estimated_cost_after_ms"]
+    record.update(changes=info["changes"], estimated_cost_after_ms=after)
+    if after > before * (1 - min_gain):
+        return None, record
+    return (moved if moved is not None else split_plan), record
+
+
+def _cut_in_place(i: int, pieces: list, where: np.ndarray, marginal: np.ndarray, estimate: np.ndarray, hot: int,
+                  costs: MarginalCosts, sim: Simulator, alone_ms: Callable[[list], np.ndarray], counts: list[int],
+                  limits: np.ndarray) -> tuple | None:
+    """``split_hot``'s cut with the rest of the plan as it is: piece ``i`` (on device ``hot``) in the
+    fewest of ``counts`` row blocks that fit memory, all ranks in rank order, or (fewer blocks) the
+    first on ``hot`` and each other on the device of least ``estimate`` with memory for it.
+    Returns (blocks, pieces, devices in rank order, each device's estimate after) or None."""
+    devices = len(estimate)
+    piece = pieces[i]
     used = np.bincount(where, weights=sim.sizes_bytes(pieces), minlength=devices)
     used[hot] -= sim.sizes_bytes([piece])[0]
     mask = sim.device_mask([piece])
@@ -325,10 +362,7 @@ def split_hot(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     base[hot] -= marginal[i]
     rest = [q for k, q in enumerate(pieces) if k != i]
     rest_where = np.delete(where, i)
-    made = None
-    for parts in block_counts(devices, sim.local_world_size, mode):
-        if parts > devices or (parts < devices and mode != "any"):
-            continue
+    for parts in counts:
         blocks = split_rows(piece, parts)
         sizes = sim.sizes_bytes(blocks)
         block_ms = costs.piece_ms(blocks, alone_ms(blocks))
@@ -351,28 +385,52 @@ def split_hot(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
             room[d] += size
         if (room > limits).any() or (mask is not None and not mask[0, targets].all()):
             continue
-        made = (blocks, targets, load)
-        break
-    if made is None:
-        record["rejected"] = "memory"
-        return None, record
-    blocks, targets, load = made
-    record["blocks"] = len(blocks)
-    aligned, aligned_where = align_row_blocks(rest + blocks, np.concatenate([rest_where, targets]).astype(np.int64),
-                                              sim.footprint, int(min(limits)))
-    split_plan = replace(plan, shards=sim.to_shards(aligned, aligned_where), provenance=plan.provenance.to_dict())
-    if mode == "any" and len(blocks) < devices:  # row blocks TorchRec may not run: the exporter names the option
-        split_plan.provenance["row_blocks"] = "any"
-    problems = split_plan.problems()
-    if problems:  # a guard: the split keeps memory and placement rules
-        record["rejected"] = problems[0]
-        return None, record
-    moved, info = rebalance(split_plan, load, costs, sim, alone_ms, min_gain, steps_per_device)
-    after = info["estimated_cost_before_ms"] if moved is None else info["estimated_cost_after_ms"]
-    record.update(changes=info["changes"], estimated_cost_after_ms=after)
-    if after > before * (1 - min_gain):
-        return None, record
-    return (moved if moved is not None else split_plan), record
+        aligned, aligned_where = align_row_blocks(rest + blocks, np.concatenate([rest_where, targets]).astype(np.int64),
+                                                  sim.footprint, int(min(limits)))
+        return blocks, aligned, aligned_where, load
+    return None
+
+
+def _cut_packed(piece: Piece, rest: list, rest_where: np.ndarray, costs: MarginalCosts, sim: Simulator,
+                alone_ms: Callable[[list], np.ndarray], counts: list[int], devices: int, memory_bytes: int
+                ) -> tuple | None:
+    """``split_hot``'s cut with the plan packed afresh: ``piece`` in the fewest of ``counts`` row blocks
+    for which the blocks and every whole piece of ``rest`` fit memory placed by ``_lpt`` over the
+    fitted costs (the blocks on distinct devices; ``rest``'s row blocks stay). Returns (blocks,
+    pieces, devices in rank order, each device's fitted cost) or None."""
+    for parts in counts:
+        blocks = split_rows(piece, parts)
+        now = rest + blocks
+        movable = np.concatenate([whole_rows(rest, sim.tables), np.ones(parts, dtype=bool)])
+        hint = np.concatenate([rest_where, np.zeros(parts, dtype=np.int64)])
+        marginal = costs.piece_ms(now, alone_ms(now))
+        placed = _lpt(now, movable, hint, marginal, sim, devices, memory_bytes)
+        if (placed < 0).any():
+            continue
+        aligned, aligned_where = align_row_blocks(now, placed, sim.footprint, memory_bytes)
+        return blocks, aligned, aligned_where, costs.devices_ms(aligned_where, costs.piece_ms(
+            aligned, alone_ms(aligned)), devices)
+    return None
+
+
+def _lpt(pieces: Sequence[Piece], movable: np.ndarray, where: np.ndarray, marginal: np.ndarray, sim: Simulator,
+         devices: int, memory_bytes: int, even: bool = False) -> np.ndarray:
+    """(pieces,) the devices of ``pieces`` placed afresh, longest first by ``marginal``, each on the
+    device of least sum with memory for it (``search.placer.greedy_place``): the pieces not
+    ``movable`` stay on their devices (``where``), pinned tables where they may go, a table's
+    pieces on distinct devices where memory allows; ``even``: every device capped at ceil(pieces
+    / devices) pieces. -1 for every piece where memory runs out."""
+    mask = sim.device_mask(pieces)
+    allowed = np.ones((len(pieces), devices), dtype=bool) if mask is None else mask.copy()
+    allowed[~movable] = False
+    allowed[np.flatnonzero(~movable), where[~movable]] = True  # row blocks stay on their devices
+    tables = np.array([p.table for p in pieces])
+    counts = np.bincount(tables)
+    groups = np.where(counts[tables] > 1, tables, -1)  # a table's pieces on distinct devices, where memory allows
+    cap = int(np.ceil(len(pieces) / devices))
+    return greedy_place(marginal, sim.sizes_bytes(pieces), devices, memory_bytes,
+                        widths=np.ones(len(pieces)) if even else None, caps=np.array([cap]) if even else None,
+                        groups=groups, allowed=allowed, first=~movable | (allowed.sum(axis=1) < devices))[0]
 
 
 def _anchored(where: np.ndarray, marginal: np.ndarray, measured_ms: np.ndarray, costs: MarginalCosts,

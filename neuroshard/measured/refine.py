@@ -164,8 +164,13 @@ REBALANCE_ROUNDS = 3
 #: by the fitted costs (``measured.rebalance.repack``; round 1, from the chosen plan; later rounds rebalance it),
 #: one placed afresh with as many pieces on every device (``repack(..., even=True)``, also round 1), and one
 #: whose slowest device's dearest table was cut into row blocks (``measured.rebalance.split_hot``; round 1, from
-#: every start: the least-work plan's slowest device is often one hot table that no move of whole tables lightens)
-REBALANCED, REPACKED, REPACKED_EVEN, SPLIT = "rebalanced", "repacked", "repacked evenly", "split"
+#: every start: the least-work plan's slowest device is often one hot table that no move of whole tables lightens),
+#: and one cut so and then placed afresh by the fitted costs (``split_hot(..., repack=True)``; round 1, every
+#: start: where the blocks fit beside the plan as it is nowhere, they do with the big tables paired afresh)
+REBALANCED, REPACKED, REPACKED_EVEN, SPLIT, SPLIT_REPACKED = ("rebalanced", "repacked", "repacked evenly", "split",
+                                                             "split and repacked")
+#: every way a rebalanced plan kept is named (the suffix after its start's name and a comma)
+HOW_KEPT = (REBALANCED, REPACKED, REPACKED_EVEN, SPLIT, SPLIT_REPACKED)
 #: the ``shard`` options that describe the plan (not the algorithm): the compared baselines get them too
 PLAN_OPTIONS = ("bytes_per_element", "seed", "optimizer", "topology", "comm_precision")
 
@@ -461,7 +466,8 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
     tables are also placed afresh by the fitted costs, as they come and with as many on every
     device, ``measured.rebalance.repack``; and each start's slowest device's dearest table is cut
     into row blocks, the rest as it is, ``measured.rebalance.split_hot``, with the search's
-    ``row_blocks``) and times the rebalanced plans together with the plan kept so far
+    ``row_blocks``, and cut so with every whole table placed afresh by the fitted costs,
+    ``split_hot(..., repack=True)``) and times the rebalanced plans together with the plan kept so far
     (``FINAL_CHECK_RUNS`` runs, each device's mean);
     a rebalance of more than ``REBALANCE_SHORT`` changes is timed cut after that many too;
     each anchor is shrunk toward its fitted cost by the noise of one run, estimated from the
@@ -516,6 +522,8 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
             if round_ == 1:  # the dearest table of the slowest device cut into row blocks, the rest as it is
                 tries.append((*split_hot(plan, ms, costs, sim, alone, noise_var=noise, runs=runs_in,
                                          row_blocks=row_blocks), SPLIT))
+                tries.append((*split_hot(plan, ms, costs, sim, alone, noise_var=noise, runs=runs_in,
+                                         row_blocks=row_blocks, repack=True), SPLIT_REPACKED))
             if k == 0 and round_ == 1:  # the chosen plan's whole tables placed afresh by the fit too
                 tries.append((*repack(plan, costs, sim, alone), REPACKED))
                 tries.append((*repack(plan, costs, sim, alone, even=True), REPACKED_EVEN))

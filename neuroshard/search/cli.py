@@ -100,6 +100,14 @@ def _again(entry: dict) -> str:
     return ""
 
 
+def _rebalance_how(p: dict) -> str:
+    """What refine's rebalance tried from a plan (one entry of ``provenance.refine.rebalance.plans``),
+    in the words of ``measured.refine``'s names, for the printout."""
+    if p.get("split"):
+        return f" {p['split']} split{' and repacked' if p.get('repacked') else ''},"
+    return (" repacked evenly," if p.get("even") else " repacked,") if p.get("repacked") else ""
+
+
 def _search(args: argparse.Namespace) -> int:
     from ..measured.api import shard
     from ..measured.refine import format_judgement
@@ -154,9 +162,7 @@ def _search(args: argparse.Namespace) -> int:
     rebalanced = refine.get("rebalance")
     if rebalanced:
         fit = rebalanced["fit"]
-        how = {"repacked": " repacked,", "even": " repacked evenly,"}
-        tried = "; ".join(f"{p['from']}{how['even' if p.get('even') else 'repacked'] if p.get('repacked') else ''}"
-                          f"{' ' + p['split'] + ' split,' if p.get('split') else ''} {p['changes']} changes"
+        tried = "; ".join(f"{p['from']}{_rebalance_how(p)} {p['changes']} changes"
                           f"{' (cut)' if 'cut_after' in p else ''}, "
                           f"estimated {p['estimated_cost_before_ms']:.2f} -> {p['estimated_cost_after_ms']:.2f} ms"
                           + (f", measured {p['measured_cost_ms']:.2f} ms" if "measured_cost_ms" in p else "")
