@@ -6,19 +6,28 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from test_measured_loop import TABLES, FakeTimer, _calibration, device_ms
 
 from neuroshard.costmodels import load_cost_models
-from neuroshard.measured.rebalance import (EVEN_SLACK, REBALANCE_MIN_GAIN, REBALANCE_SHORT, MarginalCosts,
-                                           anchor_weight, fit_marginal_costs, rebalance, rebalance_cuts, repack,
-                                           run_noise_var, split_hot)
-from neuroshard.measured.refine import HOW_KEPT, REBALANCE_ROUNDS, refine
+from neuroshard.measured.rebalance import (
+    EVEN_SLACK,
+    REBALANCE_MIN_GAIN,
+    REBALANCE_SHORT,
+    MarginalCosts,
+    anchor_weight,
+    fit_marginal_costs,
+    rebalance,
+    rebalance_cuts,
+    repack,
+    run_noise_var,
+    split_hot,
+)
+from neuroshard.measured.refine import HOW_KEPT, REBALANCE_ROUNDS, SPLIT_REPACK_VARIANTS, refine
 from neuroshard.search.api import shard
-from neuroshard.tables import Table, TableSet
 from neuroshard.search.simulator import Simulator
+from neuroshard.tables import Table, TableSet
 from neuroshard.topology import Topology
 from neuroshard.types import Piece
-
-from test_measured_loop import TABLES, FakeTimer, _calibration, device_ms
 
 
 def _alone(pieces):
@@ -268,7 +277,9 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
     splits = [p for p in rebalanced["plans"] if "split" in p and not p.get("repacked")]
     assert [p["from"] for p in splits] == froms and all(p["round"] == 1 for p in splits)
     split_packed = [p for p in rebalanced["plans"] if "split" in p and p.get("repacked")]
-    assert [p["from"] for p in split_packed] == froms and all(p["round"] == 1 for p in split_packed)
+    assert [p["from"] for p in split_packed] == [f for f in froms for _ in range(SPLIT_REPACK_VARIANTS)]
+    assert all(p["round"] == 1 for p in split_packed)
+    assert [p.get("variant", 0) for p in split_packed] == list(range(SPLIT_REPACK_VARIANTS)) * len(froms)
     # the chosen plan's whole tables placed afresh by the fitted costs too, in round 1 only
     # (as they come, and evenly: as many pieces on every device, formats revision 29)
     repacked = [p for p in rebalanced["plans"] if p.get("repacked") and "split" not in p]
