@@ -475,9 +475,11 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
     a rebalance of more than ``REBALANCE_SHORT`` changes is timed cut after that many too;
     each anchor is shrunk toward its fitted cost by the noise of one run, estimated from the
     plans timed in more than one run (``measured.rebalance.anchor_weight``);
-    the cheapest is kept, and the rounds stop when it is the one kept before or nothing
-    changes. The plan the rounds kept is then timed again beside the plan chosen before, in
-    fresh runs, and stays only when cheaper there too (``confirm``). A rebalanced plan kept is
+    the cheapest is kept (of those within ``TIE_MARGIN`` of the cheapest, the one of least
+    total compute: ``_less_work_wins``), and the rounds stop when it is the one kept before or
+    nothing changes. The plan the rounds kept is then timed again beside the plan chosen
+    before, in fresh runs, and stays only when it wins there too, by the same rule
+    (``confirm``). A rebalanced plan kept is
     appended to ``plans`` and ``entries``. Returns the index
     of the plan kept, the start it came from, its devices' measured compute, and the record
     (formats: ``provenance.refine.rebalance``)."""
@@ -549,11 +551,15 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
         for run in runs:
             add(run, which)
         repeats += [np.array([run[k][2] for run in runs]) for k in range(len(which))]
+        totals = [float(np.sum(m)) for m in means]
         for k, (_, _, info, _) in enumerate(candidates, start=1):
             info["measured_cost_ms"], info["against_ms"] = round(cost[k], 4), round(cost[0], 4)
+            info["measured_total_compute_ms"] = round(totals[k], 4)
         if round_ == 1:
             record["chosen_measured_cost_ms"] = round(cost[0], 4)
-        k = min(range(len(which)), key=lambda c: (cost[c], c))
+            record["chosen_measured_total_compute_ms"] = round(totals[0], 4)
+        # a tie on the slowest device (within TIE_MARGIN) goes to less total work, as among the finalists
+        k = _less_work_wins([(cost[c], c, totals[c]) for c in range(len(which))])
         log.info("refine: rebalance round %d: %s ms against %.2f for %s", round_,
                  ", ".join(f"{c:.2f}" for c in cost[1:]), cost[0], kept_label)
         if k == 0:  # the plan kept so far stays, with its devices as timed when it was chosen (or kept)
@@ -578,9 +584,11 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
     except NeuroShardError as exc:  # e.g. no memory to time them now: the rounds' choice stays
         record["confirm"] = {"stopped": str(exc).splitlines()[0]}
     else:
-        confirmed = cost[1] < cost[0]
+        totals = [float(np.sum(m)) for m in means]
+        confirmed = _less_work_wins([(cost[0], 0, totals[0]), (cost[1], 1, totals[1])]) == 1
         record["confirm"] = {"plan": kept_label, "runs": FINAL_CHECK_RUNS,
-                             "measured_cost_ms": [round(c, 4) for c in cost], "kept": confirmed}
+                             "measured_cost_ms": [round(c, 4) for c in cost],
+                             "measured_total_compute_ms": [round(t, 4) for t in totals], "kept": confirmed}
         log.info("refine: rebalance confirmed in fresh runs: %s %.2f ms against %.2f for the chosen plan%s",
                  kept_label, cost[1], cost[0], "" if confirmed else "; the chosen plan stays")
         if not confirmed:
