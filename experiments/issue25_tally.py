@@ -81,9 +81,10 @@ RUNS_ANY = ["plan_benchmark_issue25_session26_8dev_seed163_any", "plan_benchmark
             # on). Formats revision 30. The seed-201 criteo-terabyte task again, twice (the later run replaces the first)
             "plan_benchmark_issue25_session38_4dev_seed201", "plan_benchmark_issue25_session38_4dev_seed201_variants",
             "plan_benchmark_issue25_session38_4dev_seed205", "plan_benchmark_issue25_session38_4dev_seed207",
-            # and two tasks of earlier sessions again with this code: the 8-device worst task (seed 187, session 34)
-            # and the 4-device task of most total work (seed 199, session 37)
-            "plan_benchmark_issue25_session38_8dev_seed187", "plan_benchmark_issue25_session38_4dev_seed199"]
+            # and three tasks of earlier sessions again with this code: the 8-device worst task (seed 187, session 34),
+            # the 4-device task of most total work (seed 199, session 37) and then the 8-device worst (dlrm seed 179)
+            "plan_benchmark_issue25_session38_8dev_seed187", "plan_benchmark_issue25_session38_4dev_seed199",
+            "plan_benchmark_issue25_session38_8dev_seed179_dlrm"]
 #: the runs of ``RUNS_ANY`` timed in transparent huge pages (formats revision 21, session 28 on: a device's
 #: share of its run moves 3.2% between runs against 7.9% in small pages), tallied apart as well
 RUNS_HUGE_PAGES = RUNS_ANY[RUNS_ANY.index("plan_benchmark_issue25_session28_8dev_seed167_any_thp"):]
