@@ -11,7 +11,8 @@ half a device) fill every other device two at a time. This times, in one interle
 reference device), plans with the hottest table (by the shipped model's alone-cost) cut into two
 row blocks on devices 0 and 1 and the big tables (over ``--big`` of a device's memory) placed in
 every way memory allows (enumerated, up to symmetry of the devices that hold no block), the other
-tables each on the device of least alone-cost sum with memory for it (LPT): ``--plans`` of those
+tables each on the device of least alone-cost sum with memory for it (LPT, the search's
+``placer.greedy_place``): ``--plans`` of those
 layouts, evenly spaced in the model's estimate, beside lookup's plan twice (the A/A control) and
 size-lookup's. Prints each plan's slowest device and total compute over lookup's.
 """
@@ -27,6 +28,7 @@ from neuroshard.costmodels import load_cost_models
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.runtime.measure_plan import measure_plans
 from neuroshard.search.api import shard
+from neuroshard.search.placer import greedy_place
 from neuroshard.search.simulator import Simulator
 from neuroshard.topology import Topology
 from neuroshard.types import split_rows
@@ -46,8 +48,13 @@ def packings(tables, memory, devices, models, big_share, limit=20000):
     hot = int(np.argmax(alone))
     halves = split_rows(pieces[hot], 2)
     big = [i for i in range(len(pieces)) if i != hot and sizes[i] > big_share * memory]
-    small = sorted((i for i in range(len(pieces)) if i != hot and i not in big), key=lambda i: -alone[i])
+    small = [i for i in range(len(pieces)) if i != hot and i not in big]
     name = lambda i: tables[pieces[i].table].name  # noqa: E731
+    fixed = [*halves, *(pieces[i] for i in big)]  # pinned: the halves on devices 0 and 1, the big tables as enumerated
+    every = fixed + [pieces[i] for i in small]
+    keys = np.concatenate([sim.single_costs_ms(halves), alone[big], alone[small]])
+    every_bytes = np.concatenate([sim.sizes_bytes(halves), sizes[big], sizes[small]])
+    pinned = np.arange(len(every)) < len(fixed)
     seen, out = set(), []
     for where in itertools.islice(itertools.product(range(devices), repeat=len(big)), limit):
         groups = tuple(tuple(sorted(name(i) for i, d in zip(big, where) if d == k)) for k in range(devices))
@@ -55,32 +62,19 @@ def packings(tables, memory, devices, models, big_share, limit=20000):
         if key in seen:
             continue
         seen.add(key)
-        room = np.zeros(devices)
-        load = np.zeros(devices)
-        placed = [(h, d) for h, d in zip(halves, (0, 1))] + [(pieces[i], d) for i, d in zip(big, where)]
-        for h, d in zip(sim.sizes_bytes(halves), (0, 1)):
-            room[d] += h
-        load[:2] += sim.single_costs_ms(halves)
-        for i, d in zip(big, where):
-            room[d] += sizes[i]
-            load[d] += alone[i]
-        if (room > memory).any():
+        allowed = np.ones((len(every), devices), dtype=bool)
+        allowed[:len(fixed)] = False
+        allowed[np.arange(len(fixed)), [0, 1, *where]] = True
+        # the pinned pieces first, then the others by LPT on alone-costs (the search's greedy placement)
+        placed = greedy_place(keys, every_bytes, devices, memory, allowed=allowed, first=pinned)[0]
+        if (placed < 0).any():
             continue
-        for i in small:
-            fits = [d for d in range(devices) if room[d] + sizes[i] <= memory]
-            if not fits:
-                break
-            d = min(fits, key=lambda d: load[d])
-            load[d] += alone[i]
-            room[d] += sizes[i]
-            placed.append((pieces[i], d))
-        else:
-            plan = replace(lookup, shards=sim.to_shards([p for p, _ in placed], np.array([d for _, d in placed])),
-                           provenance={**lookup.provenance.to_dict(), "row_blocks": "any"})
-            if plan.problems():
-                continue
-            est = float(sim.evaluate_plan(plan).compute_ms[0].max())
-            out.append((est, " | ".join("+".join(g) or "-" for g in groups), plan))
+        plan = replace(lookup, shards=sim.to_shards(every, placed),
+                       provenance={**lookup.provenance.to_dict(), "row_blocks": "any"})
+        if plan.problems():
+            continue
+        est = float(sim.evaluate_plan(plan).compute_ms[0].max())
+        out.append((est, " | ".join("+".join(g) or "-" for g in groups), plan))
     out.sort(key=lambda c: c[0])
     return lookup, name(hot), out
 

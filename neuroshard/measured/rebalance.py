@@ -337,7 +337,8 @@ def split_hot(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
               if c <= devices and (c == devices or mode == "any")]
     made = (_cut_packed(piece, rest, rest_where, costs, sim, alone_ms, counts, devices, int(min(limits)), variant)
             if repack else
-            _cut_in_place(i, pieces, where, marginal, estimate, hot, costs, sim, alone_ms, counts, limits))
+            _cut_in_place(i, pieces, where, rest, rest_where, marginal, estimate, hot, costs, sim, alone_ms, counts,
+                          limits))
     if made is None:
         record["rejected"] = "memory"
         return None, record
@@ -358,10 +359,11 @@ def split_hot(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     return (moved if moved is not None else split_plan), record
 
 
-def _cut_in_place(i: int, pieces: list, where: np.ndarray, marginal: np.ndarray, estimate: np.ndarray, hot: int,
-                  costs: MarginalCosts, sim: Simulator, alone_ms: Callable[[list], np.ndarray], counts: list[int],
-                  limits: np.ndarray) -> tuple | None:
-    """``split_hot``'s cut with the rest of the plan as it is: piece ``i`` (on device ``hot``) in the
+def _cut_in_place(i: int, pieces: list, where: np.ndarray, rest: list, rest_where: np.ndarray, marginal: np.ndarray,
+                  estimate: np.ndarray, hot: int, costs: MarginalCosts, sim: Simulator,
+                  alone_ms: Callable[[list], np.ndarray], counts: list[int], limits: np.ndarray) -> tuple | None:
+    """``split_hot``'s cut with the rest of the plan as it is (``rest``, on ``rest_where``: the plan
+    without piece ``i``): piece ``i`` (on device ``hot``) in the
     fewest of ``counts`` row blocks that fit memory, all ranks in rank order, or (fewer blocks) the
     first on ``hot`` and each other on the device of least ``estimate`` with memory for it.
     Returns (blocks, pieces, devices in rank order, each device's estimate after) or None."""
@@ -372,8 +374,6 @@ def _cut_in_place(i: int, pieces: list, where: np.ndarray, marginal: np.ndarray,
     mask = sim.device_mask([piece])
     base = estimate.copy()
     base[hot] -= marginal[i]
-    rest = [q for k, q in enumerate(pieces) if k != i]
-    rest_where = np.delete(where, i)
     for parts in counts:
         blocks = split_rows(piece, parts)
         sizes = sim.sizes_bytes(blocks)
