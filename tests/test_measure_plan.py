@@ -72,7 +72,12 @@ def test_any_device_count_shares_one_buffer_and_aa_control_agrees(tmp_path):
     largest = max(sum(s.num_rows * (-(-s.num_cols // 4) * 4) for s in plan.shards_on(d)) for d in range(12))
     assert result.config["buffer_bytes"] == 4 * largest  # memory of the largest device, not of all twelve
     assert len(result["a"].compute_ms) == 12 and all(c > 0 for c in result["a"].compute_ms)
-    assert 0.7 < result.ratios()[1] < 1.4
+    # The A/A agreement is judged on the plan's total compute (twelve devices of one plan summed), not on
+    # its slowest device: a 0.5 ms device alone read 0.68x its twin in CI (session 38's run), while the
+    # sum of twelve averages that noise out. The slowest device only has to be of the same order.
+    total = sum(result["again"].compute_ms) / sum(result["a"].compute_ms)
+    assert 0.8 < total < 1.25, total
+    assert 0.5 < result.ratios()[1] < 2.0
 
 
 @pytest.mark.timing
