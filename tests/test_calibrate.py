@@ -13,7 +13,7 @@ from neuroshard.costmodels import load_cost_models
 from neuroshard.costmodels.base import CostModels
 from neuroshard.errors import NeuroShardError
 from neuroshard.measured.calibrate import cache_dir, calibrate, start_calibration
-from neuroshard.measured.refine import HOW_KEPT, LEAN_SAVING, POLISH_STEPS, TIE_MARGIN, polish
+from neuroshard.measured.refine import HOW_KEPT, LEAN_SAVING, POLISH_STEPS, _less_work_wins, polish
 from neuroshard.plan import Plan
 from neuroshard.tables import Table, TableSet
 from neuroshard.types import Piece
@@ -114,9 +114,11 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
                  if "final_median_cost_ms" in e}  # the finalists, timed three times, by each device's median
     means = {name: e["final_median_cost_ms"] for name, e in finalists.items()}
     picked = min(means or finals, key=(means or finals).get)
-    if means:  # within TIE_MARGIN of the cheapest median, the finalist of least total compute (revision 28)
-        totals = {name: e["final_median_total_compute_ms"] for name, e in finalists.items()}
-        picked = min((n for n in means if means[n] <= means[picked] * (1 + TIE_MARGIN)), key=totals.get)
+    if means:  # within TIE_MARGIN of the cheapest median, the finalist of least total compute (revision 28), each
+        # priced for its work beyond WORK_ALLOWANCE (revision 31)
+        names = list(finalists)
+        picked = names[_less_work_wins([(means[n], k, finalists[n]["final_median_total_compute_ms"])
+                                        for k, n in enumerate(names)])]
         assert ("tie" in refine) == (means[picked] > min(means.values()))
         assert ("refine, a tie" in printed) == ("tie" in refine)
     # less work first: a plan of less total compute than the picked one polished too, and written only
@@ -129,7 +131,7 @@ def test_refine_times_each_rounds_plan_and_writes_the_measured_cheapest(tmp_path
     kept_lean = bool(lean) and lean.get("kept", False)
     if kept_lean:  # cheaper, or tied within TIE_MARGIN and of less total compute
         (chosen_cost, lean_cost), (chosen_total, lean_total) = lean["measured_cost_ms"], lean["measured_total_compute_ms"]
-        assert lean_cost < chosen_cost or (lean_cost <= chosen_cost * (1 + TIE_MARGIN) and lean_total < chosen_total)
+        assert _less_work_wins([(chosen_cost, 0, chosen_total), (lean_cost, 1, lean_total)]) == 1
     # the chosen plan rebalanced on the timed devices' marginal costs goes on when it measured cheaper
     # (formats revision 25); polish then starts from it as the rebalance's runs timed it
     assert "refine, rebalanced" in printed

@@ -85,13 +85,13 @@ def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
         [c for k, c in enumerate(ranked) if k < MIN_FINALISTS or c <= ranked[0] * (1 + FINALIST_MARGIN)][:MAX_FINALISTS])
     assert max(e["final_measured_cost_ms"] for e in finalists) <= max(
         ranked[min(MIN_FINALISTS, len(ranked)) - 1], ranked[0] * (1 + FINALIST_MARGIN)) + 1e-3
-    # the finalist of least median is chosen (of those within TIE_MARGIN of it, the one of least median
-    # total compute), unless a plan rebalanced from it or the plan of least work then measured cheaper
+    # the finalist of least median is chosen (priced for work beyond WORK_ALLOWANCE; of those within TIE_MARGIN
+    # of it, the one of least median total compute: _less_work_wins), unless a plan rebalanced from it or the plan of least work then measured cheaper
     # beside it (which depends on the plans the fine-tuned models find, and so on the CPU's floating
     # point: CI kept one where an EPYC here did not)
     cheapest = min(e["final_median_cost_ms"] for e in finalists)
-    tied = [e for e in finalists if e["final_median_cost_ms"] <= cheapest * (1 + TIE_MARGIN)]
-    picked = min(tied, key=lambda e: e["final_median_total_compute_ms"])
+    picked = finalists[_less_work_wins([(e["final_median_cost_ms"], k, e["final_median_total_compute_ms"])
+                                        for k, e in enumerate(finalists)])]
     assert all(e["final_median_total_compute_ms"] > 0 for e in finalists)
     if picked["final_median_cost_ms"] > cheapest:
         assert record["tie"]["margin"] == TIE_MARGIN
@@ -105,7 +105,7 @@ def test_refine_keeps_the_plan_measured_cheapest_and_records_the_timer_costs():
     if lean.get("kept"):
         assert record["chosen"] == lean["plan"]
         (chosen_cost, lean_cost), (chosen_total, lean_total) = lean["measured_cost_ms"], lean["measured_total_compute_ms"]
-        assert lean_cost < chosen_cost or (lean_cost <= chosen_cost * (1 + TIE_MARGIN) and lean_total < chosen_total)
+        assert _less_work_wins([(chosen_cost, 0, chosen_total), (lean_cost, 1, lean_total)]) == 1
     elif rebalanced:
         # rebalanced from the picked plan or the plan of least work, and confirmed in fresh runs
         assert record["chosen"] == rebalanced and record["chosen_round"] is None
@@ -450,15 +450,30 @@ def test_the_least_work_plan_is_chosen_within_the_margin_and_only_when_it_saves_
 
 
 def test_a_tie_on_the_slowest_device_goes_to_the_plan_of_less_total_work():
-    # (measured cost, index, total compute): plan 1 is the cheapest, plan 2 within the margin with less work
+    # (measured cost, index, total compute), work not priced: plan 1 is the cheapest, plan 2 within the margin
+    # with less work
     plans = [(10.5, 0, 60.0), (10.0, 1, 80.0), (10.0 * (1 + TIE_MARGIN) - 1e-6, 2, 70.0)]
-    assert _less_work_wins(plans) == 2
+    assert _less_work_wins(plans, allowance=None) == 2
     # outside the margin, less work does not buy a slower device
-    assert _less_work_wins([(10.0, 1, 80.0), (10.0 * (1 + TIE_MARGIN) + 1e-3, 2, 50.0)]) == 1
+    assert _less_work_wins([(10.0, 1, 80.0), (10.0 * (1 + TIE_MARGIN) + 1e-3, 2, 50.0)], allowance=None) == 1
     # with no margin the cheapest wins, an exact tie on cost goes to less work, then the lower index
-    assert _less_work_wins(plans, margin=0.0) == 1
+    assert _less_work_wins(plans, margin=0.0, allowance=None) == 1
     assert _less_work_wins([(10.0, 0, 80.0), (10.0, 1, 70.0)], margin=0.0) == 1
     assert _less_work_wins([(10.0, 3, 70.0), (10.0, 1, 70.0)]) == 1
+
+
+def test_work_beyond_the_allowance_must_buy_as_much_on_the_slowest_device():
+    from neuroshard.measured.refine import WORK_ALLOWANCE, work_priced
+    assert work_priced(10.0, 100.0 * (1 + WORK_ALLOWANCE), 100.0) == 10.0  # within the allowance: free
+    assert work_priced(10.0, 110.0, 100.0) == pytest.approx(10.0 * 110.0 / (100.0 * (1 + WORK_ALLOWANCE)))
+    assert work_priced(10.0, 500.0, 100.0, allowance=None) == 10.0
+    # plan 1 is 6% faster on its slowest device for 10% more work than plan 0: priced, plan 0 wins ...
+    assert _less_work_wins([(10.0, 0, 100.0), (9.4, 1, 110.0)]) == 0
+    # ... where 12% faster buys it
+    assert _less_work_wins([(10.0, 0, 100.0), (8.8, 1, 110.0)]) == 1
+    # the least total may come from a plan timed with them that cannot be chosen (the reference)
+    assert _less_work_wins([(10.0, 0, 104.0), (9.6, 1, 108.0)]) == 1
+    assert _less_work_wins([(10.0, 0, 104.0), (9.6, 1, 108.0)], others=(100.0,)) == 0
 
 
 def test_refine_polishes_the_least_work_plan_too_and_keeps_the_cheaper_of_both(monkeypatch):
@@ -489,9 +504,8 @@ def test_refine_polishes_the_least_work_plan_too_and_keeps_the_cheaper_of_both(m
     assert lean["total_compute_ms"] > 0 and lean["chosen_total_compute_ms"] > 0
     chosen_cost, lean_cost = lean["measured_cost_ms"]
     chosen_total, lean_total = lean["measured_total_compute_ms"]
-    # cheaper wins; within TIE_MARGIN of each other, less total work does
-    tied = max(chosen_cost, lean_cost) <= min(chosen_cost, lean_cost) * (1 + TIE_MARGIN)
-    assert lean["kept"] == ((lean_total < chosen_total) if tied else (lean_cost < chosen_cost))
+    # cheaper wins (work beyond WORK_ALLOWANCE priced); within TIE_MARGIN of each other, less total work does
+    assert lean["kept"] == (_less_work_wins([(chosen_cost, 0, chosen_total), (lean_cost, 1, lean_total)]) == 1)
     assert record["chosen"] == name(seen["lean"] if lean["kept"] else seen["best"])
     # the fake hardware's cost and total of the written plan are the measured ones of the plan kept
     models, _ = calibration.fit()

@@ -179,8 +179,11 @@ def _search(args: argparse.Namespace) -> int:
             + (f"{rebalanced['kept']}'s plan" if rebalanced["kept"] else "the chosen plan"))
     tie = refine.get("tie")
     if tie:
+        allowance = tie.get("work_allowance")  # (revision 31; absent before)
+        priced = (f", or {tie['cheapest']}'s work beyond {100 * allowance:.0f}% over the least cost it more than its "
+                  f"lead" if allowance is not None else "")
         say(f"refine, a tie: {tie['chosen']}'s plan measured within {100 * tie['margin']:.0f}% of {tie['cheapest']}'s "
-            f"on the slowest device and did less total compute: it goes on")
+            f"on the slowest device and did less total compute{priced}: it goes on")
     if "polish" in refine:
         polish = refine["polish"]
         say(f"polish: {polish['accepted']} of {polish['steps']} timed changes kept (a change is kept when two "
