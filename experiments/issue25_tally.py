@@ -84,7 +84,14 @@ RUNS_ANY = ["plan_benchmark_issue25_session26_8dev_seed163_any", "plan_benchmark
             # and three tasks of earlier sessions again with this code: the 8-device worst task (seed 187, session 34),
             # the 4-device task of most total work (seed 199, session 37) and then the 8-device worst (dlrm seed 179)
             "plan_benchmark_issue25_session38_8dev_seed187", "plan_benchmark_issue25_session38_4dev_seed199",
-            "plan_benchmark_issue25_session38_8dev_seed179_dlrm"]
+            "plan_benchmark_issue25_session38_8dev_seed179_dlrm",
+            # session 39: total work priced (WORK_ALLOWANCE 0.02) and the comparison run's least-work plan a rebalance
+            # start and the reference of every rebalance run (formats revision 31): the 4-device tasks of most total
+            # work again, the oldest first run with code of sessions 27-36
+            "plan_benchmark_issue25_session39_4dev_seed199", "plan_benchmark_issue25_session39_4dev_seed201",
+            "plan_benchmark_issue25_session39_4dev_seed163", "plan_benchmark_issue25_session39_4dev_seed191",
+            "plan_benchmark_issue25_session39_4dev_seed195", "plan_benchmark_issue25_session39_4dev_seed167",
+            "plan_benchmark_issue25_session39_4dev_seed193_dlrm"]
 #: the runs of ``RUNS_ANY`` timed in transparent huge pages (formats revision 21, session 28 on: a device's
 #: share of its run moves 3.2% between runs against 7.9% in small pages), tallied apart as well
 RUNS_HUGE_PAGES = RUNS_ANY[RUNS_ANY.index("plan_benchmark_issue25_session28_8dev_seed167_any_thp"):]

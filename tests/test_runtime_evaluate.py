@@ -37,9 +37,10 @@ def test_evaluate_reports_per_device_costs(tmp_path):
                           "--tables", "tables.json", "--iterations", "5", "--warmup", "2", "--row-cap", "10000",
                           "--json", "m.json"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
-    # one summary line per rank for the capped shards, not one per shard
-    assert "1 shard(s) here allocate at most 10,000 rows (row cap" in out.stderr
-    assert "'big' rows [25,000, 50,000)" in out.stderr
+    # one line for the plan's capped shards, not one per shard or per rank
+    assert out.stderr.count("allocate at most 10,000 rows (row cap") == 1, out.stderr
+    assert "2 shard(s) allocate at most 10,000 rows (row cap" in out.stderr
+    assert "'big' rows [25,000, 50,000) on device 1" in out.stderr
     assert "max device cost" in out.stdout and "1.500 ms estimated" in out.stdout
     m = json.loads((tmp_path / "m.json").read_text())
     assert (m["num_devices"], m["iterations"], m["warmup"], m["backend"]) == (2, 5, 2, "gloo")

@@ -103,6 +103,22 @@ def plan_weights_precision(plan: Plan) -> str:
     return precision
 
 
+def capped_shards(plan: Plan, row_cap: int, rank: int | None = None) -> list[str]:
+    """The shards of ``plan`` (on ``rank``; None: every device) whose rows exceed ``row_cap``, each as
+    ``"'table' rows [a, b)"`` (on device d, when every device is asked): the runtime allocates at most
+    ``row_cap`` rows for them and folds their lookups onto those."""
+    devices = range(plan.num_devices) if rank is None else [rank]
+    return [f"'{s.table}' rows [{s.row_offset:,}, {s.row_offset + s.num_rows:,})"
+            + ("" if rank is not None else f" on device {d}")
+            for d in devices for s in plan.shards_on(d) if s.num_rows > row_cap]
+
+
+def row_cap_line(capped: list[str], row_cap: int) -> str:
+    """One line saying which shards the row cap folds (``capped_shards``)."""
+    return (f"{len(capped)} shard(s) allocate at most {row_cap:,} rows (row cap; lookups fold onto them): "
+            + ", ".join(capped[:4]) + (" ..." if len(capped) > 4 else ""))
+
+
 class ShardedEmbeddings:
     """This rank's shards of the plan: lookup (one fused kernel for all of them in device
     memory; the cached ones on their caches), exchange, and the update of the shard weights
@@ -116,15 +132,11 @@ class ShardedEmbeddings:
         self.tables = {t.name: t for t in tables}
         self.batch_size = batch_size
         self.shards: list[LocalShard] = []   # every shard here, in plan order (the exchange's)
-        capped = []
         for s in plan.shards_on(rank):
-            rows = min(s.num_rows, row_cap)
-            if rows < s.num_rows:
-                capped.append(f"'{s.table}' rows [{s.row_offset:,}, {s.row_offset + s.num_rows:,})")
-            self.shards.append(LocalShard(s, rows))
-        if capped:  # one line per rank, not one per shard
-            log.warning("%d shard(s) here allocate at most %s rows (row cap; lookups fold onto them): %s",
-                        len(capped), f"{row_cap:,}", ", ".join(capped[:4]) + (" ..." if len(capped) > 4 else ""))
+            self.shards.append(LocalShard(s, min(s.num_rows, row_cap)))
+        capped = capped_shards(plan, row_cap, rank)
+        if capped:  # the launching process warns once per plan (trainer.run); here only at info
+            log.info("rank %d: %s", rank, row_cap_line(capped, row_cap))
         precision = plan_weights_precision(plan) if self.shards else "fp32"
         # device shards run as one fused kernel; cached shards on their caches (``runtime.cached``)
         self._on_device = [i for i, ls in enumerate(self.shards) if ls.shard.tier.on_device]
