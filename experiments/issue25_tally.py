@@ -91,7 +91,9 @@ RUNS_ANY = ["plan_benchmark_issue25_session26_8dev_seed163_any", "plan_benchmark
             "plan_benchmark_issue25_session39_4dev_seed199", "plan_benchmark_issue25_session39_4dev_seed201",
             "plan_benchmark_issue25_session39_4dev_seed163", "plan_benchmark_issue25_session39_4dev_seed191",
             "plan_benchmark_issue25_session39_4dev_seed195", "plan_benchmark_issue25_session39_4dev_seed167",
-            "plan_benchmark_issue25_session39_4dev_seed193_dlrm"]
+            "plan_benchmark_issue25_session39_4dev_seed193_dlrm",
+            # a fresh 8-device task, then seed 201 again with six packings (its later run replaces the first)
+            "plan_benchmark_issue25_session39_8dev_seed209", "plan_benchmark_issue25_session39_4dev_seed201_six"]
 #: the runs of ``RUNS_ANY`` timed in transparent huge pages (formats revision 21, session 28 on: a device's
 #: share of its run moves 3.2% between runs against 7.9% in small pages), tallied apart as well
 RUNS_HUGE_PAGES = RUNS_ANY[RUNS_ANY.index("plan_benchmark_issue25_session28_8dev_seed167_any_thp"):]
