@@ -263,8 +263,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
                                                                 choice.timed, tables, calibration, models,
                                                                 [name(i) for i in starts],
                                                                 search_options.get("row_blocks"),
-                                                                reference=choice.least_work,
-                                                                reference_name=name(choice.least_work))
+                                                                reference=least, reference_name=name(least))
         if kept != best:
             best, lean = kept, (None if origin == lean else lean)
             record.update(chosen=name(best), chosen_round=None)
@@ -583,13 +582,14 @@ def _rebalance(plans: list[Plan], entries: list[dict], starts: list[int], median
         repeats += [np.array([run[k][2] for run in runs]) for k in range(len(which))]
         totals = [float(np.sum(m)) for m in means]
         chosen_from = len(candidates) + 1  # the reference (when timed) is last, and never kept here
-        if len(which) > chosen_from:
+        referenced = len(which) > chosen_from
+        if referenced:
             record["reference"] = reference_name
         for k, (_, _, info, _) in enumerate(candidates, start=1):
             info["measured_cost_ms"], info["against_ms"] = round(cost[k], 4), round(cost[0], 4)
             info["measured_total_compute_ms"] = round(totals[k], 4)
             info["against_total_compute_ms"] = round(totals[0], 4)
-            if len(which) > chosen_from:
+            if referenced:
                 info["reference_total_compute_ms"] = round(totals[-1], 4)
         if round_ == 1:
             record["chosen_measured_cost_ms"] = round(cost[0], 4)

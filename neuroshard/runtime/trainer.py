@@ -186,8 +186,8 @@ def run(config: RunConfig) -> RunResult | None:
     kernel = resolve_kernel(config.kernel, _device_kind(config.backend))  # refuse a bad kernel before starting
     for plan in config.plans:  # once per plan and process, here rather than once per rank and run
         capped = capped_shards(plan, config.row_cap)
-        line = row_cap_line(capped, config.row_cap) if capped else ""
-        if line and line not in _ROW_CAP_WARNED:
+        line = row_cap_line(capped, config.row_cap)
+        if capped and line not in _ROW_CAP_WARNED:
             _ROW_CAP_WARNED.add(line)
             log.warning("%s", line)
     for plan in config.plans:  # and an optimizer it cannot train with
