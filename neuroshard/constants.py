@@ -213,6 +213,16 @@ ITERATION_TERMS = {
     "other_ms": "the rest of the period: host-side work between the terms (Python, bookkeeping)",
 }
 
+#: steps each plan runs in a row when several plans train in one run (``RunConfig.turn``, formats
+#: revision 32). The first step of a turn is its switch step and is not measured: its barrier waits
+#: for the previous plan's slowest rank, and its caches hold the previous plan's rows. With turns of
+#: one step (A B A B, before revision 32) the waiting an unbalanced plan causes (its busy rank's
+#: embedding backward and next input) landed in the next plan's step: on hot-few seed 61 at 2
+#: processes (2026-12-05, session 40) NeuroShard's balanced plan measured 150-156 ms alone against
+#: 175-198 for dim's and size's, and 168-170 interleaved against 160-166: the interleaved run put
+#: the balanced plan last, the order the iteration model's misses of issue 31 had
+TURN_STEPS = 3
+
 #: what ``shard`` ranks plans by: the embedding cost (the slowest device's compute and exchange,
 #: the default) or the predicted training iteration (``search.iteration``, dense part included)
 OBJECTIVES = ("embedding", "iteration")

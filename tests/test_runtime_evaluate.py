@@ -10,9 +10,17 @@ from pathlib import Path
 import pytest
 
 from neuroshard.costmodels.measure.kernel import KernelBenchmark
+from neuroshard.errors import NeuroShardError
 from neuroshard.launch import free_port
 from neuroshard.plan import Plan, Shard
-from neuroshard.runtime.evaluate import evaluate, evaluate_together, measure_alternating, paired_improvement
+from neuroshard.runtime.evaluate import (
+    evaluate,
+    evaluate_together,
+    measure_alternating,
+    paired_improvement,
+    settled_steps,
+    steps_per_plan,
+)
 from neuroshard.runtime.trainer import RunConfig, run
 from neuroshard.tables import Table, TableSet
 
@@ -87,17 +95,36 @@ def test_paired_improvement_is_the_geometric_mean_of_round_ratios():
     assert paired_improvement([110.0], [100.0]) == pytest.approx(-0.10)
 
 
+def test_turns_leave_enough_settled_steps_and_a_turn_of_one_step_is_refused():
+    """Every plan gets ``iterations`` settled steps after warm-up, in whole turns; alone, no turn."""
+    from neuroshard.runtime.trainer import check_config
+    assert steps_per_plan(12, 3, 1) == 15
+    for iterations, warmup, turn in ((12, 3, 3), (3, 1, 2), (1, 0, 2), (5, 4, 4)):
+        steps = steps_per_plan(iterations, warmup, 3, turn)
+        assert steps % turn == 0
+        kept = sum(1 for k in range(steps) if k >= warmup and k % turn != 0)
+        assert kept >= iterations and kept - iterations < turn
+    plan = Plan(TABLES, [Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, 0) for t in TABLES], 2, 10**9)
+    with pytest.raises(NeuroShardError, match="steps per turn"):
+        check_config(RunConfig(plan, TABLES, 2, alternates=[plan], turn=1))
+    check_config(RunConfig(plan, TABLES, 2, turn=1))  # one plan: every step follows its own
+
+
 @pytest.mark.timing
 @pytest.mark.gloo
 def test_plans_measured_together_alternate_their_steps(tmp_path):
-    """An A/B run: both plans' embeddings live in every rank and their steps alternate."""
+    """An A/B run: both plans' embeddings live in every rank and they take turns of a few steps;
+    a turn's first step (its barrier waits for the other plan's ranks) is not measured."""
     _files(tmp_path)
     tables = TableSet.read(tmp_path / "tables.json")
     split = Plan.read(tmp_path / "plan.json")
     whole = Plan(TABLES, [Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, i % 2) for i, t in enumerate(TABLES)],
                  2, 10**9, tables_name="evaluate")
-    result = run(RunConfig(split, TABLES, 2, steps=6, batch_size=64, alternates=[whole]))
-    assert [r["plan"] for r in result.records[0]] == [0, 1, 0, 1, 0, 1]
+    result = run(RunConfig(split, TABLES, 2, steps=8, batch_size=64, alternates=[whole], turn=2))
+    assert [r["plan"] for r in result.records[0]] == [0, 0, 1, 1, 0, 0, 1, 1]
+    # plan 1's first steps: its switch steps at 2 and 6 are left out, one warm-up step too
+    assert settled_steps(result.records[0], 1, 1) == [result.records[0][i] for i in (3, 7)]
+    assert settled_steps(result.records[0], 0, 0) == [result.records[0][i] for i in (0, 1, 5)]
     first, second = evaluate_together([split, whole], tables, iterations=3, warmup=1)
     assert first.plan is split and second.plan is whole
     assert first.iterations == second.iterations == 3 and first.warmup == 1
@@ -120,8 +147,8 @@ def test_runtime_judge_trains_the_plans_together_and_ranks_a_lopsided_plan_last(
                   2, 10**9, tables_name="judge")
     lopsided = Plan(heavy, [Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, d)
                             for t, d in zip(heavy, (0, 0, 1))], 2, 10**9, tables_name="judge")
-    judge = RuntimeJudge(runs=2, iterations=4)
-    assert judge.describe() == {"name": "runtime", "runs": 2, "iterations": 4, "batch_size": None}
+    judge = RuntimeJudge(runs=2, iterations=6)
+    assert judge.describe() == {"name": "runtime", "runs": 2, "iterations": 6, "batch_size": None}
     costs = judge.costs_ms([spread, lopsided], tables)
     assert [len(c) for c in costs] == [2, 2] and all(c > 0 for run in costs for c in run)
     assert geometric_mean(costs[0]) < geometric_mean(costs[1])

@@ -5,7 +5,7 @@
 - ``evaluate.evaluate(plan, tables, ...)``: per-device measured embedding compute,
   forward and backward communication (what the cost models predict);
 - ``evaluate.measure_alternating({name: plan}, tables, runs=...)``: compare plans in
-  runs that interleave their steps (A/B), so a shared machine's slow spells cancel;
+  runs where they take turns of a few steps (A/B), so a shared machine's slow spells cancel;
 - ``judge.RuntimeJudge``: refine's final choice made by training its plans and the
   baselines' together here (``search --refine N --judge runtime``);
 - ``model.train_reference``: the same model unsharded in one process;

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..constants import ITERATION_TERMS
+from ..constants import ITERATION_TERMS, TURN_STEPS
 from ..errors import NeuroShardError
 from ..io import atomic_write_text
 from ..plan import Plan
@@ -141,16 +141,41 @@ def iteration_terms(kept: Sequence[dict]) -> dict:
     return {name: statistics.fmean(r[name] for r in typical) for name in names}
 
 
-def summarize(plan: Plan, result: RunResult, warmup: int, batch_size: int, which: int = 0) -> Measurement:
-    """Medians per device over the steps of plan number ``which`` after its first
-    ``warmup`` (each device's total is the median of its per-step totals, not the sum
-    of medians); the iteration time (the median of the per-step max over ranks of the
-    period) and each rank's iteration terms."""
+def settled_steps(records: Sequence[dict], which: int, warmup: int) -> list[dict]:
+    """The steps of plan number ``which`` that a measurement keeps: after the plan's first
+    ``warmup`` steps, those that follow a step of the same plan (the first step of a run
+    counts as following its own plan). A step right after another plan's is its switch step
+    (``RunConfig.turn``): its barrier waits for the other plan's slowest rank, its caches hold
+    the other plan's rows; measured, that waiting was charged to the plan that did not cause
+    it (``constants.TURN_STEPS``)."""
+    mine = [(i, r) for i, r in enumerate(records) if r.get("plan", 0) == which]
+    return [r for i, r in mine[warmup:] if i == 0 or records[i - 1].get("plan", 0) == which]
+
+
+def steps_per_plan(iterations: int, warmup: int, plans: int, turn: int = TURN_STEPS) -> int:
+    """How many steps each of ``plans`` plans must run, in turns of ``turn`` steps, for
+    ``iterations`` of them to be kept after ``warmup`` (``settled_steps``)."""
+    if plans == 1:
+        return warmup + iterations
+    steps = kept = 0
+    while kept < iterations:
+        if steps >= warmup and steps % turn != 0:  # a turn's first step is its switch step
+            kept += 1
+        steps += 1
+    return -(-steps // turn) * turn  # whole turns: every plan's turns line up
+
+
+def summarize(plan: Plan, result: RunResult, warmup: int, batch_size: int, which: int = 0,
+              iterations: int | None = None) -> Measurement:
+    """Medians per device over the settled steps of plan number ``which`` after its first
+    ``warmup`` (``settled_steps``, the first ``iterations`` of them when given; each device's
+    total is the median of its per-step totals, not the sum of medians); the iteration time
+    (the median over those steps of the ranks' mean period) and each rank's iteration terms."""
     per_device, breakdown, kept_by_rank = [], [], []
     for rank, records in enumerate(result.records):
         mine = [r for r in records if r.get("plan", 0) == which]
-        kept = mine[warmup:] or mine
-        steps = len(mine)
+        kept = settled_steps(records, which, warmup)[:iterations] or mine
+        steps = len(kept)
         kept_by_rank.append(kept)
         breakdown.append(iteration_terms(kept))
         row: dict = {"device": rank, "shards": len(plan.shards_on(rank))}
@@ -165,8 +190,8 @@ def summarize(plan: Plan, result: RunResult, warmup: int, batch_size: int, which
     # every rank passes the same barriers, so their periods differ only by where each one's
     # loop top falls; the slowest rank's would add scheduling jitter (the max of noisy figures)
     iteration_ms = statistics.median(statistics.fmean(r["period_ms"] for r in step) for step in zip(*kept_by_rank))
-    used_warmup = warmup if steps > warmup else 0
-    return Measurement(plan, per_device, steps - used_warmup, used_warmup, batch_size, result.backend,
+    used_warmup = warmup if len(mine) > warmup else 0
+    return Measurement(plan, per_device, steps, used_warmup, batch_size, result.backend,
                        result.kernel, result.clock, cache_summary(plan, result.records, which), iteration_ms,
                        breakdown)
 
@@ -183,9 +208,9 @@ def evaluate(plan: Plan, tables: TableSet, devices: int | None = None, iteration
 def evaluate_together(plans: Sequence[Plan], tables: TableSet, devices: int | None = None, iterations: int = 20,
                       warmup: int = DEFAULT_WARMUP, batch_size: int | None = None,
                       **options) -> list[Measurement] | None:
-    """Measure plans of the same tables in one run, their steps interleaved (A B A B
-    ...: ``RunConfig.alternates``), ``iterations`` measured steps each: one
-    ``Measurement`` per plan, in order."""
+    """Measure plans of the same tables in one run, taking turns of ``TURN_STEPS`` steps (A A A
+    B B B ...: ``RunConfig.alternates``), ``iterations`` measured steps each, switch steps left
+    out (``settled_steps``): one ``Measurement`` per plan, in order."""
     plans = list(plans)
     if not plans:
         raise NeuroShardError("no plan to measure")
@@ -195,18 +220,20 @@ def evaluate_together(plans: Sequence[Plan], tables: TableSet, devices: int | No
     for plan in plans:
         check_run(plan, tables, devices)
     batch_size = batch_size if batch_size is not None else tables.batch_size
-    config = RunConfig(plans[0], list(tables), devices, steps=len(plans) * (iterations + warmup),
-                       batch_size=batch_size, alternates=plans[1:], **options)
+    turn = options.pop("turn", TURN_STEPS)
+    config = RunConfig(plans[0], list(tables), devices,
+                       steps=len(plans) * steps_per_plan(iterations, warmup, len(plans), turn),
+                       batch_size=batch_size, alternates=plans[1:], turn=turn, **options)
     result = run(config)
     if result is None:
         return None
-    return [summarize(plan, result, warmup, batch_size, which) for which, plan in enumerate(plans)]
+    return [summarize(plan, result, warmup, batch_size, which, iterations) for which, plan in enumerate(plans)]
 
 
 def measure_alternating(plans: dict[str, Plan], tables: TableSet, runs: int = 3, iterations: int = 20,
                         devices: int | None = None, **options) -> dict[str, list[Measurement]]:
     """Measure several plans of the same tables in ``runs`` runs, each running all
-    plans with their steps interleaved (``evaluate_together``; the order rotates from
+    plans in turns (``evaluate_together``; the order rotates from
     run to run), so a slow spell of a shared machine hits every plan alike.
     Returns each plan's measurements, one per run."""
     if runs < 1:

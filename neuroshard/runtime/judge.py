@@ -6,8 +6,8 @@ to the next and pays the backward pass and the all-to-all too. The two rank clos
 differently (the demo, 2026-11-27, Intel Xeon: the plan the kernel measured cheapest ran
 2.8% slower than lookup's on this runtime, A/A 0.2%). This judge measures what the demo
 and a user training here compare: each plan's slowest device (embedding compute, forward
-and backward communication: ``Measurement.max_device_cost_ms``) over ``runs`` runs that
-interleave all plans' steps (``evaluate.measure_alternating``), one process per device.
+and backward communication: ``Measurement.max_device_cost_ms``) over ``runs`` runs where
+all plans take turns of a few steps (``evaluate.measure_alternating``), one process per device.
 """
 from __future__ import annotations
 

@@ -49,10 +49,12 @@ plan in an A/B run. Each rank keeps its own share of the loss; rank 0 sums the s
 run (no collective per step beyond those of training itself).
 
 ``RunConfig.alternates`` (other plans of the same tables) turns a run into an A/B
-measurement: every rank holds the embeddings of every plan and step ``s`` runs
-plan ``s % (1 + len(alternates))``, the dense part shared. A slow spell of a shared
-machine (seconds long) then hits all plans alike, which separate runs of each plan
-do not achieve. Each step's record says which plan ran (``plan``).
+measurement: every rank holds the embeddings of every plan and the plans take turns of
+``RunConfig.turn`` steps (``constants.TURN_STEPS``: A A A B B B A A A ...), the dense part
+shared. A slow spell of a shared machine (seconds long) then hits all plans alike, which
+separate runs of each plan do not achieve. Each step's record says which plan ran (``plan``);
+the first step of each turn is a switch step that measurement leaves out (``runtime.evaluate``:
+its barrier waits for the previous plan's slowest rank).
 """
 from __future__ import annotations
 
@@ -66,7 +68,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..constants import ITERATION_TERMS
+from ..constants import ITERATION_TERMS, TURN_STEPS
 from ..dense import build_dense
 from ..errors import InvalidPlanError, NeuroShardError
 from ..faults import Fault, training_fault
@@ -116,13 +118,18 @@ class RunConfig:
     timeout_s: float = 120.0
     fault: str | None = None
     collect_weights: bool = False
-    alternates: list[Plan] = field(default_factory=list)  # plans run on alternate steps (A/B measurement)
+    alternates: list[Plan] = field(default_factory=list)  # plans that take turns with ``plan`` (A/B measurement)
     model: ModelSpec = DEFAULT_MODEL  # the dense part trained with the embeddings (``model_spec``)
+    turn: int = TURN_STEPS  # steps each plan runs in a row when there are alternates
 
     @property
     def plans(self) -> list[Plan]:
-        """The plan, then the alternates: step ``s`` runs ``plans[s % len(plans)]``."""
+        """The plan, then the alternates: step ``s`` runs ``plans[plan_at(s)]``."""
         return [self.plan, *self.alternates]
+
+    def plan_at(self, step: int) -> int:
+        """Which of ``plans`` step ``step`` runs: turns of ``turn`` steps, in order."""
+        return (step // self.turn) % (1 + len(self.alternates))
 
 
 @dataclass
@@ -175,6 +182,8 @@ def check_config(config: RunConfig) -> None:
     check_seed(config.seed)
     check_int(config.row_cap, "row cap", 1)
     check_number(config.timeout_s, "timeout (seconds)", 1.0, 86400.0)
+    # a turn of one step leaves no step that follows its own plan's: nothing measurable (TURN_STEPS)
+    check_int(config.turn, "steps per turn", 2 if config.alternates else 1, MAX_STEPS)
 
 
 def run(config: RunConfig) -> RunResult | None:
@@ -308,7 +317,7 @@ def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: t
         wctx.heartbeat(step_progress(step, INPUTS))
         if fault is not None:
             fault.inject(rank, step)
-        which = step % len(embs)
+        which = config.plan_at(step)
         emb = embs[which]
         ti = time.perf_counter()
         batch = make_batch(held[which], batch_size, step, config.seed, config.model.dense_features)
