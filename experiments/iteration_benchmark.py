@@ -99,7 +99,37 @@ TWO_PROCESS = [
     ("criteo-kaggle", 26, 65, DEFAULT_MODEL, 4096, 2),
     ("hot-few", 28, 66, DEFAULT_MODEL, 2048, 2),
 ]
-SUITES = {"default": CONFIGS, "embedding-heavy": EMBEDDING_HEAVY, "fresh": FRESH, "two-process": TWO_PROCESS}
+#: the ranking test on fresh seeds (71-80) once plans measured together take turns (formats revision
+#: 32, session 40): before, a plan's waiting landed in the next plan's step, which ranked unbalanced
+#: plans first (docs/results.md, session 40); 2 and 3 processes, four dense models
+TURNS = [
+    ("hot-few", 20, 71, DEFAULT_MODEL, 4096, 2),
+    ("dlrm-2021", 24, 72, DEFAULT_MODEL, 4096, 2),
+    ("broad", 24, 73, MEDIUM, 3072, 2),
+    ("dlrm-2022", 20, 74, DEFAULT_MODEL, 4096, 2),
+    ("criteo-terabyte", 16, 75, DEFAULT_MODEL, 4096, 2),
+    ("criteo-kaggle", 26, 80, LARGE, 2048, 2),
+    ("hot-few", 18, 76, DEFAULT_MODEL, 3072, 3),
+    ("dlrm-2021", 24, 77, CAT, 3072, 3),
+    ("dlrm-2022", 18, 78, DEFAULT_MODEL, 4096, 3),
+    ("broad", 22, 79, DEFAULT_MODEL, 4096, 3),
+]
+#: more ranking sets at 2 processes, one per core (seeds 81-90, session 40): where the turns suites
+#: decided sets, 2 processes gave 3 right of 4 and 3 processes on 2 cores 0 of 1
+TURNS_TWO = [
+    ("hot-few", 22, 81, DEFAULT_MODEL, 4096, 2),
+    ("dlrm-2021", 20, 82, DEFAULT_MODEL, 4096, 2),
+    ("broad", 20, 83, DEFAULT_MODEL, 4096, 2),
+    ("dlrm-2022", 24, 84, DEFAULT_MODEL, 3072, 2),
+    ("criteo-terabyte", 20, 85, DEFAULT_MODEL, 4096, 2),
+    ("hot-few", 16, 86, MEDIUM, 4096, 2),
+    ("dlrm-2021", 28, 87, DEFAULT_MODEL, 2048, 2),
+    ("criteo-kaggle", 26, 88, DEFAULT_MODEL, 4096, 2),
+    ("broad", 28, 89, CAT, 3072, 2),
+    ("criteo-terabyte", 24, 90, MEDIUM, 4096, 2),
+]
+SUITES = {"default": CONFIGS, "embedding-heavy": EMBEDDING_HEAVY, "fresh": FRESH, "two-process": TWO_PROCESS,
+          "turns": TURNS, "turns-two": TURNS_TWO}
 
 
 def plans_of(tables, devices: int, models, with_random: bool = False) -> dict:
@@ -225,7 +255,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--suite", choices=sorted(SUITES), default="default",
                     help="default: mixed dense and embedding work; embedding-heavy: the ranking test (item 6); "
-                         "fresh: both regimes on fresh seeds; two-process: the ranking test at 2 processes")
+                         "fresh: both regimes on fresh seeds; two-process: the ranking test at 2 processes; "
+                         "turns: the ranking test on fresh seeds at 2 and 3 processes (session 40); "
+                         "turns-two: more of it at 2 processes")
     ap.add_argument("--configs", type=int, nargs="*", default=None, help="indices of the suite to run (default: all)")
     ap.add_argument("--operator-costs", default=None, help="operator cost models (default: the shipped ones)")
     ap.add_argument("--with-random", action="store_true",

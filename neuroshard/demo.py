@@ -20,6 +20,7 @@ import json
 import os
 from pathlib import Path
 
+from .constants import TURN_STEPS
 from .costmodels import load_cost_models
 from .costmodels.measure.store import cpu_model, same_cpu
 from .datasets.synthetic import generate
@@ -132,8 +133,8 @@ def run_demo(args: argparse.Namespace) -> int:
     control = "neuroshard again"  # the A/A control: our plan measured a second time in the same runs
     runnable[control] = plans["neuroshard"]
     print(f"\n== 3. run the plans on the training runtime: {args.devices} gloo processes, batch "
-          f"{models.batch_size}, {args.runs} runs, each alternating the steps of {len(runnable) - 1} distinct plans "
-          f"(ours and the baselines'), {args.iterations} iterations each; ours runs twice (an A/A control: the noise "
+          f"{models.batch_size}, {args.runs} runs, each with {len(runnable) - 1} distinct plans taking turns of "
+          f"{TURN_STEPS} steps (ours and the baselines'), {args.iterations} measured iterations each; ours runs twice (an A/A control: the noise "
           f"of one comparison)")
     runs = measure_alternating(runnable, tables, runs=args.runs, iterations=args.iterations, devices=args.devices,
                                batch_size=models.batch_size)
