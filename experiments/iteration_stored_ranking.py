@@ -115,6 +115,17 @@ def main() -> None:
             print(f"  {run} seed {seed} ({plans[0]['ranks']} processes): measured fastest {order[0]['plan']} "
                   f"{order[0]['measured']:.1f} ms, next {order[1]['plan']} +{100 * (order[1]['measured'] / order[0]['measured'] - 1):.1f}% "
                   f"(A/A noise {100 * noise:.1f}%); predicted fastest {pick['plan']}: {word}")
+        for ranks in sorted({p["ranks"] for p in points}):  # what the pick costs: its step over the fastest's
+            regret, spread = [], []
+            for plans in sets.values():
+                if plans[0]["ranks"] == ranks:
+                    fastest = min(p["measured"] for p in plans)
+                    regret.append(min(plans, key=lambda p: p["predicted"])["measured"] / fastest - 1)
+                    spread.append(max(p["measured"] for p in plans) / fastest - 1)
+            regret = np.array(regret)
+            print(f"{ranks} processes, {len(regret)} sets: the plan predicted fastest measured {100 * regret.mean():.2f}% "
+                  f"over the fastest on average (median {100 * np.median(regret):.2f}%, at most {100 * regret.max():.1f}%), "
+                  f"within 1% in {(regret <= 0.01).sum()}; the sets' plans spread {100 * np.mean(spread):.1f}% on average")
         oversubscribed = [p for p in points if p["ranks"] > args.cores]
         if oversubscribed:
             report(f"more ranks than {args.cores} cores", lambda p: p["predicted"], oversubscribed)
