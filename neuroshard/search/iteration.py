@@ -33,10 +33,9 @@ These are the operators' own figures (``operator_durations``). Real runs add ove
 (dispatch and DDP's hooks around the dense operators, collective latency, data loading's
 host work, ranks sharing cores): ``OperatorModels.with_overheads`` adds, per term, what
 ``collect overheads`` measured (``runtime.overheads``). The predicted iteration is then the
-critical path's period, stretched as measured when ranks take turns on fewer cores
-(``OperatorModels.with_period``; the stretch is waiting, charged to ``STRETCH_TERM``: the
-dense gradients' all-reduce, where the runtime's ranks measurably wait for each other; with
-one rank, ``sync_ms``). The
+critical path's period, stretched as measured (``OperatorModels.with_period``: ranks sharing
+the machine's cores, memory and gloo's threads), the stretch spread over ``STRETCH_TERMS`` in
+proportion (with one rank, ``sync_ms`` takes it). The
 critical path walks back from the end through each collective to the rank that arrived last. GPU-only terms (kernel launches, CUDA
 streams) are not in this model: the included runtime measured here runs on CPU, and a
 figure for a GPU says so ("not measured here") until a GPU measures it.
@@ -60,15 +59,17 @@ from .simulator import Simulator
 
 #: DDP's default bucket: gradients are all-reduced in calls of at most this many bytes
 DDP_BUCKET_BYTES = 25 * 2**20
-#: the term that takes the period's stretch (ranks taking turns on fewer cores): the waiting shows
-#: in DDP's all-reduce of the dense gradients, not at the step's barrier. Charged to sync_ms, the
-#: three iteration suites of 2026-11-26 (experiments/results/iteration_sameday, re-predicted:
-#: docs/results.md, session 16) gave sync 8.6/22.0/16.1 ms predicted against 3.4/7.6/5.8 measured
-#: and the all-reduce 4.5/3.2/4.6 against 9.3/10.4/12.3; charged here, sync 3.1/7.3/4.9 and the
-#: all-reduce 10.0/17.9/15.7 (per-plan GMAE 165/213/190% -> 71/84/77% and 87/243/136% -> 37/81/70%);
-#: spread over every term in proportion (the operators all slowed alike), the all-reduce kept
-#: 68/208/111%. The iteration's own figure is the same either way.
-STRETCH_TERM = "dense_allreduce_ms"
+#: the terms that take the period's stretch, each rank's in proportion to their size: the dense part
+#: and the collectives, which the measured steps show slowed in real runs (the embeddings' and data
+#: loading's own overheads already carry theirs). Until session 40 the stretch went to the dense
+#: all-reduce alone (it was waiting, in runs whose steps alternated between plans; formats revision
+#: 32). On the runs in turns (experiments/results/iteration_turns; chosen on the turns and
+#: two-process suites, checked on embedding-heavy and turns-two), per-term GMAE charged to the
+#: all-reduce / spread here: forward all-to-all 20.4/7.8%, dense forward 17.4/7.3%, backward
+#: 10.5/10.9%, all-reduce 175/60%, optimizer 24.2/8.0%, backward all-to-all 23.2/10.3%; spread over
+#: every term instead, data loading went 3.1 -> 16.5% and the embeddings 6-8 -> 12%. The
+#: iteration's own figure is the same either way.
+STRETCH_TERMS = ("fwd_comm_ms", "dense_fwd_ms", "dense_bwd_ms", "dense_allreduce_ms", "optimizer_ms", "bwd_comm_ms")
 #: the chain of one rank's step: (term, the collective that ends it, or None)
 STEP_CHAIN: tuple[tuple[str, str | None], ...] = (
     ("emb_fwd_ms", None), ("fwd_comm_ms", "exchange"), ("dense_fwd_ms", None), ("dense_bwd_ms", None),
@@ -176,14 +177,22 @@ def estimate_iteration(plan: Plan, tables: TableSet, cost_models: CostModels, op
     durations, overheads = operators.with_overheads(durations)
     per_rank, path, path_ms = critical_path(durations)
     period = operators.with_period(path_ms, plan.num_devices)
-    term = STRETCH_TERM if plan.num_devices > 1 else "sync_ms"
-    for row in per_rank:  # the stretch of ranks taking turns on the cores is waiting (STRETCH_TERM)
-        row[term] += period - path_ms
+    for row in per_rank:  # the stretch of ranks sharing the machine (STRETCH_TERMS)
+        spread_stretch(row, period - path_ms, STRETCH_TERMS if plan.num_devices > 1 else ("sync_ms",))
     sources = {"embedding": f"{cost_models.name} ({sim.comm_source})",
                "operators": operators.hardware_.get("cpu_model", "unknown hardware"),
                "overheads": overheads,
                "gpu_terms": "not measured here (kernel launches, CUDA streams): the included runtime runs on CPU"}
     return IterationEstimate(period, per_rank, path, batch, model, sources)
+
+
+def spread_stretch(row: dict[str, float], stretch: float, terms: Sequence[str]) -> None:
+    """Add ``stretch`` ms to one rank's ``terms`` (those it has) in proportion to their size;
+    evenly when they are all zero."""
+    held = [t for t in terms if t in row]
+    total = sum(max(row[t], 0.0) for t in held)
+    for t in held:
+        row[t] += stretch * (max(row[t], 0.0) / total if total > 0 else 1.0 / len(held))
 
 
 def critical_path(durations: Sequence[dict[str, float]]) -> tuple[list[dict[str, float]], list[tuple[int, str, float]], float]:
