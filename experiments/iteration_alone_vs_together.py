@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from iteration_benchmark import SUITES, config_plans  # noqa: E402
-from neuroshard.costmodels import resolve_cost_models  # noqa: E402
-from neuroshard.runtime.evaluate import evaluate, evaluate_together  # noqa: E402
+from iteration_benchmark import SUITES, config_plans
+
+from neuroshard.costmodels import resolve_cost_models
+from neuroshard.runtime.evaluate import evaluate, evaluate_together
 
 
 def main() -> None:

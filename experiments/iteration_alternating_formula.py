@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from iteration_benchmark import stored_plans  # noqa: E402
-from neuroshard.costmodels import resolve_cost_models  # noqa: E402
-from neuroshard.costmodels.dense import load_operator_models  # noqa: E402
-from neuroshard.costmodels.metrics import gmae  # noqa: E402
-from neuroshard.search.iteration import estimate_iteration  # noqa: E402
+from iteration_benchmark import stored_plans
+
+from neuroshard.costmodels import resolve_cost_models
+from neuroshard.costmodels.dense import load_operator_models
+from neuroshard.costmodels.metrics import gmae
+from neuroshard.search.iteration import estimate_iteration
 
 BEFORE_BARRIER = {"input_ms", "sync_ms", "other_ms"}
 
@@ -39,7 +40,7 @@ def main() -> None:
     for seed, rows in by_set.items():
         names = [r[0]["plan"] for r in rows]
 
-        def alternating(order):
+        def alternating(order, rows=rows, names=names):
             out = {}
             for i, name in enumerate(order):
                 p, q = rows[names.index(name)], rows[names.index(order[i - 1])]
