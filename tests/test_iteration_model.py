@@ -254,3 +254,25 @@ def test_search_by_the_iteration_objective_writes_the_fastest_predicted_step(tmp
     bad = run_cli("search", tmp_path / "t.json", "-d", "2", "-m", "1GiB", "--model", tmp_path / "m.json",
                   "-o", tmp_path / "q.json")
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "--objective iteration" in bad.stderr
+
+
+def test_estimate_says_when_the_ranks_outnumber_the_cores_the_operator_costs_were_measured_on(
+        tmp_path, runtime_plan, runtime_tables, shipped_models):
+    """3 ranks on a 2-core machine share cores, which the critical path does not model: the
+    estimate says so in ``sources`` and ``estimate`` prints it; 2 ranks there, or no core count, do not."""
+    from neuroshard.search.iteration import shared_cores_note
+    tables = TableSet("rt", runtime_tables, batch_size=256)
+    ops = load_operator_models()
+    ops.hardware_ = {**ops.hardware_, "cpu_count": 2}
+    three = estimate_iteration(runtime_plan("mixed", 3), tables, shipped_models, ops, DEFAULT_MODEL)
+    two = estimate_iteration(runtime_plan("mixed", 2), tables, shipped_models, ops, DEFAULT_MODEL)
+    assert "3 ranks on the 2 cores" in three.sources["shared_cores"] and "shared_cores" not in two.sources
+    assert shared_cores_note(3, {}) is None
+    ops.save(tmp_path / "ops.json")
+    tables.write(tmp_path / "t.json")
+    runtime_plan("mixed", 3).write(tmp_path / "p.json")
+    out = run_cli("estimate", tmp_path / "p.json", "--tables", tmp_path / "t.json", "--operator-costs", tmp_path / "ops.json",
+                  "-o", tmp_path / "e.json")
+    assert out.returncode == 0, out.stderr
+    assert "warning: 3 ranks on the 2 cores" in out.stdout
+    assert "share cores" in json.loads((tmp_path / "e.json").read_text())["sources"]["shared_cores"]

@@ -286,6 +286,8 @@ def _estimate(args: argparse.Namespace) -> int:
     print(estimate.format())
     print(f"sources: {estimate.sources['embedding']}; operators measured on {estimate.sources['operators']}; "
           f"GPU terms {estimate.sources['gpu_terms']}")
+    if "shared_cores" in estimate.sources:
+        print(f"warning: {estimate.sources['shared_cores']}")
     elsewhere = other_cpu(operators.hardware_)
     if elsewhere:
         print(f"warning: the operator costs were {elsewhere}: the estimate is for that CPU; `neuroshard collect "

@@ -183,7 +183,25 @@ def estimate_iteration(plan: Plan, tables: TableSet, cost_models: CostModels, op
                "operators": operators.hardware_.get("cpu_model", "unknown hardware"),
                "overheads": overheads,
                "gpu_terms": "not measured here (kernel launches, CUDA streams): the included runtime runs on CPU"}
+    shared = shared_cores_note(plan.num_devices, operators.hardware_)
+    if shared:
+        sources["shared_cores"] = shared
     return IterationEstimate(period, per_rank, path, batch, model, sources)
+
+
+def shared_cores_note(ranks: int, hardware: dict) -> str | None:
+    """What an estimate of ``ranks`` processes on the machine of ``hardware`` (an operator file's)
+    cannot see when it has fewer cores than ranks, or None. The overheads fitted there carry the
+    sharing as an average, so the step is predicted about as well (3 ranks on 2 cores: GMAE 3.0-4.3%,
+    docs/results.md, session 40), but the ranks then train at about the pace of their summed work and
+    the critical path ranks plans poorly (the plan predicted fastest measured 2.5% over the fastest on
+    average, at 2 processes 1.2%)."""
+    cores = hardware.get("cpu_count")
+    if not isinstance(cores, int) or ranks <= cores:
+        return None
+    return (f"{ranks} ranks on the {cores} cores the operator costs were measured on: the ranks share cores, "
+            f"which the critical path does not model; the step is predicted, comparisons of plans are less "
+            f"sure (docs/results.md, session 40)")
 
 
 def spread_stretch(row: dict[str, float], stretch: float, terms: Sequence[str]) -> None:
