@@ -108,6 +108,8 @@ def test_turns_leave_enough_settled_steps_and_a_turn_of_one_step_is_refused():
     with pytest.raises(NeuroShardError, match="steps per turn"):
         check_config(RunConfig(plan, TABLES, 2, alternates=[plan], turn=1))
     check_config(RunConfig(plan, TABLES, 2, turn=1))  # one plan: every step follows its own
+    with pytest.raises(NeuroShardError, match="steps per turn"):  # refused before the steps are counted
+        evaluate_together([plan, plan], TableSet("t", TABLES, 64), iterations=2, turn=1)
 
 
 @pytest.mark.timing

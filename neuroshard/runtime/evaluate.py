@@ -33,7 +33,7 @@ from ..plan import Plan
 from ..tables import TableSet
 from ..validate import MAX_STEPS, check_int
 from .cached import cache_summary, format_cache
-from .trainer import PHASES, RunConfig, RunResult, check_run, run
+from .trainer import PHASES, RunConfig, RunResult, check_run, check_turn, run
 
 log = logging.getLogger(__name__)
 
@@ -206,21 +206,21 @@ def evaluate(plan: Plan, tables: TableSet, devices: int | None = None, iteration
 
 
 def evaluate_together(plans: Sequence[Plan], tables: TableSet, devices: int | None = None, iterations: int = 20,
-                      warmup: int = DEFAULT_WARMUP, batch_size: int | None = None,
+                      warmup: int = DEFAULT_WARMUP, batch_size: int | None = None, turn: int = TURN_STEPS,
                       **options) -> list[Measurement] | None:
-    """Measure plans of the same tables in one run, taking turns of ``TURN_STEPS`` steps (A A A
-    B B B ...: ``RunConfig.alternates``), ``iterations`` measured steps each, switch steps left
-    out (``settled_steps``): one ``Measurement`` per plan, in order."""
+    """Measure plans of the same tables in one run, taking turns of ``turn`` steps (A A A B B B
+    ...: ``RunConfig.alternates``), ``iterations`` measured steps each, switch steps left out
+    (``settled_steps``): one ``Measurement`` per plan, in order."""
     plans = list(plans)
     if not plans:
         raise NeuroShardError("no plan to measure")
     check_int(iterations, "iterations", 1, MAX_STEPS)
     check_int(warmup, "warmup", 0, MAX_STEPS)
+    check_turn(turn, len(plans))  # before steps_per_plan, which counts on it
     devices = devices if devices is not None else max(p.num_devices for p in plans)
     for plan in plans:
         check_run(plan, tables, devices)
     batch_size = batch_size if batch_size is not None else tables.batch_size
-    turn = options.pop("turn", TURN_STEPS)
     config = RunConfig(plans[0], list(tables), devices,
                        steps=len(plans) * steps_per_plan(iterations, warmup, len(plans), turn),
                        batch_size=batch_size, alternates=plans[1:], turn=turn, **options)

@@ -182,8 +182,13 @@ def check_config(config: RunConfig) -> None:
     check_seed(config.seed)
     check_int(config.row_cap, "row cap", 1)
     check_number(config.timeout_s, "timeout (seconds)", 1.0, 86400.0)
-    # a turn of one step leaves no step that follows its own plan's: nothing measurable (TURN_STEPS)
-    check_int(config.turn, "steps per turn", 2 if config.alternates else 1, MAX_STEPS)
+    check_turn(config.turn, 1 + len(config.alternates))
+
+
+def check_turn(turn: int, plans: int) -> None:
+    """Refuse a turn that leaves nothing to measure: with several plans, a turn of one step has no
+    step that follows its own plan's (``TURN_STEPS``)."""
+    check_int(turn, "steps per turn", 2 if plans > 1 else 1, MAX_STEPS)
 
 
 def run(config: RunConfig) -> RunResult | None:
