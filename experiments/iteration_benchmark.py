@@ -37,7 +37,9 @@ from neuroshard.costmodels import resolve_cost_models
 from neuroshard.costmodels.dense import load_operator_models
 from neuroshard.costmodels.metrics import gmae, ratio_error
 from neuroshard.datasets.families import generate
+from neuroshard.measured.api import shard as measured_shard
 from neuroshard.model_spec import DEFAULT_MODEL, ModelSpec
+from neuroshard.plan import Plan
 from neuroshard.runtime.evaluate import evaluate_together
 from neuroshard.search.api import shard
 from neuroshard.search.iteration import estimate_iteration
@@ -128,16 +130,58 @@ TURNS_TWO = [
     ("broad", 28, 89, CAT, 3072, 2),
     ("criteo-terabyte", 14, 90, MEDIUM, 4096, 2),  # 24 tables: every rank holds all six plans' shards, 15.6 GB
 ]
+#: the sets issue 31 (item 6) names: NeuroShard's plan, the greedy baselines' and measured-greedy's
+#: (timed on this machine at the configuration's global batch; random's plan left out: six candidates),
+#: fresh seeds 91-104 at 2 processes, one per core (session 41). Every plan is stored in the run's
+#: configs.jsonl (measured-greedy's depends on timing, so it cannot be made again)
+WITH_MEASURED = [
+    ("hot-few", 20, 91, DEFAULT_MODEL, 4096, 2),
+    ("dlrm-2021", 22, 92, DEFAULT_MODEL, 4096, 2),
+    ("broad", 22, 93, DEFAULT_MODEL, 4096, 2),
+    ("dlrm-2022", 20, 94, DEFAULT_MODEL, 4096, 2),
+    ("criteo-terabyte", 12, 95, DEFAULT_MODEL, 4096, 2),
+    ("hot-few", 24, 96, MEDIUM, 3072, 2),
+    ("dlrm-2021", 18, 97, CAT, 4096, 2),
+    ("criteo-kaggle", 26, 98, DEFAULT_MODEL, 3072, 2),
+    ("broad", 26, 99, DEFAULT_MODEL, 3072, 2),
+    ("dlrm-2022", 16, 100, MEDIUM, 4096, 2),
+    ("hot-few", 16, 101, DEFAULT_MODEL, 4096, 2),
+    ("dlrm-2021", 26, 102, DEFAULT_MODEL, 3072, 2),
+    ("broad", 18, 103, CAT, 4096, 2),
+    ("dlrm-2022", 26, 104, DEFAULT_MODEL, 3072, 2),
+]
+#: more such sets (seeds 105-118, session 41), ten at 2 processes and four at 3 processes on 2 cores
+WITH_MEASURED_TWO = [
+    ("hot-few", 22, 105, DEFAULT_MODEL, 4096, 2),
+    ("dlrm-2021", 24, 106, DEFAULT_MODEL, 4096, 2),
+    ("broad", 20, 107, DEFAULT_MODEL, 4096, 2),
+    ("dlrm-2022", 22, 108, DEFAULT_MODEL, 4096, 2),
+    ("criteo-terabyte", 14, 109, DEFAULT_MODEL, 3072, 2),
+    ("dlrm-2021", 16, 110, MEDIUM, 4096, 2),
+    ("broad", 24, 111, DEFAULT_MODEL, 3072, 2),
+    ("dlrm-2022", 18, 112, CAT, 4096, 2),
+    ("criteo-kaggle", 26, 113, DEFAULT_MODEL, 4096, 2),
+    ("hot-few", 26, 114, DEFAULT_MODEL, 3072, 2),
+    ("dlrm-2021", 20, 115, DEFAULT_MODEL, 4096, 3),
+    ("broad", 20, 116, DEFAULT_MODEL, 4096, 3),
+    ("dlrm-2022", 18, 117, DEFAULT_MODEL, 3072, 3),
+    ("hot-few", 18, 118, DEFAULT_MODEL, 4096, 3),
+]
 SUITES = {"default": CONFIGS, "embedding-heavy": EMBEDDING_HEAVY, "fresh": FRESH, "two-process": TWO_PROCESS,
-          "turns": TURNS, "turns-two": TURNS_TWO}
+          "turns": TURNS, "turns-two": TURNS_TWO, "with-measured": WITH_MEASURED,
+          "with-measured-two": WITH_MEASURED_TWO}
 
 
-def plans_of(tables, devices: int, models, with_random: bool = False) -> dict:
-    """NeuroShard's plan and the greedy baselines' (random only ``with_random``), 64 GiB per device."""
+def plans_of(tables, devices: int, models, with_random: bool = False, measured_greedy: bool = False) -> dict:
+    """NeuroShard's plan and the greedy baselines' (random only ``with_random``), 64 GiB per device;
+    with ``measured_greedy`` measured-greedy's too, its units timed here at ``tables.batch_size``."""
     out = {"neuroshard": shard(tables, devices, "64GiB", "neuroshard", cost_models=models)}
     for name in with_trait("greedy_baseline"):
         if name != "random" or with_random:
             out[name] = shard(tables, devices, "64GiB", name, cost_models=models)
+    if measured_greedy:
+        out["measured-greedy"] = measured_shard(tables, devices, "64GiB", "measured-greedy", cost_models=models,
+                                                batch_size=tables.batch_size)
     unique, seen = {}, set()
     for name, plan in out.items():  # the same plan twice would be one candidate measured twice
         key = tuple(sorted((s.table, s.row_offset, s.num_rows, s.col_offset, s.num_cols, s.device) for s in plan.shards))
@@ -147,32 +191,45 @@ def plans_of(tables, devices: int, models, with_random: bool = False) -> dict:
     return unique
 
 
-def config_plans(config, models, with_random: bool = False) -> tuple:
-    """A configuration's tables (at its global batch) and candidate plans (``plans_of``)."""
-    family, count, seed, _, batch, devices = config
+def config_tables(config):
+    """A configuration's tables, at its global batch."""
+    family, count, seed, _, batch, _ = config
     tables = generate(family, num_tables=count, seed=seed)
     tables.batch_size = batch
-    return tables, plans_of(tables, devices, models, with_random)
+    return tables
+
+
+def config_plans(config, models, with_random: bool = False, measured_greedy: bool = False) -> tuple:
+    """A configuration's tables (at its global batch) and candidate plans (``plans_of``)."""
+    tables = config_tables(config)
+    return tables, plans_of(tables, config[5], models, with_random, measured_greedy)
 
 
 def stored_plans(suite: str, results: str | Path, models):
-    """The plans of a finished run of ``suite`` made again (deterministic: ``config_plans``):
-    per plan of its ``configs.jsonl``, ``(config, tables, plan, row)``, ``row`` the stored
-    result of that plan (its measured iteration and terms)."""
+    """The plans of a finished run of ``suite``: per plan of its ``configs.jsonl``, ``(config,
+    tables, plan, row)``, ``row`` the stored result of that plan (its measured iteration and
+    terms). Plans stored in the row (``plan_file``: runs since session 41) are read back; older runs'
+    are made again (deterministic: ``config_plans``)."""
     by_seed = {c[2]: c for c in SUITES[suite]}
     for line in Path(results).read_text().splitlines():
         if not line.strip():
             continue
         result = json.loads(line)
         config = by_seed[result["seed"]]
+        if all("plan_file" in row for row in result["plans"]):
+            tables = config_tables(config)
+            for row in result["plans"]:
+                yield config, tables, Plan.from_dict(row["plan_file"], f"{results}: seed {result['seed']}"), row
+            continue
         tables, plans = config_plans(config, models, with_random=any(p["plan"] == "random" for p in result["plans"]))
         for row in result["plans"]:
             yield config, tables, plans[row["plan"]], row
 
 
-def run_config(config, models, ops, iterations: int, warmup: int, with_random: bool = False) -> dict:
+def run_config(config, models, ops, iterations: int, warmup: int, with_random: bool = False,
+               measured_greedy: bool = False) -> dict:
     family, count, seed, model, batch, devices = config
-    tables, plans = config_plans(config, models, with_random)
+    tables, plans = config_plans(config, models, with_random, measured_greedy)
     names = list(plans)
     predicted = {n: estimate_iteration(p, tables, models, ops, model, batch) for n, p in plans.items()}
     runs = []
@@ -194,7 +251,8 @@ def run_config(config, models, ops, iterations: int, warmup: int, with_random: b
         rows.append({"plan": n, "predicted_ms": predicted[n].iteration_ms, "measured_ms": mean,
                      "run1_ms": a.iteration_ms, "run2_ms": b.iteration_ms,
                      "terms_predicted": terms_pred, "terms_measured": terms_meas,
-                     "per_rank_predicted": per_rank_pred, "per_rank_measured": per_rank_meas})
+                     "per_rank_predicted": per_rank_pred, "per_rank_measured": per_rank_meas,
+                     "plan_file": plans[n].to_dict()})
     return {"family": family, "tables": count, "seed": seed, "model": model.name, "batch": batch,
             "devices": devices, "plans": rows}
 
@@ -257,8 +315,11 @@ def main() -> None:
                     help="default: mixed dense and embedding work; embedding-heavy: the ranking test (item 6); "
                          "fresh: both regimes on fresh seeds; two-process: the ranking test at 2 processes; "
                          "turns: the ranking test on fresh seeds at 2 and 3 processes (session 40); "
-                         "turns-two: more of it at 2 processes")
+                         "turns-two: more of it at 2 processes; with-measured: sets with measured-greedy's "
+                         "plan (with --measured-greedy); with-measured-two: more of them, at 2 and 3 processes")
     ap.add_argument("--configs", type=int, nargs="*", default=None, help="indices of the suite to run (default: all)")
+    ap.add_argument("--measured-greedy", action="store_true",
+                    help="add measured-greedy's plan to each set (timed here first; the with-measured suite's sets)")
     ap.add_argument("--operator-costs", default=None, help="operator cost models (default: the shipped ones)")
     ap.add_argument("--with-random", action="store_true",
                     help="add the random baseline's plan to each set (plans that differ more: rankings decidable)")
@@ -277,7 +338,7 @@ def main() -> None:
         if any((r["family"], r["tables"], r["seed"], r["model"], r["batch"], r["devices"]) == key for r in results):
             continue
         start = time.perf_counter()
-        result = run_config(config, models, ops, args.iterations, args.warmup, args.with_random)
+        result = run_config(config, models, ops, args.iterations, args.warmup, args.with_random, args.measured_greedy)
         results.append(result)
         with done.open("a") as f:
             f.write(json.dumps(result) + "\n")

@@ -41,7 +41,9 @@ RUNS = [("default", "iteration"), ("embedding-heavy", "iteration_ranking"), ("fr
         ("embedding-heavy", "iteration_sameday/embedding-heavy"), ("fresh", "iteration_sameday/fresh")]
 #: the runs measured in turns of 3 steps (formats revision 32; session 40, AMD EPYC family 25 model 17)
 TURN_RUNS = [("turns", "iteration_turns/turns"), ("two-process", "iteration_turns/two-process"),
-             ("embedding-heavy", "iteration_turns/embedding-heavy"), ("turns-two", "iteration_turns/turns-two")]
+             ("embedding-heavy", "iteration_turns/embedding-heavy"), ("turns-two", "iteration_turns/turns-two"),
+             ("with-measured", "iteration_turns/with-measured"),  # session 41: measured-greedy in every set
+             ("with-measured-two", "iteration_turns/with-measured-two")]
 #: the operator costs measured (collect dense, then collect overheads in turns) before those runs
 TURN_OPERATORS = RESULTS / "iteration_turns" / "cpu-operators.json"
 #: a rank's own work: the terms no collective ends (the estimate's collectives carry waiting)
@@ -126,6 +128,19 @@ def main() -> None:
             print(f"{ranks} processes, {len(regret)} sets: the plan predicted fastest measured {100 * regret.mean():.2f}% "
                   f"over the fastest on average (median {100 * np.median(regret):.2f}%, at most {100 * regret.max():.1f}%), "
                   f"within 1% in {(regret <= 0.01).sum()}; the sets' plans spread {100 * np.mean(spread):.1f}% on average")
+        against = [plans for plans in sets.values() if any(p["plan"] == "measured-greedy" for p in plans)]
+        if against:  # the sets with measured-greedy's plan: the pick and NeuroShard's plan trained against it
+            for ranks in sorted({plans[0]["ranks"] for plans in against}):
+                among = [plans for plans in against if plans[0]["ranks"] == ranks]
+                greedy = [next(p for p in plans if p["plan"] == "measured-greedy")["measured"] for plans in among]
+                pick = [min(plans, key=lambda p: p["predicted"])["measured"] for plans in among]
+                ours = [next(p for p in plans if p["plan"] == "neuroshard")["measured"] for plans in among]
+                fastest = [min(p["measured"] for p in plans) for plans in among]
+                print(f"{ranks} processes, {len(among)} sets with measured-greedy's plan: measured over measured-greedy's "
+                      f"(geometric mean): the plan predicted fastest {np.exp(np.mean(np.log(np.divide(pick, greedy)))):.3f}x, "
+                      f"NeuroShard's {np.exp(np.mean(np.log(np.divide(ours, greedy)))):.3f}x, the fastest "
+                      f"{np.exp(np.mean(np.log(np.divide(fastest, greedy)))):.3f}x; measured-greedy's plan fastest in "
+                      f"{sum(g == f for g, f in zip(greedy, fastest))}")
         oversubscribed = [p for p in points if p["ranks"] > args.cores]
         if oversubscribed:
             report(f"more ranks than {args.cores} cores", lambda p: p["predicted"], oversubscribed)
