@@ -227,9 +227,14 @@ def stored_plans(suite: str, results: str | Path, models):
 
 
 def run_config(config, models, ops, iterations: int, warmup: int, with_random: bool = False,
-               measured_greedy: bool = False) -> dict:
+               measured_greedy: bool = False, stored: dict | None = None) -> dict:
+    """Predict and measure one configuration's set (twice: the A/A control); ``stored``: its plans
+    by name, taken instead of searched (``--plans-from``: the same set measured again)."""
     family, count, seed, model, batch, devices = config
-    tables, plans = config_plans(config, models, with_random, measured_greedy)
+    if stored is not None:
+        tables, plans = config_tables(config), stored
+    else:
+        tables, plans = config_plans(config, models, with_random, measured_greedy)
     names = list(plans)
     predicted = {n: estimate_iteration(p, tables, models, ops, model, batch) for n, p in plans.items()}
     runs = []
@@ -320,6 +325,8 @@ def main() -> None:
     ap.add_argument("--configs", type=int, nargs="*", default=None, help="indices of the suite to run (default: all)")
     ap.add_argument("--measured-greedy", action="store_true",
                     help="add measured-greedy's plan to each set (timed here first; the with-measured suite's sets)")
+    ap.add_argument("--plans-from", type=Path, default=None,
+                    help="a finished run's configs.jsonl: measure its stored plans again (e.g. with more --iterations)")
     ap.add_argument("--operator-costs", default=None, help="operator cost models (default: the shipped ones)")
     ap.add_argument("--with-random", action="store_true",
                     help="add the random baseline's plan to each set (plans that differ more: rankings decidable)")
@@ -333,12 +340,19 @@ def main() -> None:
         results = [json.loads(line) for line in done.read_text().splitlines() if line.strip()]
     suite = SUITES[args.suite]
     chosen = [suite[i] for i in (args.configs if args.configs is not None else range(len(suite)))]
+    stored = {}
+    if args.plans_from is not None:  # by seed: the plans stored with each set
+        for config, _, plan, row in stored_plans(args.suite, args.plans_from, models):
+            stored.setdefault(config[2], {})[row["plan"]] = plan
     for config in chosen:
         key = (config[0], config[1], config[2], config[3].name, config[4], config[5])
         if any((r["family"], r["tables"], r["seed"], r["model"], r["batch"], r["devices"]) == key for r in results):
             continue
         start = time.perf_counter()
-        result = run_config(config, models, ops, args.iterations, args.warmup, args.with_random, args.measured_greedy)
+        if args.plans_from is not None and config[2] not in stored:
+            continue
+        result = run_config(config, models, ops, args.iterations, args.warmup, args.with_random, args.measured_greedy,
+                            stored.get(config[2]))
         results.append(result)
         with done.open("a") as f:
             f.write(json.dumps(result) + "\n")

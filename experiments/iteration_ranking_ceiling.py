@@ -1,7 +1,7 @@
 """Issue 31, item 6, from the stored runs in turns (no timing): how often could even a perfect
 predictor name the fastest plan of a decided set, with the instrument's noise as it is?
 
-    python experiments/iteration_ranking_ceiling.py [--draws 4000] [--noise-scale 1 0.5]
+    python experiments/iteration_ranking_ceiling.py [--draws 4000] [--noise-scale 1 0.5] [--margins 1 2]
 
 Item 6 counts a set as decided when its two fastest plans differ by more than the A/A noise
 (``iteration_stored_ranking.ranking``: the plan fastest in both runs, its lead over the second at
@@ -11,21 +11,30 @@ one that trains fastest. This script asks what that costs a predictor that makes
 
 Per stored set (every ``configs.jsonl`` of ``iteration_stored_ranking.TURN_RUNS``):
 
-* the per-run noise ``s`` of its plans: the set's median |log(run 1 / run 2)| / (0.6745 x sqrt 2)
-  (a normal difference of two runs), times ``--noise-scale`` (0.5: runs four times as long, if the
-  noise were independent from step to step);
+* its run-level shift, the mean log(run 1 / run 2) over its plans: the machine's drift between the
+  two runs, common to every plan of a run (it is in item 6's A/A noise, but no part of comparing
+  two plans of one run);
+* the per-plan noise ``s`` left about that shift (a robust sd of log per run), times
+  ``--noise-scale`` (0.5: what runs four times as long would give if the noise were independent
+  from step to step; ``with-measured-long`` measured it);
 * the plans' true steps: their measured means, in log, either *as measured* or *shrunk* toward
-  the set's mean by the share of their spread the noise explains (the measured spread carries
-  the noise too: ``var_true = var_measured - s^2 / 2``, at least 0);
-* ``--draws`` times: two runs drawn as ``true + N(0, s)`` per plan, the set judged by the rule
-  above; a decided set counts *right* when its measured fastest is the truly fastest plan (the
-  pick of a perfect predictor).
+  the set's mean by the share of their spread the noise explains;
+* ``--draws`` times: two runs drawn as ``true +/- shift / 2 + N(0, s)`` per plan, the set judged
+  by the rule above (or with the drift taken off the A/A noise: ``drift-free``); a decided set
+  counts *right* when its measured fastest is the truly fastest plan (the pick of a perfect
+  predictor).
 
-Printed per processes and truth: decided sets per draw and the right share of decided sets: the
-ceiling of item 6's figure for this instrument and these sets. The model's own share is printed
-beside it (``ranking`` with the shipped predictions, as ``iteration_stored_ranking.py --turns``),
-and the share a predictor whose within-set error is ``e`` would reach, for the model's estimated
-``e`` (its within-set error less the noise's part).
+Printed per processes: the model's within-set error (sd of log(measured / predicted) about each
+set's mean), the part the per-plan noise explains and its own; per rule and noise, the decided
+sets per draw and the right share of decided sets, for a perfect predictor and for one with the
+model's own within-set error; the share of predictors with ``--model-errors``; and the model's
+own share on the stored runs. ``--margins``: the lead a decided set needs, in noise units; item
+6 says 1.
+
+Last, per processes, every pair of plans of a set by how far apart they were predicted: how often
+the pair trained in the predicted order (the mean of the two runs). Under 3% apart at 2 processes
+the order is little better than a coin (``constants.ITERATION_TIE_MARGIN``, the tie ``search
+--objective iteration`` reports).
 """
 from __future__ import annotations
 
@@ -62,41 +71,64 @@ def stored_sets() -> list[dict]:
     return sets
 
 
-def decide(run1: np.ndarray, run2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rule of ``iteration_stored_ranking.ranking`` over draws (rows): (decided, measured fastest)."""
+def relative_noise(s: dict, scale: float = 1.0) -> tuple[float, float]:
+    """(shift, sigma): the set's run-level shift (mean log(run 1 / run 2) over its plans: the
+    machine's drift between the two runs, common to every plan of a run and so no part of a
+    comparison inside one) and the per-plan noise left about it (a robust sd of log, per run),
+    times ``scale``."""
+    d = s["run1"] - s["run2"]
+    shift = float(d.mean())
+    n = len(d)
+    sigma = float(np.median(np.abs(d - shift))) / (MEDIAN_ABS * np.sqrt(2 * (1 - 1 / n)))
+    return shift, scale * sigma
+
+
+def decide(run1: np.ndarray, run2: np.ndarray, margin: float = 1.0,
+           drift_free: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The rule of ``iteration_stored_ranking.ranking`` over draws (rows), the lead at least ``margin``
+    noise units: (decided, measured fastest). The noise is the set's median |log(run 1 / run 2)|
+    (item 6's A/A noise, the runs' drift included) or, ``drift_free``, the median of the same with
+    the set's mean shift taken off (the A/A noise of a comparison inside one run)."""
     mean = 0.5 * (run1 + run2)
-    noise = np.median(np.abs(run1 - run2), axis=1)
+    d = run1 - run2
+    if drift_free:
+        d = d - d.mean(axis=1, keepdims=True)
+    noise = np.median(np.abs(d), axis=1)
     order = np.argsort(mean, axis=1)
     first, second = order[:, 0], order[:, 1]
     rows = np.arange(len(mean))
     lead = mean[rows, second] - mean[rows, first]
     agree = (np.argmin(run1, axis=1) == first) & (np.argmin(run2, axis=1) == first)
-    return agree & (lead >= noise), first
+    return agree & (lead >= margin * noise), first
 
 
-def simulate(s: dict, draws: int, scale: float, shrink: bool, model_error: float, rng) -> tuple[float, float, float]:
-    """(decided per draw, right by a perfect predictor, right by one of within-set error ``model_error``)."""
-    sigma = scale * float(np.median(np.abs(s["run1"] - s["run2"]))) / (MEDIAN_ABS * np.sqrt(2))
+def simulate(s: dict, draws: int, scale: float, shrink: bool, model_error: float, rng,
+             margin: float = 1.0, drift_free: bool = False) -> tuple[float, float, float]:
+    """(decided per draw, right by a perfect predictor, right by one of within-set error
+    ``model_error``): two runs drawn as the true steps, the set's measured shift between its runs,
+    and independent per-plan noise (``relative_noise``)."""
+    shift, sigma = relative_noise(s, scale)
     truth = 0.5 * (s["run1"] + s["run2"])
     if shrink:
         centred = truth - truth.mean()
         spread = centred.var()
-        keep = np.sqrt(max(0.0, spread - 0.5 * sigma ** 2 / scale ** 2) / spread) if spread > 0 else 0.0
+        noise_var = 0.5 * (sigma / scale) ** 2 * (1 - 1 / len(truth))
+        keep = np.sqrt(max(0.0, spread - noise_var) / spread) if spread > 0 else 0.0
         truth = truth.mean() + keep * centred
     n = len(truth)
-    run1 = truth + rng.normal(0.0, sigma, (draws, n))
-    run2 = truth + rng.normal(0.0, sigma, (draws, n))
-    decided, first = decide(run1, run2)
+    run1 = truth + 0.5 * shift + rng.normal(0.0, sigma, (draws, n))
+    run2 = truth - 0.5 * shift + rng.normal(0.0, sigma, (draws, n))
+    decided, first = decide(run1, run2, margin, drift_free)
     best = int(np.argmin(truth))
     pick = np.argmin(truth + rng.normal(0.0, model_error, (draws, n)), axis=1)
     return float(decided.mean()), float((decided & (first == best)).sum()), float((decided & (first == pick)).sum())
 
 
-def model_share(sets: list[dict]) -> tuple[int, int]:
+def model_share(sets: list[dict], margin: float = 1.0, drift_free: bool = False) -> tuple[int, int]:
     """(right, decided) of the stored predictions on the stored runs."""
     right = decided = 0
     for s in sets:
-        ok, first = decide(s["run1"][None], s["run2"][None])
+        ok, first = decide(s["run1"][None], s["run2"][None], margin, drift_free)
         if ok[0]:
             decided += 1
             right += int(np.argmin(s["predicted"]) == first[0])
@@ -105,48 +137,93 @@ def model_share(sets: list[dict]) -> tuple[int, int]:
 
 def within_error(sets: list[dict]) -> tuple[float, float]:
     """The stored predictions' within-set error (sd of log(measured / predicted) about the set's
-    mean) and the part the noise of a two-run mean explains, pooled over the sets."""
+    mean) and the part the per-plan noise of a two-run mean explains (``relative_noise``), pooled."""
     errors, noise = [], []
     for s in sets:
         r = 0.5 * (s["run1"] + s["run2"]) - s["predicted"]
         errors.extend(r - r.mean())
-        sigma = float(np.median(np.abs(s["run1"] - s["run2"]))) / (MEDIAN_ABS * np.sqrt(2))
+        _, sigma = relative_noise(s)
         noise.append(0.5 * sigma ** 2 * (1 - 1 / len(r)))
     return float(np.std(errors)), float(np.sqrt(np.mean(noise)))
+
+
+#: bands of the predicted gap between two plans of a set (fractions)
+GAP_BANDS = ((0.0, 0.01), (0.01, 0.02), (0.02, 0.03), (0.03, 0.05), (0.05, 0.10), (0.10, np.inf))
+
+
+def pair_agreement(sets: list[dict]) -> list[tuple[float, float, int, float]]:
+    """Per band of ``GAP_BANDS``: (low, high, pairs, share measured in the predicted order)."""
+    gaps, agree = [], []
+    for s in sets:
+        measured = 0.5 * (s["run1"] + s["run2"])
+        for i in range(len(measured)):
+            for j in range(i + 1, len(measured)):
+                predicted = s["predicted"][i] - s["predicted"][j]
+                gaps.append(abs(predicted))
+                agree.append(np.sign(predicted) == np.sign(measured[i] - measured[j]))
+    gaps, agree = np.array(gaps), np.array(agree)
+    out = []
+    for low, high in GAP_BANDS:
+        band = (gaps >= np.log1p(low)) & (gaps < np.log1p(high))
+        out.append((low, high, int(band.sum()), float(agree[band].mean()) if band.any() else float("nan")))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--draws", type=int, default=4000)
     ap.add_argument("--noise-scale", type=float, nargs="+", default=[1.0, 0.5])
+    ap.add_argument("--margins", type=float, nargs="+", default=[1.0, 2.0],
+                    help="the lead a decided set needs, in A/A noise units (item 6: 1)")
+    ap.add_argument("--model-errors", type=float, nargs="*", default=[0.005, 0.01, 0.015],
+                    help="within-set errors (sd of log) of hypothetical predictors, scored like the model's own")
+    ap.add_argument("--runs", nargs="*", default=None, help="stored runs to take (default: all in turns)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
-    sets = stored_sets()
+    sets = [s for s in stored_sets() if args.runs is None or s["run"] in args.runs]
     by_ranks = defaultdict(list)
     for s in sets:
         by_ranks[s["ranks"]].append(s)
     print(f"{len(sets)} stored sets in turns ({', '.join(f'{len(v)} at {k} processes' for k, v in sorted(by_ranks.items()))})")
     for ranks, among in sorted(by_ranks.items()):
-        right, decided = model_share(among)
         total, noise = within_error(among)
         own = float(np.sqrt(max(0.0, total ** 2 - noise ** 2)))
-        print(f"\n{ranks} processes, {len(among)} sets: the model right in {right} of {decided} decided sets "
-              f"({100 * right / max(decided, 1):.0f}%); its within-set error {100 * total:.2f}% (sd of log), "
+        print(f"\n{ranks} processes, {len(among)} sets: the model's within-set error {100 * total:.2f}% (sd of log), "
               f"the noise's part {100 * noise:.2f}%, its own about {100 * own:.2f}%")
-        for scale in args.noise_scale:
-            for shrink in (False, True):
-                decided_per_set, perfect, estimated = [], 0.0, 0.0
+        for drift_free in (False, True):
+            rule = "drift-free A/A noise" if drift_free else "A/A noise"
+            for margin in args.margins:
+                right, decided = model_share(among, margin, drift_free)
+                print(f"  a lead of {margin:g} {rule}: the model right in {right} of {decided} decided sets "
+                      f"({100 * right / max(decided, 1):.0f}%)")
+                for scale in args.noise_scale:
+                    for shrink in (False, True):
+                        decided_per_set, perfect, estimated = [], 0.0, 0.0
+                        for s in among:
+                            d, p, e = simulate(s, args.draws, scale, shrink, own, rng, margin, drift_free)
+                            decided_per_set.append(d)
+                            perfect += p
+                            estimated += e
+                        n_decided = max(sum(decided_per_set) * args.draws, 1)
+                        print(f"    noise x{scale:g}, true steps {'shrunk' if shrink else 'as measured'}: "
+                              f"{sum(decided_per_set):.1f} of {len(among)} sets decided per draw; right share of "
+                              f"decided: a perfect predictor {100 * perfect / n_decided:.1f}%, one with the model's "
+                              f"own error {100 * estimated / n_decided:.1f}%")
+        for scale in args.noise_scale:  # what a predictor of a smaller within-set error would score (item 6's rule)
+            shares = []
+            for error in args.model_errors:
+                decided = right = 0.0
                 for s in among:
-                    d, p, e = simulate(s, args.draws, scale, shrink, own, rng)
-                    decided_per_set.append(d)
-                    perfect += p
-                    estimated += e
-                n_decided = sum(decided_per_set) * args.draws
-                print(f"  noise x{scale:g}, true steps {'shrunk' if shrink else 'as measured'}: "
-                      f"{sum(decided_per_set):.1f} of {len(among)} sets decided per draw; right share of decided sets: "
-                      f"perfect predictor {100 * perfect / n_decided:.1f}%, one with the model's own error "
-                      f"{100 * estimated / n_decided:.1f}%")
+                    d, _, e = simulate(s, args.draws, scale, True, error, rng)
+                    decided += d * args.draws
+                    right += e
+                shares.append(f"{100 * error:.1f}% -> {100 * right / max(decided, 1):.1f}%")
+            print(f"  noise x{scale:g}, true steps shrunk, item 6's rule: a predictor of within-set error "
+                  + ", ".join(shares))
+        print("  pairs of plans of one set, by their predicted gap: measured in the predicted order")
+        for low, high, pairs, share in pair_agreement(among):
+            print(f"    {100 * low:.0f}-{100 * high:.0f}% apart: {pairs} pairs, {100 * share:.0f}%")
 
 
 if __name__ == "__main__":
