@@ -223,6 +223,15 @@ ITERATION_TERMS = {
 #: the balanced plan last, the order the iteration model's misses of issue 31 had
 TURN_STEPS = 3
 
+#: candidates whose predicted training step is within this fraction of the chosen plan's are a tie for
+#: the iteration objective (``provenance.objective.ties``, formats revision 33; ``search`` says so).
+#: Over 645 pairs of plans of one configuration at 2 processes, measured in turns on this project's
+#: CPU (2026-12-05, session 41, ``experiments/iteration_ranking_ceiling.py``), the pair trained in the
+#: predicted order 57% of the time when predicted less than 1% apart, 68% at 1-2%, 77% at 2-3%, 86% at
+#: 3-5%, 91% at 5-10%, 98% beyond: under 3% the prediction does not say which of the two trains faster
+#: there (at 3 processes on 2 cores, 48-62% up to 10% apart: ``estimate`` says when ranks share cores)
+ITERATION_TIE_MARGIN = 0.03
+
 #: what ``shard`` ranks plans by: the embedding cost (the slowest device's compute and exchange,
 #: the default) or the predicted training iteration (``search.iteration``, dense part included)
 OBJECTIVES = ("embedding", "iteration")

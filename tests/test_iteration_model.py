@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
+from neuroshard.constants import ITERATION_TIE_MARGIN
 from neuroshard.costmodels import dense
 from neuroshard.costmodels.dense import OperatorModels, load_operator_models
 from neuroshard.costmodels.measure.dense import collect_dense
@@ -250,6 +251,12 @@ def test_search_by_the_iteration_objective_writes_the_fastest_predicted_step(tmp
     assert objective["chosen"] == min(predicted, key=predicted.get) == plan["provenance"]["algorithm"]
     assert plan["estimate"]["iteration_ms"] == pytest.approx(predicted[objective["chosen"]])
     assert objective["model"]["interaction"] == "cat"
+    # the candidates predicted within the tie margin of the chosen step are listed, and said
+    fastest = predicted[objective["chosen"]]
+    assert objective["tie_margin"] == ITERATION_TIE_MARGIN
+    assert objective["ties"] == [n for n, ms in predicted.items()
+                                 if n != objective["chosen"] and ms <= fastest * (1 + ITERATION_TIE_MARGIN) + 1e-6]
+    assert ("a tie: " in out.stdout) == bool(objective["ties"])
     # a model file without the iteration objective would be ignored: refused, one line
     bad = run_cli("search", tmp_path / "t.json", "-d", "2", "-m", "1GiB", "--model", tmp_path / "m.json",
                   "-o", tmp_path / "q.json")

@@ -257,7 +257,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
         # give (measured.rebalance), then timed against the plan chosen. The least-work plan is also timed in every
         # rebalance run: the least total that work is priced against there (WORK_ALLOWANCE)
         least = choice.least_work
-        saves = np.sum(choice.first[least]) <= (1 - LEAN_SAVING) * np.sum(choice.first[best])
+        saves = saves_enough(float(np.sum(choice.first[least])), float(np.sum(choice.first[best])))
         starts = list(dict.fromkeys([best] + ([lean] if lean is not None else []) + ([least] if saves else [])))
         kept, origin, compute, record["rebalance"] = _rebalance(plans, entries, starts, choice.latest_ms, compute,
                                                                 choice.timed, tables, calibration, models,
@@ -659,7 +659,13 @@ def _lean(finals: list[tuple[float, int, np.ndarray]], best: int) -> int | None:
     total = {i: float(np.sum(compute)) for _, i, compute in finals}
     near = [i for cost, i, _ in finals if cost <= cheapest * (1 + LEAN_MARGIN)]
     lean = min(near, key=lambda i: (total[i], i))
-    return lean if lean != best and total[lean] <= (1 - LEAN_SAVING) * total[best] else None
+    return lean if lean != best and saves_enough(total[lean], total[best]) else None
+
+
+def saves_enough(total: float, than: float) -> bool:
+    """Whether a plan's measured ``total`` compute saves at least ``LEAN_SAVING`` of ``than``, the
+    chosen plan's total in the same run (the one rule for the lean and the least-work plans)."""
+    return total <= (1 - LEAN_SAVING) * than
 
 
 def work_priced(cost: float, total: float, least: float, allowance: float | None = WORK_ALLOWANCE) -> float:

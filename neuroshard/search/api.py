@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..constants import DEFAULT_DATA_PARALLEL, DEFAULT_ROW_BLOCKS, FP32_BYTES, OBJECTIVES
+from ..constants import DEFAULT_DATA_PARALLEL, DEFAULT_ROW_BLOCKS, FP32_BYTES, ITERATION_TIE_MARGIN, OBJECTIVES
 from ..constraints import check_capacity
 from ..constraints import check_feasible as check_constraints_feasible
 from ..costmodels import CostModels, resolve_cost_models
@@ -294,7 +294,9 @@ def _fastest_iteration(task: Task, sim: Simulator, models: CostModels, plan: Pla
     """``objective="iteration"``: the plan of ``task.algorithm`` and the greedy baselines'
     (but random), each priced by the iteration-time model (``search.iteration``) for the task's
     dense model, and the fastest written, its provenance listing every candidate's predicted
-    iteration. The baselines are searched on the same simulator (tiers and replicas as chosen)."""
+    iteration. The baselines are searched on the same simulator (tiers and replicas as chosen).
+    Candidates predicted within ``ITERATION_TIE_MARGIN`` of the chosen plan's step are listed as
+    its ties: the model does not tell which of them trains faster."""
     candidates = {task.algorithm: plan}
     for name in with_trait("greedy_baseline"):
         if name in candidates or name == "random":
@@ -305,12 +307,16 @@ def _fastest_iteration(task: Task, sim: Simulator, models: CostModels, plan: Pla
     predicted = {name: estimate_iteration(p, task.tables, models, task.operator_costs, task.model)
                  for name, p in candidates.items()}
     chosen = min(predicted, key=lambda name: (predicted[name].iteration_ms, name != task.algorithm))
+    fastest = predicted[chosen].iteration_ms
+    ties = [name for name, e in predicted.items()
+            if name != chosen and e.iteration_ms <= fastest * (1 + ITERATION_TIE_MARGIN)]
     best = candidates[chosen]
     best.estimate = {**(best.estimate or {}), "iteration_ms": round(predicted[chosen].iteration_ms, 6)}
     best.provenance["objective"] = {
         "name": "iteration", "model": task.model.to_dict(), "chosen": chosen,
         "operators": task.operator_costs.hardware_.get("cpu_model", "unknown hardware"),
-        "predicted_iteration_ms": {name: round(e.iteration_ms, 6) for name, e in predicted.items()}}
+        "predicted_iteration_ms": {name: round(e.iteration_ms, 6) for name, e in predicted.items()},
+        "tie_margin": ITERATION_TIE_MARGIN, "ties": ties}
     return best
 
 

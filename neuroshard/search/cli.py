@@ -219,6 +219,11 @@ def _search(args: argparse.Namespace) -> int:
         say(f"objective iteration ({objective['model']['name']}, operators measured on {objective['operators']}): "
             + ", ".join(f"{name} {ms:.3f} ms" for name, ms in objective["predicted_iteration_ms"].items())
             + f" predicted per step; written: {objective['chosen']}'s plan")
+        if objective.get("ties"):
+            say(f"a tie: {', '.join(objective['ties'])} predicted within {100 * objective['tie_margin']:.0f}% of "
+                f"{objective['chosen']}'s step, closer than the model tells apart (docs/results.md, session 41); "
+                f"to choose, search each (-a NAME) and time them on your machine (neuroshard evaluate PLAN "
+                f"--tables T --model M -o OUT.json: iteration_ms)")
     say(f"searched in {prov.get('search_time_s', float('nan')):.2f} s with cost model "
           f"'{prov.get('cost_model')}'; wrote {args.output}")
     return 0
