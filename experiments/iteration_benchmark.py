@@ -5,7 +5,7 @@ of one configuration (NeuroShard's search and the greedy baselines, as `search -
 iteration` compares them) are
 
 * predicted by the iteration-time model (`neuroshard estimate`: `search.iteration`), and
-* measured by the included runtime in one run with their steps interleaved (`evaluate`'s
+* measured by the included runtime in one run, taking turns of 3 steps since formats revision 32 (`evaluate`'s
   `iteration_ms` and breakdown), twice: the second run is the A/A control.
 
 It prints and writes (`--out`): per configuration and plan the predicted and measured
@@ -18,6 +18,14 @@ faster.
 
     python experiments/iteration_benchmark.py --out experiments/results/iteration
     python experiments/iteration_benchmark.py --suite embedding-heavy --with-random --out experiments/results/iteration_ranking
+    python experiments/iteration_benchmark.py --suite with-measured --measured-greedy --iterations 12 \
+        --out experiments/results/iteration_turns/with-measured         # measured-greedy's plan in every set
+    python experiments/iteration_benchmark.py --suite with-measured --iterations 48 \
+        --plans-from experiments/results/iteration_turns/with-measured/configs.jsonl \
+        --out experiments/results/iteration_turns/with-measured-long    # the same plans, 4x the steps
+
+Every plan is stored with its set (``plan_file``), so a set can be predicted again or measured
+again (``--plans-from``) with exactly its plans.
 
 The operator models are fitted on random layer shapes, collectives and data loads
 (`collect dense`), never on these configurations' plans.
