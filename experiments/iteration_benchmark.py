@@ -356,9 +356,9 @@ def main() -> None:
         key = (config[0], config[1], config[2], config[3].name, config[4], config[5])
         if any((r["family"], r["tables"], r["seed"], r["model"], r["batch"], r["devices"]) == key for r in results):
             continue
-        start = time.perf_counter()
         if args.plans_from is not None and config[2] not in stored:
             continue
+        start = time.perf_counter()
         result = run_config(config, models, ops, args.iterations, args.warmup, args.with_random, args.measured_greedy,
                             stored.get(config[2]))
         results.append(result)

@@ -39,6 +39,7 @@ the order is little better than a coin (``constants.ITERATION_TIE_MARGIN``, the 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from collections import defaultdict
@@ -124,6 +125,18 @@ def simulate(s: dict, draws: int, scale: float, shrink: bool, model_error: float
     return float(decided.mean()), float((decided & (first == best)).sum()), float((decided & (first == pick)).sum())
 
 
+def simulate_sets(sets: list[dict], draws: int, scale: float, shrink: bool, model_error: float, rng,
+                  margin: float = 1.0, drift_free: bool = False) -> tuple[float, float, float]:
+    """``simulate`` over ``sets``, in order: (decided sets per draw, the right share of decided sets
+    of a perfect predictor, of one with within-set error ``model_error``)."""
+    decided = perfect = estimated = 0.0
+    for s in sets:
+        d, p, e = simulate(s, draws, scale, shrink, model_error, rng, margin, drift_free)
+        decided, perfect, estimated = decided + d, perfect + p, estimated + e
+    n_decided = max(decided * draws, 1)
+    return decided, perfect / n_decided, estimated / n_decided
+
+
 def model_share(sets: list[dict], margin: float = 1.0, drift_free: bool = False) -> tuple[int, int]:
     """(right, decided) of the stored predictions on the stored runs."""
     right = decided = 0
@@ -151,8 +164,8 @@ def within_error(sets: list[dict]) -> tuple[float, float]:
 GAP_BANDS = ((0.0, 0.01), (0.01, 0.02), (0.02, 0.03), (0.03, 0.05), (0.05, 0.10), (0.10, np.inf))
 
 
-def pair_agreement(sets: list[dict]) -> list[tuple[float, float, int, float]]:
-    """Per band of ``GAP_BANDS``: (low, high, pairs, share measured in the predicted order)."""
+def pair_agreement(sets: list[dict], bands=GAP_BANDS) -> list[tuple[float, float, int, float]]:
+    """Per band of predicted gaps (``GAP_BANDS``): (low, high, pairs, share measured in the predicted order)."""
     gaps, agree = [], []
     for s in sets:
         measured = 0.5 * (s["run1"] + s["run2"])
@@ -163,7 +176,7 @@ def pair_agreement(sets: list[dict]) -> list[tuple[float, float, int, float]]:
                 agree.append(np.sign(predicted) == np.sign(measured[i] - measured[j]))
     gaps, agree = np.array(gaps), np.array(agree)
     out = []
-    for low, high in GAP_BANDS:
+    for low, high in bands:
         band = (gaps >= np.log1p(low)) & (gaps < np.log1p(high))
         out.append((low, high, int(band.sum()), float(agree[band].mean()) if band.any() else float("nan")))
     return out
@@ -197,28 +210,15 @@ def main() -> None:
                 right, decided = model_share(among, margin, drift_free)
                 print(f"  a lead of {margin:g} {rule}: the model right in {right} of {decided} decided sets "
                       f"({100 * right / max(decided, 1):.0f}%)")
-                for scale in args.noise_scale:
-                    for shrink in (False, True):
-                        decided_per_set, perfect, estimated = [], 0.0, 0.0
-                        for s in among:
-                            d, p, e = simulate(s, args.draws, scale, shrink, own, rng, margin, drift_free)
-                            decided_per_set.append(d)
-                            perfect += p
-                            estimated += e
-                        n_decided = max(sum(decided_per_set) * args.draws, 1)
-                        print(f"    noise x{scale:g}, true steps {'shrunk' if shrink else 'as measured'}: "
-                              f"{sum(decided_per_set):.1f} of {len(among)} sets decided per draw; right share of "
-                              f"decided: a perfect predictor {100 * perfect / n_decided:.1f}%, one with the model's "
-                              f"own error {100 * estimated / n_decided:.1f}%")
+                for scale, shrink in itertools.product(args.noise_scale, (False, True)):
+                    decided, perfect, estimated = simulate_sets(among, args.draws, scale, shrink, own, rng, margin,
+                                                                drift_free)
+                    print(f"    noise x{scale:g}, true steps {'shrunk' if shrink else 'as measured'}: "
+                          f"{decided:.1f} of {len(among)} sets decided per draw; right share of decided: a perfect "
+                          f"predictor {100 * perfect:.1f}%, one with the model's own error {100 * estimated:.1f}%")
         for scale in args.noise_scale:  # what a predictor of a smaller within-set error would score (item 6's rule)
-            shares = []
-            for error in args.model_errors:
-                decided = right = 0.0
-                for s in among:
-                    d, _, e = simulate(s, args.draws, scale, True, error, rng)
-                    decided += d * args.draws
-                    right += e
-                shares.append(f"{100 * error:.1f}% -> {100 * right / max(decided, 1):.1f}%")
+            shares = [f"{100 * error:.1f}% -> {100 * simulate_sets(among, args.draws, scale, True, error, rng)[2]:.1f}%"
+                      for error in args.model_errors]
             print(f"  noise x{scale:g}, true steps shrunk, item 6's rule: a predictor of within-set error "
                   + ", ".join(shares))
         print("  pairs of plans of one set, by their predicted gap: measured in the predicted order")

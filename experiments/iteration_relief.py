@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from iteration_benchmark import stored_plans
+from iteration_ranking_ceiling import pair_agreement, within_error
 from iteration_stored_ranking import RESULTS, TURN_OPERATORS, ranking
 
 from neuroshard.costmodels import resolve_cost_models
@@ -76,22 +77,17 @@ def predict(runs, relief: float, models, ops) -> list[dict]:
 
 
 def scores(points: list[dict]) -> dict:
+    """GMAE, the within-set error and pairs in the predicted order (``iteration_ranking_ceiling``'s
+    ``within_error`` and ``pair_agreement``: 3% or more apart, closer), and item 6's decided sets."""
     sets = defaultdict(list)
     for p in points:
         sets[(p["run"], p["seed"])].append(p)
-    within, agree, near = [], [], []
-    for plans in sets.values():
-        r = np.log([p["measured"] / p["predicted"] for p in plans])
-        within.extend(r - r.mean())
-        for i, a in enumerate(plans):
-            for b in plans[i + 1:]:
-                gap = np.log(a["predicted"] / b["predicted"])
-                same = np.sign(gap) == np.sign(np.log(a["measured"] / b["measured"]))
-                (agree if abs(gap) >= np.log1p(0.03) else near).append(same)
+    logs = [{key: np.log([p[key] for p in plans]) for key in ("run1", "run2", "predicted")} for plans in sets.values()]
+    (_, _, near, near_share), (_, _, far, far_share) = pair_agreement(logs, ((0.0, 0.03), (0.03, np.inf)))
     right, wrong, ties = ranking(points, lambda p: p["predicted"])
     return {"gmae": gmae(np.array([p["predicted"] for p in points]), np.array([p["measured"] for p in points])),
-            "within": float(np.std(within)), "pairs_far": (float(np.mean(agree)), len(agree)),
-            "pairs_near": (float(np.mean(near)), len(near)), "ranking": (right, wrong, ties)}
+            "within": within_error(logs)[0], "pairs_far": (far_share, far),
+            "pairs_near": (near_share, near), "ranking": (right, wrong, ties)}
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ from iteration_benchmark import stored_plans
 from neuroshard.costmodels import resolve_cost_models
 from neuroshard.costmodels.dense import load_operator_models
 from neuroshard.costmodels.metrics import gmae, ratio_error
+from neuroshard.measured.judge import geometric_mean
 from neuroshard.search.iteration import STEP_CHAIN, estimate_iteration
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -137,9 +138,9 @@ def main() -> None:
                 ours = [next(p for p in plans if p["plan"] == "neuroshard")["measured"] for plans in among]
                 fastest = [min(p["measured"] for p in plans) for plans in among]
                 print(f"{ranks} processes, {len(among)} sets with measured-greedy's plan: measured over measured-greedy's "
-                      f"(geometric mean): the plan predicted fastest {np.exp(np.mean(np.log(np.divide(pick, greedy)))):.3f}x, "
-                      f"NeuroShard's {np.exp(np.mean(np.log(np.divide(ours, greedy)))):.3f}x, the fastest "
-                      f"{np.exp(np.mean(np.log(np.divide(fastest, greedy)))):.3f}x; measured-greedy's plan fastest in "
+                      f"(geometric mean): the plan predicted fastest {geometric_mean(np.divide(pick, greedy)):.3f}x, "
+                      f"NeuroShard's {geometric_mean(np.divide(ours, greedy)):.3f}x, the fastest "
+                      f"{geometric_mean(np.divide(fastest, greedy)):.3f}x; measured-greedy's plan fastest in "
                       f"{sum(g == f for g, f in zip(greedy, fastest))}")
         oversubscribed = [p for p in points if p["ranks"] > args.cores]
         if oversubscribed:

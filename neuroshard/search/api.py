@@ -311,7 +311,7 @@ def _fastest_iteration(task: Task, sim: Simulator, models: CostModels, plan: Pla
     ties = [name for name, e in predicted.items()
             if name != chosen and e.iteration_ms <= fastest * (1 + ITERATION_TIE_MARGIN)]
     best = candidates[chosen]
-    best.estimate = {**(best.estimate or {}), "iteration_ms": round(predicted[chosen].iteration_ms, 6)}
+    best.estimate = {**(best.estimate or {}), "iteration_ms": round(fastest, 6)}
     best.provenance["objective"] = {
         "name": "iteration", "model": task.model.to_dict(), "chosen": chosen,
         "operators": task.operator_costs.hardware_.get("cpu_model", "unknown hardware"),
