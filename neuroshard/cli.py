@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import logging
 import os
 import sys
@@ -69,8 +70,9 @@ def _demo(args: argparse.Namespace) -> int:
 #: exit status of ``plan validate`` and ``plan show`` for a plan they read and found invalid (its
 #: problems on standard error); bad input, failed work and usage errors exit 2
 EXIT_INVALID = 1
-#: exit status after standard output was closed by its reader (128 + SIGPIPE, as a shell reports
-#: a Unix tool ended by the signal); nothing is printed
+#: exit status after standard output was closed by its reader, or closed before the start and
+#: written to (128 + SIGPIPE, as a shell reports a Unix tool ended by the signal); nothing is printed,
+#: and the files the command writes are written
 EXIT_BROKEN_PIPE = 141
 
 
@@ -83,6 +85,49 @@ def _silence_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError):  # stdout replaced by an object without a descriptor (tests)
         pass
+
+
+class ClosedStream(io.TextIOBase):
+    """Stands for a standard stream the caller closed (``>&-``): what is written to it is dropped
+    and remembered (``lost``), so the work goes on and the exit status can say output was lost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.lost = self.lost or bool(text)
+        return len(text)
+
+
+def guard_streams() -> None:
+    """Make closed standard streams safe before any work: a closed descriptor 0-2 is pointed at
+    /dev/null (a file opened later would otherwise take its number, and a child process would
+    write into it), a missing ``sys.stdout``/``sys.stderr`` becomes a ``ClosedStream``, and
+    text that the stream's encoding cannot carry (``PYTHONIOENCODING=ascii`` and a non-ASCII
+    table name) is written escaped instead of failing."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdout is None:
+        sys.stdout = ClosedStream()
+    if sys.stderr is None:
+        sys.stderr = ClosedStream()
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError, io.UnsupportedOperation):
+                pass
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -145,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    guard_streams()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -178,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("neuroshard: interrupted", file=sys.stderr)
         code = 130
+    if code == 0 and isinstance(sys.stdout, ClosedStream) and sys.stdout.lost:
+        code = EXIT_BROKEN_PIPE  # the work is done (files written); what it printed was lost
     if getattr(args, "torchrun_rank", False) and torchrun_env() is not None:
         # A rank under torchrun ends as the ranks we spawn do (multiprocessing ends them with
         # os._exit): without interpreter finalization, where a gloo/fbgemm C++ thread still

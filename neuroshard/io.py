@@ -24,9 +24,18 @@ def is_special_file(path: str | Path) -> bool:
 
 def write_target(path: str | Path) -> Path:
     """Where a write to ``path`` lands: a symlink's target (written through, as Unix tools
-    do; the link stays), else ``path`` itself."""
+    do; the link stays), else ``path`` itself. A link that never reaches a target (a loop)
+    and a name with a trailing slash (a folder's name) are refused, never replaced by a file."""
+    given = str(path)
     path = Path(path)
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    if given.endswith(os.sep) and not path.is_dir():
+        raise WriteError(f"{given}: names a folder (it ends in '{os.sep}'); give a file name")
+    if not path.is_symlink():
+        return path
+    target = Path(os.path.realpath(path))
+    if target.is_symlink():  # realpath stops where the links go round
+        raise WriteError(f"{given}: a loop of symbolic links; give another file name")
+    return target
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:

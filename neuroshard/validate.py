@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .constants import COMM_PRECISIONS, ROW_BLOCKS
-from .errors import FormatError, NeuroShardError
+from .errors import FormatError, NeuroShardError, WriteError
 from .io import is_special_file, write_target
 from .units import parse_bytes
 
@@ -287,21 +287,25 @@ memory_size.__name__ = "a memory size"
 def check_output(path: str | Path, inputs: Iterable[str | Path | None] = (), what: str = "output file") -> Path:
     """Refuse an output path before any work: a folder, a parent that is not a writable
     folder, or the same file as one of ``inputs``."""
+    given = str(path)
     path = Path(path)
-    if str(path) == "" or path.is_dir():
+    if given == "" or path.is_dir():
         raise NeuroShardError(f"{path}: {what} is a folder; give a file name")
+    try:
+        target = write_target(given)  # a symlink is written through; a loop or a folder's name refused
+    except WriteError as exc:
+        raise NeuroShardError(str(exc)) from None
     for other in inputs:
         if other is None:
             continue
         other = Path(other)
-        if path.resolve() == other.resolve() or (path.exists() and other.exists() and
-                                                 os.path.samefile(path, other)):
+        if os.path.realpath(path) == os.path.realpath(other) or (path.exists() and other.exists() and
+                                                                 os.path.samefile(path, other)):
             raise NeuroShardError(f"{path}: {what} is also an input; write to another file")
     if is_special_file(path):  # a device node or FIFO is written into (atomic_write_bytes), not replaced
         if not os.access(path, os.W_OK):
             raise NeuroShardError(f"{path}: cannot write {what}: no permission to write it")
         return path
-    target = write_target(path)  # a symlink is written through
     existing = _deepest_existing(target.parent if str(target.parent) else Path("."))
     if not existing.is_dir():
         raise NeuroShardError(f"{path}: cannot write {what}: {existing} is not a folder")
