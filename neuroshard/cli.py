@@ -49,12 +49,13 @@ def _plan_show(args: argparse.Namespace) -> int:
     if show_torchrec_export(args.plan):
         return 0
     plan = Plan.read(args.plan)
-    print(plan.format_summary())
-    bound = plan.format_bound()
-    if bound:
-        print(bound)
-    print(plan.format_shards())
     problems = plan.problems()
+    if plan.is_placed():  # an invalid plan is still shown where its devices can be (a row missing, a device full)
+        print(plan.format_summary())
+        bound = plan.format_bound()
+        if bound:
+            print(bound)
+        print(plan.format_shards())
     if problems:  # shown (a reader may want to see what is wrong), then said on stderr: checked, invalid
         for p in problems:
             print(f"{args.plan}: plan is invalid: {p}", file=sys.stderr)

@@ -255,8 +255,8 @@ class Plan:
         mine = {t.name: t for t in self.tables}
         theirs = {t.name: t for t in tables}
         if set(mine) != set(theirs):
-            missing = sorted(set(theirs) - set(mine))[:3]
-            unknown = sorted(set(mine) - set(theirs))[:3]
+            missing = _first_names(set(theirs) - set(mine))
+            unknown = _first_names(set(mine) - set(theirs))
             raise InvalidPlanError(f"plan does not match tables '{tables.name}': tables not in plan {missing}, "
                                    f"plan tables not in file {unknown}")
         for name, t in mine.items():
@@ -353,6 +353,29 @@ class Plan:
     def read(cls, path: str | Path) -> "Plan":
         path = Path(path)
         return cls.from_dict(read_json(path, "plan file"), source=str(path))
+
+    @classmethod
+    def read_checked(cls, path: str | Path, tables: TableSet | None = None) -> "Plan":
+        """The one check every command that uses a plan runs first: the file reads as a plan
+        (``FormatError``), the plan is valid (``InvalidPlanError`` naming the file and its
+        problems) and, given ``tables``, was made for them."""
+        plan = cls.read(path)
+        try:
+            plan.validate()
+        except InvalidPlanError as exc:
+            raise InvalidPlanError(f"{path}: {exc}") from None
+        if tables is not None:
+            plan.check_matches(tables)
+        return plan
+
+    def is_placed(self) -> bool:
+        """Whether every shard sits on a table the plan lists and a device it has, and every
+        table is sharded or replicated: what a per-device view of the plan needs. A placed
+        plan may still be invalid (a row in no shard, a device over its memory)."""
+        names = {t.name for t in self.tables}
+        sharded = {s.table for s in self.shards}
+        return (all(s.table in names and 0 <= s.device < self.num_devices for s in self.shards)
+                and names <= sharded | set(self.data_parallel_tables))
 
     def write(self, path: str | Path) -> Path:
         """Validate, then write atomically: an invalid plan never leaves the tool."""
@@ -554,3 +577,10 @@ def _tiling_problems(table: Table, shards: Sequence[Shard]) -> list[str]:
             out.append(f"table '{name}': rows [{row_cuts[i]}, {row_cuts[i + 1]}) x cols "
                        f"[{col_cuts[j]}, {col_cuts[j + 1]}) {what}")
     return out
+
+
+def _first_names(names: set[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``names`` in order, and how many more: ``['a', 'b', 'c'] (and 4 more)``."""
+    ordered = sorted(names)
+    more = f" (and {len(ordered) - shown} more)" if len(ordered) > shown else ""
+    return f"{ordered[:shown]}{more}"

@@ -47,7 +47,8 @@ def _load(args: argparse.Namespace):
     from ..launch import torchrun_env
     from ..plan import Plan
     from ..tables import TableSet
-    plan, tables = Plan.read(args.plan), TableSet.read(args.tables)
+    tables = TableSet.read(args.tables)
+    plan = Plan.read_checked(args.plan, tables)
     env = torchrun_env()
     devices = args.devices if args.devices is not None else (env[1] if env else plan.num_devices)
     options = {"lr": args.lr, "seed": args.seed, "backend": args.dist_backend, "kernel": args.kernel,
@@ -110,7 +111,7 @@ def _measure(args: argparse.Namespace) -> int:
     paths = list(args.plans) + list(args.with_plans or [])
     output = check_output(args.output, [*paths, args.tables], "measurement file") if args.output else None
     tables = TableSet.read(args.tables)
-    plans = dict(zip(plan_names(paths), (Plan.read(p) for p in paths)))
+    plans = dict(zip(plan_names(paths), (Plan.read_checked(p, tables) for p in paths)))
     result = measure_plans(plans, tables, passes=args.passes, warmup_passes=args.warmup_passes,
                            repeats=args.repeats, batch_size=args.batch_size, row_cap=args.row_cap,
                            kernel=args.kernel, cost_models=args.cost_model, progress=True,

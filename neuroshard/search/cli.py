@@ -236,7 +236,7 @@ def _export(args: argparse.Namespace) -> int:
     exporter = get_exporter(args.format)
     if args.output != STDOUT:
         check_output(args.output, [args.plan], "export file")
-    plan = Plan.read(args.plan)
+    plan = Plan.read_checked(args.plan)
     exported = exporter.export(plan, compute_device=args.compute_device, compute_kernel=args.compute_kernel,
                                cache_load_factor=args.cache_load_factor, cache_algorithm=args.cache_algorithm,
                                local_world_size=args.local_world_size)
@@ -283,8 +283,7 @@ def _estimate(args: argparse.Namespace) -> int:
     if args.output:
         check_output(args.output, [args.plan, args.tables, args.cost_model, args.operator_costs, args.model], "estimate")
     tables = TableSet.read(args.tables)
-    plan = Plan.read(args.plan)
-    plan.check_matches(tables)
+    plan = Plan.read_checked(args.plan, tables)
     operators = load_operator_models(args.operator_costs)
     estimate = estimate_iteration(plan, tables, resolve_cost_models(args.cost_model), operators, model_option(args),
                                   batch_size=args.batch_size)
