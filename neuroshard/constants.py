@@ -67,21 +67,13 @@ TIER_PACKING_HEADROOM = 0.85
 DATA_PARALLEL = "data_parallel"
 #: TorchRec's sharding types, the layouts a table may take (``types.layout_kind`` names them)
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "grid_shard", DATA_PARALLEL)
-#: a table too large for a device and narrower than twice this is cut into row blocks (TorchRec's count
-#: of them), not first into column strips (``search.rowwise.split_for_memory``; TorchRec's planner makes
-#: no column strip narrower than this either: MIN_CW_DIM). Every strip does all of its table's lookups,
-#: and a narrow row's lookup costs nearly a wide one's. Measured (experiments/split_work.py, dlrm-2021's
-#: 110M-row, 16-wide table on two devices beside six hot tables, AMD EPYC): whole 51.3 ms of total work,
-#: four column strips 96.9 ms, four row blocks 58.7 ms; a 32-wide table 39.1, 61.0 and 40.9 ms; a
-#: 128-wide one 29.9, 34.0 and 31.3 ms (experiments/results/split_work_dlrm2021/output.txt)
+#: a table too large for a device and narrower than twice this is cut into TorchRec's row blocks, not
+#: column strips (``search.rowwise.split_for_memory``; TorchRec's MIN_CW_DIM):
+#: docs/decisions.md#narrow-tables-by-rows
 MIN_COLUMN_SHARD_DIM = 128
-#: which row splits a search may make: "torchrec", only the block counts TorchRec runs (one host's
-#: ranks, or all ranks: every plan exports); "any", also 2, 4, ... blocks on any devices (NeuroShard's
-#: runtime and ``measure`` run them, the TorchRec exporter refuses them; measured-greedy always makes
-#: them). Measured (experiments/row_blocks.py, criteo-terabyte, 8 devices, seed 161, AMD EPYC): two
-#: pooling-100 tables of 25.6M rows cost 26 and 25 ms alone, each device's slowest; placed with the rest,
-#: the two cut into 8 row blocks added 30.5 ms of total work (+18%, slowest device 1.06x size-lookup's),
-#: into column halves 21.1 ms (+12%, 1.06x), into row halves 7.6 ms (+4%, 0.91x); A/A 1.02x
+#: which row splits a search may make: "torchrec", only the block counts TorchRec runs (every plan
+#: exports); "any", also 2, 4, ... blocks on any devices (NeuroShard's runtime runs them, the TorchRec
+#: exporter refuses them): docs/decisions.md#row-blocks-torchrec-default
 ROW_BLOCKS = ("torchrec", "any")
 DEFAULT_ROW_BLOCKS = "torchrec"
 
@@ -104,54 +96,39 @@ DATA_PARALLEL_CHOICES = ("never", "auto")
 DEFAULT_DATA_PARALLEL = "never"
 #: the clocks a kernel benchmark may time with (``costmodels.measure.kernel``; ``thread``: CPU only)
 CLOCKS = ("thread", "wall")
-#: a kernel benchmark's timed runs per shard set, at least (``collect compute`` and Python alike) ...
+# Timing words, one meaning each: a timing *run* times every device of one or more plans, interleaved,
+# in *passes* over all the devices; in a pass a device runs timed *repeats* (the pass's figure is
+# their median). The measured loop counts in the same words (``measured.refine``: REFINE_PASSES,
+# COMPARE_PASSES, COMPARE_REPEATS, FINALIST_RUNS, FINAL_CHECK_RUNS); its *rounds* are refine rounds.
+#: a kernel benchmark's timed repeats per shard set, at least (``collect compute`` and Python alike) ...
 KERNEL_REPEATS = 7
-#: ... and at most while the runs still vary more than the target coefficient of variation
+#: ... and at most, while they still vary more than the target coefficient of variation
 KERNEL_MAX_REPEATS = 15
-#: an interleaved timing run of devices (``measure``, calibration, refine): timed passes over all
-#: devices (a device's figure: ``costmodels.measure.timing.device_time``, see TIMING_REFERENCE) ...
+#: passes of a timing run (``measure``, calibration, refine; a device's figure:
+#: ``costmodels.measure.timing.device_time``) ...
 TIMING_PASSES = 5
-#: ... whole passes run first and not counted (each kernel also runs once, untimed, when it is built) ...
+#: ... whole passes run first and not counted ...
 TIMING_WARMUP_PASSES = 0
-#: ... and timed runs per device and pass (the pass's figure is their median), at least; ...
+#: ... and timed repeats per device and pass, at least; ...
 TIMING_REPEATS = 3
-#: ... a device whose sizing runs (TIMING_REPEATS, before its first pass, not counted) took less than
-#: this (ms) runs more in every pass, up to TIMING_MAX_REPEATS, so that a pass's runs add up to about
-#: this much (experiments/timing_noise.py, criteo-kaggle's 3-5 ms devices, 4 copies of one plan in
-#: one run: the max device moved 3.5-4.0% between copies at 8 devices and 1.0% at 16 with passes of
-#: 30 ms, 1.5% and 0.5% with passes of 150 ms; devices of 50 ms and more run TIMING_REPEATS as before)
+#: ... more, up to TIMING_MAX_REPEATS, for a device whose sizing repeats took less than this (ms), so a
+#: pass lasts about this long: docs/decisions.md#timing-passes
 TIMING_MIN_PASS_MS = 150.0
 TIMING_MAX_REPEATS = 60
-#: an interleaved timing run of two or more devices times a reference device (one of them, of
-#: median work) right before every device's turn, and a device's figure is the median over its
-#: passes of its time relative to the reference beside it, times the reference's fastest turn
-#: (``costmodels.measure.timing``): the machine's speed moves in phases (a neighbour on the other
-#: core, frequency) that a fastest pass only partly escapes. experiments/reference_timing.py,
-#: criteo-kaggle at 8 devices, mean |log A/A| of the max device 9.9% with the fastest raw pass, 2.5%
-#: relative to the reference (AMD EPYC, 4 runs); 5.0% and 1.5% (Intel Xeon, 3 runs, session 17) ...
+#: a timing run of two or more devices times a reference device before every device's turn, and a
+#: device's figure is the median of its passes relative to it: docs/decisions.md#reference-device ...
 TIMING_REFERENCE = True
-#: ... whose turn runs this share of the runs of its own passes (rounded up)
+#: ... whose turn runs this share of the repeats of its own passes (rounded up)
 TIMING_REFERENCE_SHARE = 0.25
-#: a NeuroShard process allocates with PyTorch's huge pages (HUGE_PAGES_ENV, set when the package is
-#: imported unless the environment sets it; the training runtime's ranks inherit it), and an
-#: interleaved timing run also advises its weights buffer into transparent huge pages (2 MiB,
-#: ``kernels.advise_huge_pages``: for a process whose first allocation came before the import; Linux
-#: with THP mode ``madvise`` or ``always``): a lookup into a table of hundreds of MiB then misses the
-#: TLB far less (a GPU keeps its tables in large pages too). experiments/huge_pages.py --processes,
-#: criteo-terabyte at 8 devices, 24 devices of 3 plans, a fresh process per run, 6 runs each way in
-#: alternation (AMD EPYC, family 25, session 28): a device's share of its run moved 3.2% (median
-#: coefficient of variation) with huge pages and 7.9% without (3.2% and 6.9% in a first such run);
-#: the weights buffer's advice alone, in one process, 4.9% against 4.3% (no gain)
+#: time in transparent huge pages: HUGE_PAGES_ENV set at import unless the environment sets it, and a
+#: timing run's weights advised into 2 MiB pages (``kernels.advise_huge_pages``): docs/decisions.md#huge-pages
 TIMING_HUGE_PAGES = True
 #: PyTorch's CPU allocator advises huge pages for allocations of 2 MiB and more when this is "1"
 #: (read once, at the process's first allocation: set before a rank starts)
 HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
-#: the cache flush a CPU kernel benchmark reads before every timed run (a size: bytes, 8MiB; 0: none),
-#: when this environment variable sets it (``costmodels.measure.kernel.default_flush_bytes``; default:
-#: 1.25x the last-level cache, at most 512 MiB). A VM may report a whole host's cache (300 MiB on an
-#: Intel Xeon, session 17: a 393 MB flush, 30 ms a run); the test suite sets 8 MiB, since it checks the
-#: flows, not the figures. Whether stored data was measured on this CPU is still judged by the
-#: cache-sized flush
+#: overrides the cache flush a CPU kernel benchmark reads before every timed repeat (a size: bytes,
+#: "8MiB"; 0: none; default 1.25x the last-level cache, at most 512 MiB; the test suite sets 8 MiB):
+#: docs/decisions.md#flushed-kernel-timing
 FLUSH_BYTES_ENV = "NEUROSHARD_FLUSH_BYTES"
 #: the size of a transparent huge page on x86-64 and arm64 Linux
 HUGE_PAGE_BYTES = 2**21
@@ -182,20 +159,21 @@ EVALUATE_COLUMNS = {
 #: cache eviction policies a table's device cache may use (TorchRec's CacheAlgorithm: LRU, LFU)
 CACHE_ALGORITHMS = ("lru", "lfu")
 
-#: random device-sized sets a calibration times when none is asked for (``search --calibrate``)
+#: random device-sized sets a calibration times when none is asked for (``search --calibrate``;
+#: docs/decisions.md#set-size-and-shard-corrections)
 CALIBRATION_SETS = 200
 #: fewest and most random sets a calibration may time
 MIN_CALIBRATION_SETS, MAX_CALIBRATION_SETS = 8, 100000
 #: who makes refine's final choice (``search --refine N --judge``): ``kernel``, refine's own instrument
-#: (the fused kernel, device by device, caches flushed: ``neuroshard measure``'s protocol), or
-#: ``runtime``, the plans trained together on the included runtime (``runtime.judge.RuntimeJudge``)
+#: (``neuroshard measure``'s protocol), or ``runtime``, the plans trained together on the included
+#: runtime (``runtime.judge.RuntimeJudge``): docs/decisions.md#runtime-judge
 REFINE_JUDGES = ("kernel", "runtime")
 #: where ``collect compute`` draws shard sets from: random augmented sets, or devices of searched plans
 COLLECT_SET_SOURCES = ("random", "plans")
 
-#: the terms of one training iteration, per rank, in the order the included runtime runs them
-#: (issue 31): ``neuroshard estimate`` predicts them, ``neuroshard evaluate -o`` measures them, so
-#: prediction and measurement line up term by term; ``iteration_ms`` is the step-to-step wall period
+#: the terms of one training iteration, per rank, in the order the included runtime runs them:
+#: ``neuroshard estimate`` predicts them, ``neuroshard evaluate -o`` measures them, so prediction and
+#: measurement line up term by term; ``iteration_ms`` is the step-to-step wall period
 ITERATION_TERMS = {
     "input_ms": "data loading: the batch's lookups sampled and turned into the kernel's inputs (cache moves "
                 "included), host-side work before the step starts",
@@ -213,25 +191,16 @@ ITERATION_TERMS = {
     "other_ms": "the rest of the period: host-side work between the terms (Python, bookkeeping)",
 }
 
-#: steps each plan runs in a row when several plans train in one run (``RunConfig.turn``, formats
-#: revision 32). The first step of a turn is its switch step and is not measured: its barrier waits
-#: for the previous plan's slowest rank, and its caches hold the previous plan's rows. With turns of
-#: one step (A B A B, before revision 32) the waiting an unbalanced plan causes (its busy rank's
-#: embedding backward and next input) landed in the next plan's step: on hot-few seed 61 at 2
-#: processes (2026-12-05, session 40) NeuroShard's balanced plan measured 150-156 ms alone against
-#: 175-198 for dim's and size's, and 168-170 interleaved against 160-166: the interleaved run put
-#: the balanced plan last, the order the iteration model's misses of issue 31 had
+#: steps each plan runs in a row when several plans train in one run (``RunConfig.turn``); a turn's
+#: first step is not measured: docs/decisions.md#turns-of-three-steps
 TURN_STEPS = 3
 
-#: candidates whose predicted training step is within this fraction of the chosen plan's are a tie for
-#: the iteration objective (``provenance.objective.ties``, formats revision 33; ``search`` says so).
-#: Over 645 pairs of plans of one configuration at 2 processes, measured in turns on this project's
-#: CPU (2026-12-05, session 41, ``experiments/iteration_ranking_ceiling.py``), the pair trained in the
-#: predicted order 57% of the time when predicted less than 1% apart, 68% at 1-2%, 77% at 2-3%, 86% at
-#: 3-5%, 91% at 5-10%, 98% beyond: under 3% the prediction does not say which of the two trains faster
-#: there (at 3 processes on 2 cores, 48-62% up to 10% apart: ``estimate`` says when ranks share cores)
+#: candidates whose predicted training step is within this fraction of the chosen plan's tie for the
+#: iteration objective (``provenance.objective.ties``; ``search`` says so):
+#: docs/decisions.md#iteration-tie-margin
 ITERATION_TIE_MARGIN = 0.03
 
-#: what ``shard`` ranks plans by: the embedding cost (the slowest device's compute and exchange,
-#: the default) or the predicted training iteration (``search.iteration``, dense part included)
+#: what ``shard`` ranks plans by: the embedding cost (the slowest device's compute and exchange, the
+#: default: docs/decisions.md#iteration-tie-margin) or the predicted training iteration
+#: (``search.iteration``, dense part included)
 OBJECTIVES = ("embedding", "iteration")

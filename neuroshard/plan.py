@@ -334,13 +334,13 @@ class Plan:
                      "device_memory_bytes": self.device_memory_bytes, "bytes_per_element": self.bytes_per_element,
                      "tables": [t.to_dict() for t in self.tables],
                      "shards": [s.to_dict() for s in self.shards]}
-        if self.optimizer != DEFAULT_OPTIMIZER:  # a plan with the default reads as before revision 3
+        if self.optimizer != DEFAULT_OPTIMIZER:  # absent at the default: the plan reads as one without the field
             out["optimizer"] = self.optimizer
-        if self.data_parallel_tables:  # absent when none: such a plan reads as before revision 3
+        if self.data_parallel_tables:  # absent when none: the plan reads as one without the field
             out["data_parallel_tables"] = list(self.data_parallel_tables)
-        if self.comm_precision != "fp32":  # absent at fp32: such a plan reads as before revision 3
+        if self.comm_precision != "fp32":  # absent at fp32: the plan reads as one without the field
             out["comm_precision"] = self.comm_precision
-        if self.topology is not None:  # absent without one: such a plan reads as before revision 3
+        if self.topology is not None:  # absent without one: the plan reads as one without the field
             out["topology"] = self.topology.to_dict()
         if self.estimate is not None:
             out["estimate"] = self.estimate

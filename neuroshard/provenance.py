@@ -1,8 +1,8 @@
 """A plan's provenance: where it came from, as a typed record.
 
-The plan file's ``provenance`` object (``docs/formats.md``, revision 7) is this record's
+The plan file's ``provenance`` object (``docs/formats.md``) is this record's
 JSON form: the fields below, written in this order and only when set, then any other key
-a plan carried (``extra``: kept as read, so plans of other tools and older revisions
+a plan carried (``extra``: kept as read, so plans of other tools and older versions
 read and write back unchanged). The record is also a mutable mapping over that JSON form
 (``provenance["algorithm"]``, ``.get``, ``in``), so code that reads plan files as JSON
 and code that holds a ``Plan`` say the same thing.
@@ -24,24 +24,24 @@ class Provenance(MutableMapping):
     parameters: dict | None = None            # the algorithm's parameters
     cost_model: str | None = None             # the cost models' name
     cost_model_batch_size: int | None = None  # the batch their data was measured at
-    cost_model_hardware: str | None = None    # where their data was measured, in words (revision 7)
+    cost_model_hardware: str | None = None    # where their data was measured, in words
     created: str | None = None                # ISO time, UTC
     search_time_s: float | None = None
     cost_model_path: str | None = None
     neuroshard_version: str | None = None
-    row_blocks: str | None = None             # "any": row splits TorchRec does not run allowed (revision 20)
+    row_blocks: str | None = None             # "any": row splits TorchRec does not run allowed
     risk: float | None = None                 # an ensemble's risk factor the search charged
     cost_precision: str | None = None         # the precision the estimate's compute is for
     cost_precision_scaling: dict | None = None  # the measured ratio that carried it there
     cost_optimizer: str | None = None         # the optimizer the kernels were timed with
     topology: str | None = None               # the cluster, in words
     data_parallel: dict | None = None         # what data_parallel="auto" replicated, and why
-    tiers: dict | None = None                 # memory tiers chosen and how they were costed (revision 9)
-    comm_model: str | None = None             # which model costed the all-to-all, in words (revision 9)
-    objective: dict | None = None             # objective "iteration": every candidate's predicted step (revision 10)
+    tiers: dict | None = None                 # memory tiers chosen and how they were costed
+    comm_model: str | None = None             # which model costed the all-to-all, in words
+    objective: dict | None = None             # objective "iteration": every candidate's predicted step, ties
     fallback: dict | None = None              # the search could not pack: a baseline's plan, and why
-    calibration_check: dict | None = None     # search --calibrate: the models' plans measured (revisions 18, 22)
-    refine: dict | None = None                # the measured loop that chose the plan (revision 4)
+    calibration_check: dict | None = None     # search --calibrate: the models' plans measured
+    refine: dict | None = None                # the measured loop that chose the plan
     source: str | None = None                 # an imported plan's file
     format: str | None = None                 # an imported plan's format
     extra: dict = field(default_factory=dict)  # any other key, as read

@@ -87,7 +87,7 @@ class Table:
                "embedding_dim": self.embedding_dim, "pooling_factor": self.pooling_factor}
         if self.access:
             out["access"] = self.access
-        if self.constraints:  # absent when none: such a table is written as before revision 3
+        if self.constraints:  # absent when none: written as a table without constraints
             out["constraints"] = self.constraints
         out.update(self.extra)
         return out

@@ -68,7 +68,7 @@ class Tier:
         return f"{self.memory}+cache {100 * self.cache_fraction:g}%"
 
     def to_dict(self) -> dict:
-        """A plan shard's tier fields: none for device memory (such a plan reads as before revision 9)."""
+        """A plan shard's tier fields: none for device memory (such a plan reads as one without tiers)."""
         if self.on_device:
             return {}
         out: dict = {"memory": self.memory}
