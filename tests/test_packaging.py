@@ -1,5 +1,5 @@
 """pyproject.toml declares what the package imports, its extras do not install two
-fbgemm builds, and the wheel ships the licence files."""
+fbgemm builds, the wheel ships the licence files, and the version is the formats' version."""
 from __future__ import annotations
 
 import ast
@@ -56,3 +56,16 @@ def test_licence_files_are_shipped():
         assert (ROOT / path).is_file(), path
     assert "neuroshard/data/dlrm_datasets_LICENSE" in project["license-files"]
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+
+
+def test_the_version_is_the_formats_version_and_has_a_changelog_line():
+    """docs/decisions.md#versioning: one version in pyproject.toml and the package, a 1.x while the v1
+    formats hold, and a line for it in docs/formats.md's changelog."""
+    version = PYPROJECT["project"]["version"]
+    package = {}
+    exec((ROOT / "neuroshard" / "version.py").read_text(), package)
+    assert package["__version__"] == version
+    assert re.fullmatch(r"1\.\d+\.\d+", version), version
+    changelog = (ROOT / "docs" / "formats.md").read_text(encoding="utf-8").split("\n## Changelog\n", 1)
+    assert len(changelog) == 2, "docs/formats.md has no '## Changelog' section"
+    assert f"- **{version}** (" in changelog[1], f"docs/formats.md's changelog has no line for {version}"
