@@ -29,7 +29,7 @@ def _widths(shown: str) -> str:
     """``plan show``'s text with each column block named by its width, not its range: which of a
     table's two equal column halves the search splits again is a float tie that the CPU decides
     (the README's output, pasted on an AMD EPYC, has item_history's cols 0-31 whole and 32-63
-    halved; an Intel Xeon of session 17 the other way round, every figure equal)."""
+    halved, an Intel Xeon the other way round, every figure equal)."""
     return re.sub(r"cols (\d+)-(\d+)", lambda m: f"{int(m.group(2)) - int(m.group(1)) + 1} cols", shown)
 
 
