@@ -244,12 +244,22 @@ def optional_count(convert: Callable[[str], Any], option: str) -> Callable[[str]
     return wrapped
 
 
+def _ascii_number(text: str) -> str:
+    """``text`` stripped, refused (``ValueError``) unless written in ASCII: Python reads
+    full-width and other Unicode digits (``３``) as numbers, the size and unit parsers do not,
+    and every option should read a number the same way."""
+    text = text.strip()
+    if not text.isascii():
+        raise ValueError(text)
+    return text
+
+
 def _int(text: str) -> int:
-    return int(text.strip())
+    return int(_ascii_number(text))
 
 
 def _float(text: str) -> float:
-    return float(text.strip())
+    return float(_ascii_number(text))
 
 
 def int_in(low: int, high: int | None = None, what: str | None = None) -> Callable[[str], int]:

@@ -168,7 +168,7 @@ def test_plan_show_of_an_invalid_plan_says_so_on_stderr_and_exits_1(plan_file, c
 def test_a_run_with_more_ranks_than_its_plan_is_refused(plan_file, tables_file, capsys):
     assert main(["train", str(plan_file), "--tables", str(tables_file), "--devices", "3", "--steps", "1"]) == 2
     err = capsys.readouterr().err
-    assert "plan is for 2 devices, 3 given: ranks 2-2 would sit idle; give --devices 2" in err
+    assert "plan is for 2 devices, 3 given: rank 2 would sit idle; give --devices 2" in err
 
 
 @pytest.mark.parametrize("name", ["t\n0", "t\x000", "t\x1b[31m", "t\u0085"])

@@ -161,9 +161,10 @@ def check_run(plan: Plan, tables: TableSet, devices: int) -> None:
     if devices < plan.num_devices:
         raise InvalidPlanError(f"plan needs {plan.num_devices} devices, only {devices} given")
     if devices > plan.num_devices:
-        raise InvalidPlanError(f"plan is for {plan.num_devices} devices, {devices} given: ranks "
-                               f"{plan.num_devices}-{devices - 1} would sit idle; give --devices {plan.num_devices} "
-                               f"or search a plan for {devices} devices")
+        idle = (f"rank {plan.num_devices}" if devices - plan.num_devices == 1
+                else f"ranks {plan.num_devices}-{devices - 1}")
+        raise InvalidPlanError(f"plan is for {plan.num_devices} devices, {devices} given: {idle} would sit idle; "
+                               f"give --devices {plan.num_devices} or search a plan for {devices} devices")
     if plan.data_parallel_tables and plan.optimizer != "sgd":
         raise InvalidPlanError(f"data-parallel table '{plan.data_parallel_tables[0]}': the runtime trains replicated "
                                f"tables with sgd only, the plan's optimizer is {plan.optimizer}")

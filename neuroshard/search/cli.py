@@ -108,6 +108,16 @@ def _rebalance_how(p: dict) -> str:
     return (" repacked evenly," if p.get("even") else " repacked,") if p.get("repacked") else ""
 
 
+def _params(pairs: list[tuple[str, object]] | None) -> dict:
+    """``--param`` pairs as a dict; a key given twice is refused (the last would silently win)."""
+    params: dict = {}
+    for key, value in pairs or []:
+        if key in params and params[key] != value:
+            raise NeuroShardError(f"--param {key} is given twice ({params[key]!r} and {value!r}); give it once")
+        params[key] = value
+    return params
+
+
 def _search(args: argparse.Namespace) -> int:
     from ..measured.api import shard
     from ..measured.refine import format_judgement
@@ -125,7 +135,7 @@ def _search(args: argparse.Namespace) -> int:
                  comm_precision=args.comm_precision, topology=topology, refine=args.refine,
                  tier_costs=args.tier_costs, row_blocks=args.row_blocks, **_judge_option(args),
                  **_objective_options(args),
-                 **dict(args.param or []))
+                 **_params(args.param))
     say = write_output(args.output, json.dumps(plan.validate().to_dict(), indent=1) + "\n")
     say(plan.format_summary())
     prov = plan.provenance or {}
