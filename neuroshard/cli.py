@@ -169,14 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
                default="out/demo", metavar="DIR")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--num-tables", type=positive_int, default=None,
-                   help="tables to generate, as in `tables generate` (default: 6 per device, a run of about a "
-                        "minute); elsewhere --tables names a tables file")
+                   help="tables to generate, as in `tables generate` (default: 6 per device, a run of a "
+                        "few minutes on 2 cores, most of it refine); elsewhere --tables names a tables file")
     p.add_argument("--devices", type=device_count, default=None,
                    help="devices (runtime processes) (default: 4, or the CPU cores when fewer, at least 2)")
     p.add_argument("--iterations", type=positive_int, default=12,
                    help="measured iterations per plan and run (default: 12)")
     p.add_argument("--runs", type=positive_int, default=3,
-                   help="measurement runs, each alternating the two plans' steps (default: 3)")
+                   help="measurement runs, the plans taking turns of 3 steps in each (default: 3)")
     p.add_argument("--calibrate", type=int_in(0, MAX_CALIBRATION_SETS, "a set count"), default=None, metavar="SETS",
                    help="calibrate the cost models on this machine and the demo's tables first, with SETS random "
                         "sets (0: never; default: the demo's set count when this CPU is not the one the checkpoint "

@@ -50,7 +50,7 @@ def run_demo(args: argparse.Namespace) -> int:
         # time-share the cores and the measured comparison stops meaning "D parallel devices".
         args.devices = max(2, min(4, os.cpu_count() or 2))
     if args.num_tables is None:
-        # A small task: the demo runs both plans on the training runtime in about a minute.
+        # A small task: the demo runs both plans on the training runtime in a few minutes.
         args.num_tables = 6 * args.devices
     out = check_output_folder(args.out, "demo folder")
     if args.devices < 2:

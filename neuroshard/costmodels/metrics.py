@@ -5,7 +5,7 @@
   one error this project calls GMAE, for cost models, operators and iterations alike.
 * ``ratio_error``: ``exp(mean |log(pred / true)|) - 1``, the geometric mean of the ratio
   ``max(pred/true, true/pred)`` less 1. Stricter than ``gmae`` (close to ``mape``);
-  the iteration model's figures before formats revision 17 were this, labelled GMAE.
+  the iteration model's figures before 2026-11-28 were this, labelled GMAE.
 * ``mape``: mean absolute relative error (a fraction; 0.05 = 5%).
 * ``kendall_tau``: rank agreement between predictions and measurements.
 * ``pair_accuracy``: build random pseudo-plans (``plan_size`` items each, plan cost =

@@ -165,9 +165,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=positive_int, default=TIMING_REPEATS,
                    help=f"timed runs per device and round (default: {TIMING_REPEATS})")
     p.add_argument("--no-reference", action="store_true",
-                   help="no reference device: a device's figure is its fastest raw pass (before revision 14)")
+                   help="no reference device: a device's figure is its fastest raw pass (docs/decisions.md#reference-device)")
     p.add_argument("--no-huge-pages", action="store_true",
-                   help="keep the weights in the system's default pages (before revision 21: no huge pages advised)")
+                   help="keep the weights in the system's default pages (docs/decisions.md#huge-pages)")
     p.add_argument("--batch-size", type=batch_size_int, default=None,
                    help="batch each device looks up (default: the cost model's, 4096 for the shipped one)")
     p.add_argument("--row-cap", type=positive_int, default=DEFAULT_MAX_ROWS,

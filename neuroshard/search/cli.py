@@ -90,7 +90,7 @@ def _judge_option(args: argparse.Namespace) -> dict:
 
 def _again(entry: dict) -> str:
     """A finalist's later timing runs in refine's record: all runs and the median that chose
-    (formats revision 19), or the second run and the mean of two (earlier plans); "" for a plan
+    (plans with final_median_cost_ms), or the second run and the mean of two (earlier plans); "" for a plan
     timed once."""
     if "final_median_cost_ms" in entry:
         runs = ", ".join(f"{c:.2f}" for c in entry["final_runs_cost_ms"][1:])
@@ -189,7 +189,7 @@ def _search(args: argparse.Namespace) -> int:
             + (f"{rebalanced['kept']}'s plan" if rebalanced["kept"] else "the chosen plan"))
     tie = refine.get("tie")
     if tie:
-        allowance = tie.get("work_allowance")  # (revision 31; absent before)
+        allowance = tie.get("work_allowance")  # (absent in some 0.1.0 plans)
         priced = (f", or {tie['cheapest']}'s work beyond {100 * allowance:.0f}% over the least cost it more than its "
                   f"lead" if allowance is not None else "")
         say(f"refine, a tie: {tie['chosen']}'s plan measured within {100 * tie['margin']:.0f}% of {tie['cheapest']}'s "
@@ -231,7 +231,7 @@ def _search(args: argparse.Namespace) -> int:
             + f" predicted per step; written: {objective['chosen']}'s plan")
         if objective.get("ties"):
             say(f"a tie: {', '.join(objective['ties'])} predicted within {100 * objective['tie_margin']:.0f}% of "
-                f"{objective['chosen']}'s step, closer than the model tells apart (docs/results.md, session 41); "
+                f"{objective['chosen']}'s step, closer than the model tells apart (docs/decisions.md#iteration-tie-margin); "
                 f"to choose, search each (-a NAME) and time them on your machine (neuroshard evaluate PLAN "
                 f"--tables T --model M -o OUT.json: iteration_ms)")
     say(f"searched in {prov.get('search_time_s', float('nan')):.2f} s with cost model "
@@ -306,7 +306,7 @@ def _estimate(args: argparse.Namespace) -> int:
     if elsewhere:
         print(f"warning: the operator costs were {elsewhere}: the estimate is for that CPU; `neuroshard collect "
               f"dense` and `collect overheads` measure this one (on a newer CPU of the same name the shipped file "
-              f"was 33.5% off per step, 7.0% after: docs/results.md, session 23)")
+              f"was 33.5% off per step, 7.0% after: docs/results.md#iteration-model)")
     if args.output:
         from ..io import atomic_write_text
         atomic_write_text(args.output, json.dumps(estimate.to_dict(), indent=1) + "\n")

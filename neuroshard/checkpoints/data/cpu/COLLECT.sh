@@ -15,7 +15,7 @@ for d in 2 3 4; do
 done
 
 # 3. 2500 shard sets over the *training* tables of the calibrated dlrm-2021 benchmark
-#    (the held-out 30% are what experiments/evaluate.py builds its tasks from)
+#    (the held-out 30% are what experiments/plan_benchmark.py builds its tasks from)
 mkdir -p out
 neuroshard tables generate --preset dlrm-2021 --seed 0 -o out/dlrm2021.json --calibration-tables 0
 neuroshard tables split out/dlrm2021.json --train out/dlrm2021-train.json --test out/dlrm2021-test.json
@@ -47,7 +47,7 @@ neuroshard collect compute $D/compute-wide/tables.json --samples 3000 -o $D/comp
 neuroshard collect compute $D/compute-wide/tables.json --sets plans --samples 2000 -o $D/compute-plans \
   --memory 64GiB --seed 0 --repeats 3 --max-repeats 5 --max-minutes 50
 
-# 6. (2026-11-23, session 4) One width per set, mostly one-hot: the DLRM reference models give every table the
+# 6. (2026-11-23) One width per set, mostly one-hot: the DLRM reference models give every table the
 #    same width and one lookup per sample, and the pre-trained model predicted such sets 40-50% too high
 #    (criteo-kaggle, held out). 120 new tables (rows 3..1e7 log-uniform, pooling 0.5-4 around 1, zipf
 #    0.9-1.3; no benchmark family's rows), sets of 1-40 shards cut to one width each: 16, 32, 64, 128.
