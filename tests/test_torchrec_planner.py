@@ -230,6 +230,16 @@ def test_stats_are_logged_and_last_plan_is_a_plan_file(tmp_path, caplog):
     # TorchRec's own planner on the same task, scored by the same models, beside ours
     assert "TorchRec's EmbeddingShardingPlanner on the same task" in text
     assert "scored by the same cost model: max rank cost" in text or "no plan (" in text
+    # and kept on the planner, whatever the logging: the logged line is its format()
+    comparison = planner.last_comparison
+    assert comparison is not None and comparison.format() in text
+    assert comparison.ours_ms == planner.last_plan.estimate["max_device_cost_ms"]
+    assert comparison.our_shards == len(planner.last_plan.shards)
+    if comparison.theirs_ms is not None:
+        assert comparison.ratio == pytest.approx(comparison.ours_ms / comparison.theirs_ms)
+        assert f"{comparison.ratio:.3f}x" in comparison.format()
+    else:
+        assert comparison.ratio is None and comparison.no_plan
     path = planner.last_plan.write(tmp_path / "plan.json")
     shown = run_cli("plan", "show", path)
     assert shown.returncode == 0 and "8 tables" in shown.stdout, shown.stderr
@@ -238,6 +248,12 @@ def test_stats_are_logged_and_last_plan_is_a_plan_file(tmp_path, caplog):
     quiet = _planner(2, 10**6, log_stats=False)
     with caplog.at_level(logging.INFO, logger="neuroshard.torchrec"):
         quiet.plan(Model(_configs()), [EmbeddingBagCollectionSharder()])
+    assert not [r for r in caplog.records if r.name == "neuroshard.torchrec"]
+    assert quiet.last_comparison is None  # compare_torchrec follows log_stats unless given
+    kept = _planner(2, 10**6, log_stats=False, compare_torchrec=True)
+    with caplog.at_level(logging.INFO, logger="neuroshard.torchrec"):
+        kept.plan(Model(_configs()), [EmbeddingBagCollectionSharder()])
+    assert kept.last_comparison is not None and kept.last_comparison.our_shards == len(kept.last_plan.shards)
     assert not [r for r in caplog.records if r.name == "neuroshard.torchrec"]
 
 

@@ -12,7 +12,9 @@ sharders into a NeuroShard task, searches it (``neuroshard.measured.api.shard``:
 against the cost models, calibrated on this machine when asked) and hands back TorchRec's
 ``ShardingPlan`` built by the exporter ``neuroshard export --format torchrec`` uses
 (``export.torchrec_sharding`` and ``export.to_parameter_shardings``): every table laid out
-as TorchRec runs it exactly. The ``neuroshard.plan/v1`` plan it made is ``last_plan``.
+as TorchRec runs it exactly. The ``neuroshard.plan/v1`` plan it made is ``last_plan``, and
+TorchRec's own planner's plan for the same task, scored beside ours, is ``last_comparison``
+(``examples/torchrec_planner.py`` is a complete script).
 
 TorchRec must be importable: importing this module without it raises a one-line
 ``NeuroShardError`` (``neuroshard.torchrec`` itself imports without TorchRec and loads this
@@ -21,6 +23,7 @@ module on first use of ``NeuroShardPlanner`` or ``tables_from_module``).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Collection, Mapping
 
@@ -76,6 +79,35 @@ FUSED, DENSE = EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.
 KERNEL_SETTINGS = ("cache_params", "enforce_hbm", "stochastic_rounding", "bounds_check_mode", "output_dtype")
 #: ``shard`` options the planner sets from TorchRec's objects (not to be given as search options)
 FROM_TORCHREC = ("topology", "optimizer", "bytes_per_element", "devices", "memory", "tables")
+
+
+@dataclass(frozen=True)
+class TorchRecComparison:
+    """Our plan beside the plan TorchRec's ``EmbeddingShardingPlanner`` makes for the same task
+    (tables, ranks, memory, batch), both scored by the same cost models: each plan's max rank
+    cost per iteration, in ms. ``theirs_ms`` is None when TorchRec's planner found no plan
+    (``no_plan`` says why). An estimate by our cost models, not a measurement."""
+
+    ours_ms: float
+    theirs_ms: float | None
+    our_shards: int
+    their_shards: int | None
+    no_plan: str | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        """``ours_ms / theirs_ms``: below 1 our plan is estimated faster (None without their plan)."""
+        if self.theirs_ms is None:
+            return None
+        return self.ours_ms / self.theirs_ms if self.theirs_ms else float("nan")
+
+    def format(self) -> str:
+        """One line: the line ``NeuroShardPlanner`` logs after its stats."""
+        if self.theirs_ms is None:
+            return f"TorchRec's EmbeddingShardingPlanner on the same task: no plan ({self.no_plan})"
+        return (f"TorchRec's EmbeddingShardingPlanner on the same task, scored by the same cost model: max rank cost "
+                f"{self.theirs_ms:.4f} ms per iteration (ours {self.ours_ms:.4f} ms, {self.ratio:.3f}x; "
+                f"{self.their_shards} shards against our {self.our_shards})")
 
 
 def _where(path: str) -> str:
@@ -296,14 +328,17 @@ class NeuroShardPlanner(ShardingPlanner):
     calibrate the cost models first; None: off), ``seed``, ``access`` (a tables file or
     ``TableSet`` giving each table's pooling factor and access statistics by name),
     ``log_stats`` (the plan's summary on logger ``neuroshard.torchrec`` at INFO),
-    ``compare_torchrec`` (with ``log_stats``: also plan the task with TorchRec's
-    ``EmbeddingShardingPlanner`` and log its plan's estimate by the same cost models beside
-    ours; that planner takes a minute or more for hundreds of tables), and
+    ``compare_torchrec`` (also plan the task with TorchRec's ``EmbeddingShardingPlanner`` and
+    score its plan by the same cost models beside ours: kept as ``last_comparison`` and logged
+    after the stats; None, the default: when ``log_stats``; that planner takes a minute or
+    more for hundreds of tables), and
     ``options`` for the search (e.g. ``data_parallel="auto"``, ``comm_precision="fp16"``,
     ``beam_width=4``; the all-to-all is estimated at fp32 unless ``comm_precision`` says).
 
     ``last_plan`` is the ``neuroshard.plan/v1`` ``Plan`` of the last ``plan`` or
-    ``collective_plan`` (``last_plan.write(path)``, then ``neuroshard plan show path``).
+    ``collective_plan`` (``last_plan.write(path)``, then ``neuroshard plan show path``), and
+    ``last_comparison`` its ``TorchRecComparison`` with TorchRec's plan (None when not compared);
+    ``collective_plan`` gives both to every rank.
     Not honoured: TorchRec's enumerator, proposers, partitioner, performance model, stats and
     callbacks (ours search instead), ``table_column_wise``, and caching, UVM or SSD kernels.
     """
@@ -315,7 +350,7 @@ class NeuroShardPlanner(ShardingPlanner):
                  callbacks: Any = None, timeout_seconds: int | None = None, plan_loader: Any = None, *,
                  cost_models: CostModels | str | Path | None = None, algorithm: str = "neuroshard",
                  calibrate: int | None = None, seed: int = 0, access: str | Path | TableSet | None = None,
-                 log_stats: bool = True, compare_torchrec: bool = True, **options: Any) -> None:
+                 log_stats: bool = True, compare_torchrec: bool | None = None, **options: Any) -> None:
         if topology is None:
             topology = _default_topology()
         if not isinstance(topology, Topology):
@@ -348,9 +383,10 @@ class NeuroShardPlanner(ShardingPlanner):
                         ", ".join(ignored))
         self._debug = bool(debug)  # TorchRec's stats table switch: ours is log_stats
         self._log_stats = bool(log_stats)
-        self._compare_torchrec = bool(compare_torchrec)
+        self._compare_torchrec = self._log_stats if compare_torchrec is None else bool(compare_torchrec)
         self._options = dict(options)
         self.last_plan: Plan | None = None
+        self.last_comparison: TorchRecComparison | None = None
 
     # ------------------------------------------------------------------ TorchRec's interface
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]] | None = None) -> ShardingPlan:
@@ -374,10 +410,13 @@ class NeuroShardPlanner(ShardingPlanner):
                                 **self._options)
         sharding_plan = self._sharding_plan(plan)
         self.last_plan = plan
+        self.last_comparison = None
+        if self._compare_torchrec:
+            self.last_comparison = self._compare(plan, tables, world, memory, models, bytes_per_element, optimizer)
         if self._log_stats:
             stats = self._stats(plan, tables, models)
-            if self._compare_torchrec:
-                stats += "\n" + self._torchrec_line(plan, tables, world, memory, models, bytes_per_element, optimizer)
+            if self.last_comparison is not None:
+                stats += "\n" + self.last_comparison.format()
             log.info("%s", stats)
         return sharding_plan
 
@@ -386,7 +425,7 @@ class NeuroShardPlanner(ShardingPlanner):
         """``plan`` on rank 0 of ``pg`` (None: the default group), broadcast to every rank with
         ``torch.distributed.broadcast_object_list``, as ``EmbeddingShardingPlanner`` does; every
         rank gets the same ``ShardingPlan`` and ``last_plan``. An error on rank 0 is raised on
-        every rank (one line), not left to hang the others."""
+        every rank (one line), not left to hang the others. ``last_comparison`` is rank 0's."""
         if pg is None:
             if not dist.is_initialized():
                 raise NeuroShardError("collective_plan needs torch.distributed initialized "
@@ -398,13 +437,13 @@ class NeuroShardPlanner(ShardingPlanner):
         if pg.rank() == 0:
             try:
                 sharding_plan = self.plan(module, sharders)
-                payload = [(sharding_plan, self.last_plan.to_dict(), None)]
+                payload = [(sharding_plan, self.last_plan.to_dict(), self.last_comparison, None)]
             except Exception as exc:  # every rank raises it: none waits on a broadcast that never comes
                 error = exc
-                payload = [(None, None, (isinstance(exc, NeuroShardError), f"{type(exc).__name__}: {exc}"))]
+                payload = [(None, None, None, (isinstance(exc, NeuroShardError), f"{type(exc).__name__}: {exc}"))]
         if pg.size() > 1:
             dist.broadcast_object_list(payload, group=pg, group_src=0)
-        sharding_plan, plan, failed = payload[0]
+        sharding_plan, plan, comparison, failed = payload[0]
         if error is not None:
             raise error
         if failed is not None:
@@ -412,6 +451,7 @@ class NeuroShardPlanner(ShardingPlanner):
             raise (NeuroShardError if ours else RuntimeError)(f"planning on rank 0 failed: {message}")
         if pg.rank() != 0:
             self.last_plan = Plan.from_dict(plan, source="rank 0's plan")
+            self.last_comparison = comparison
         return sharding_plan
 
     # ------------------------------------------------------------------ the task
@@ -464,8 +504,8 @@ class NeuroShardPlanner(ShardingPlanner):
         return ShardingPlan(modules)
 
     # ------------------------------------------------------------------ stats
-    def _torchrec_line(self, plan: Plan, tables: TableSet, world: int, memory: Any, models: CostModels,
-                       bytes_per_element: int, optimizer: str) -> str:
+    def _compare(self, plan: Plan, tables: TableSet, world: int, memory: Any, models: CostModels,
+                 bytes_per_element: int, optimizer: str) -> TorchRecComparison:
         """TorchRec's own planner on the same task (the ``torchrec`` search algorithm: its
         ``EmbeddingShardingPlanner``, its plan scored by our cost models), beside ours."""
         ours = float((plan.estimate or {}).get("max_device_cost_ms", float("nan")))
@@ -474,11 +514,9 @@ class NeuroShardPlanner(ShardingPlanner):
                                       topology=self._our_topology(), optimizer=optimizer,
                                       compute_device=self._topology.compute_device)
         except InfeasibleError as exc:
-            return f"TorchRec's EmbeddingShardingPlanner on the same task: no plan ({str(exc).splitlines()[0]})"
-        cost = float(theirs.estimate["max_device_cost_ms"])
-        return (f"TorchRec's EmbeddingShardingPlanner on the same task, scored by the same cost model: max rank cost "
-                f"{cost:.4f} ms per iteration (ours {ours:.4f} ms, {ours / cost:.3f}x; "
-                f"{len(theirs.shards)} shards against our {len(plan.shards)})")
+            return TorchRecComparison(ours, None, len(plan.shards), None, str(exc).splitlines()[0])
+        return TorchRecComparison(ours, float(theirs.estimate["max_device_cost_ms"]), len(plan.shards),
+                                  len(theirs.shards))
 
     def _stats(self, plan: Plan, tables: TableSet, models: CostModels) -> str:
         """The plan at a glance: what the estimate is for, then per rank its shards,
@@ -616,5 +654,5 @@ def _shard_text(shard, plan: Plan) -> str:
     return text
 
 
-__all__ = ["NeuroShardPlanner", "tables_from_module", "embedding_modules", "STORAGE_RESERVATION",
-           "DEFAULT_POOLING_FACTOR"]
+__all__ = ["NeuroShardPlanner", "TorchRecComparison", "tables_from_module", "embedding_modules",
+           "STORAGE_RESERVATION", "DEFAULT_POOLING_FACTOR"]
