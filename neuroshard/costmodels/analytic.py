@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from ..constants import FP32_BYTES, MEASURED_BATCH_SIZE
-from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, pack_sets, set_sums
+from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, pack_sets, register_model, set_sums
 from .features import FEATURE_NAMES
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ def _fit_relative_nnls(design: np.ndarray, target: np.ndarray) -> np.ndarray:
     return coef / scale
 
 
+@register_model
 class AnalyticComputeModel(ComputeCostModel):
     """Bytes over bandwidth plus overheads (TorchRec-style), constants fitted by NNLS
     (``coef_``; unfitted, it predicts with ``DEFAULTS``)."""
@@ -148,6 +149,7 @@ def reduce_terms(reduce_width: np.ndarray, num_devices: int, batch_size: int) ->
     return np.stack([np.ones_like(r), np.full_like(r, d - 1), batch_size * r * float(FP32_BYTES) * (d - 1) / d], axis=1)
 
 
+@register_model
 class AnalyticCommModel(CommCostModel):
     """All-to-all as latency + bytes over bandwidth (+ waiting for late starters), NNLS-fitted."""
 

@@ -4,7 +4,8 @@ Every model is a scikit-learn estimator (``CostModel``): hyper-parameters are th
 constructor's arguments (``get_params``, ``sklearn.base.clone``), ``fit`` sets the
 fitted state (attributes ending in ``_``), and the verbs are the same for all:
 ``fit``, ``predict``, ``evaluate`` (see ``metrics``), ``save``/``load`` through
-``CostModels``.
+``CostModels``. A class that checkpoints save registers itself with the class decorator
+``register_model`` (``checkpoint``), in the module that defines it.
 
 * A **compute** model maps a *set* of shards run as one fused kernel on one device
   to its forward+backward time in ms. Input: a list of feature arrays, one
@@ -34,6 +35,7 @@ from sklearn.base import BaseEstimator
 from ..errors import NeuroShardError
 from ..tables import Table
 from . import checkpoint
+from .checkpoint import register_model
 from .features import shard_set_features
 from .metrics import comm_metrics, cost_metrics
 

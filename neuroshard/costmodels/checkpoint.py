@@ -9,6 +9,11 @@ batch size, a summary of the training data and the held-out metrics. It loads wi
 a model is built by its constructor from ``hparams``, then given its fitted state.
 Format v1 files (normalisation as loose fields, trees pickled) read through each
 class's ``upgrade_v1``; v1 tree models are refused (a pickle is code, not data).
+
+Model classes register themselves under their class name, the name checkpoints store
+(``register_model``, a class decorator, also in ``base``): the package's classes where
+they are defined, a user's class in the user's module (imported before its checkpoint is
+read).
 """
 from __future__ import annotations
 
@@ -16,8 +21,9 @@ import importlib
 import io
 import logging
 import math
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -39,17 +45,63 @@ SHIPPED_CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 CHECKPOINT_FORMAT = "neuroshard.costmodels/v2"
 #: the older format still read (each model's state upgraded by its class)
 CHECKPOINT_FORMAT_V1 = "neuroshard.costmodels/v1"
-#: class name -> module holding it (imported only when a checkpoint needs it)
-MODEL_CLASSES = {
-    "AnalyticComputeModel": "neuroshard.costmodels.analytic",
-    "AnalyticCommModel": "neuroshard.costmodels.analytic",
-    "EnsembleComputeModel": "neuroshard.costmodels.ensemble",
-    "NeuralComputeModel": "neuroshard.costmodels.neural",
-    "NeuralCommModel": "neuroshard.costmodels.neural",
-    "TreeComputeModel": "neuroshard.costmodels.tree",
-    "TreeCommModel": "neuroshard.costmodels.tree",
-    "WorkComputeModel": "neuroshard.costmodels.work",
-}
+#: the package's modules whose model classes register themselves, imported in this order
+#: (lightest first) only until a checkpoint's class is found: reading a checkpoint imports
+#: no model library it does not need (the trees' scikit-learn ensemble)
+MODEL_MODULES = ("neuroshard.costmodels.analytic", "neuroshard.costmodels.work", "neuroshard.costmodels.neural",
+                 "neuroshard.costmodels.ensemble", "neuroshard.costmodels.tree")
+
+_Model = TypeVar("_Model", bound=type)
+#: checkpoint name (the class name) -> registered model class
+_REGISTRY: dict[str, type] = {}
+
+
+def register_model(cls: _Model) -> _Model:
+    """Class decorator: checkpoints save ``cls`` (a ``base.CostModel`` with ``fitted_state`` /
+    ``load_fitted_state``) under its class name and load it back by that name."""
+    name = getattr(cls, "__name__", None)
+    if not isinstance(cls, type) or not all(callable(getattr(cls, m, None)) for m in ("state_dict", "from_state_dict")):
+        raise NeuroShardError(f"a cost model class needs state_dict and from_state_dict, got {cls!r}")
+    known = _REGISTRY.get(name)
+    if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise NeuroShardError(f"cost model class {name!r} is already registered (from {known.__module__})")
+    _REGISTRY[name] = cls  # the same class again (its module reloaded) replaces itself
+    return cls
+
+
+def model_class(name: str) -> type | None:
+    """The model class registered as ``name``, the package's model modules imported (in
+    ``MODEL_MODULES``' order) until it is; None when no module registers it."""
+    for module in MODEL_MODULES:
+        if name in _REGISTRY:
+            break
+        importlib.import_module(module)
+    return _REGISTRY.get(name)
+
+
+class _RegisteredModels(Mapping):
+    """Read-only view of the registry, name -> class, with every package model imported."""
+
+    def _all(self) -> dict[str, type]:
+        for module in MODEL_MODULES:
+            importlib.import_module(module)
+        return _REGISTRY
+
+    def __getitem__(self, name: str) -> type:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict(self._all()))
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __repr__(self) -> str:
+        return f"MODEL_CLASSES({sorted(self._all())})"
+
+
+#: every registered model class by checkpoint name (read-only; add one with ``register_model``)
+MODEL_CLASSES: Mapping[str, type] = _RegisteredModels()
 
 
 def plain(value: Any) -> Any:
@@ -69,8 +121,9 @@ def plain(value: Any) -> Any:
 
 def model_entry(model: ComputeCostModel | CommCostModel) -> dict:
     name = type(model).__name__
-    if name not in MODEL_CLASSES:
-        raise NeuroShardError(f"cannot checkpoint a {name}: not one of {sorted(MODEL_CLASSES)}")
+    if model_class(name) is not type(model):
+        raise NeuroShardError(f"cannot checkpoint a {name}: not one of {sorted(MODEL_CLASSES)} "
+                              f"(a class registers with costmodels.base.register_model)")
     state = model.state_dict()
     return {"class": name, "state": {**state, "hparams": plain(state["hparams"])}}
 
@@ -79,11 +132,11 @@ def model_from_entry(entry: dict, where: str, fmt: str = CHECKPOINT_FORMAT) -> A
     if not isinstance(entry, dict):
         raise NeuroShardError(f"{where}: a model entry must be a dict with 'class' and 'state'")
     name = entry.get("class")
-    if name not in MODEL_CLASSES:
+    cls = model_class(name) if isinstance(name, str) else None
+    if cls is None:
         raise NeuroShardError(f"{where}: unknown cost model class {name!r}")
     if not isinstance(entry.get("state"), dict):
         raise NeuroShardError(f"{where}: {name}: field 'state' must be a dict")
-    cls = getattr(importlib.import_module(MODEL_CLASSES[name]), name)
     try:
         state = cls.upgrade_v1(entry["state"]) if fmt == CHECKPOINT_FORMAT_V1 else entry["state"]
         if not isinstance(state.get("hparams"), dict):

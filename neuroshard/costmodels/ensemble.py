@@ -54,7 +54,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import NeuroShardError
-from .base import ComputeCostModel, CostModels
+from .base import ComputeCostModel, CostModels, register_model
 from .features import FEATURE_NAMES, capped_weight_bytes
 from .neural import NeuralComputeModel
 from .work import WorkComputeModel
@@ -82,6 +82,7 @@ def working_set_log2(sets: Sequence[np.ndarray], knee_bytes: int, row_cap: int) 
     return np.array([max(0.0, np.log2(max(capped_weight_bytes(s, row_cap), 1.0) / knee_bytes)) for s in sets])
 
 
+@register_model
 class EnsembleComputeModel(ComputeCostModel):
     """``size`` ``NeuralComputeModel(**member_params)`` on bootstrap resamples (fitted: ``members_``)."""
 

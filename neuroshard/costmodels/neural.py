@@ -43,7 +43,7 @@ from .analytic import (
     reduce_terms,
     wait_ms,
 )
-from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, few_threads, pack_sets
+from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, few_threads, pack_sets, register_model
 from .features import FEATURE_NAMES, NUM_FEATURES
 
 log = logging.getLogger(__name__)
@@ -253,6 +253,7 @@ class SetNet(nn.Module):
         return torch.clamp(residual, self.residual_lo, self.residual_hi)
 
 
+@register_model
 class NeuralComputeModel(ComputeCostModel):
     """Shard set -> fused forward+backward ms, a set network trained on log ms.
 
@@ -467,6 +468,7 @@ class Correction(nn.Module):
         return out.reshape(z.shape[:-1])
 
 
+@register_model
 class NeuralCommModel(CommCostModel):
     """Per-device communication ms: the analytic model (``analytic_``) times a learned correction
     per direction (``fwd_``, ``bwd_``, ``reduce_``; None where nothing was measured). ``batch_size``

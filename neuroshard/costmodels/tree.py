@@ -17,7 +17,16 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 
 from ..constants import MEASURED_BATCH_SIZE
 from ..errors import NeuroShardError
-from .base import CommCostModel, CommSamples, ComputeCostModel, as_comm_groups, few_threads, pack_sets, set_sums
+from .base import (
+    CommCostModel,
+    CommSamples,
+    ComputeCostModel,
+    as_comm_groups,
+    few_threads,
+    pack_sets,
+    register_model,
+    set_sums,
+)
 from .neural import device_inputs, reduce_inputs, shard_inputs
 
 
@@ -135,6 +144,7 @@ class _Boosting:
                     min_samples_leaf=self.min_samples_leaf, l2_regularization=self.l2_regularization)
 
 
+@register_model
 class TreeComputeModel(_Boosting, ComputeCostModel):
     """Shard set -> ms with gradient-boosted trees on set aggregates (fitted: ``trees_``)."""
 
@@ -161,6 +171,7 @@ class TreeComputeModel(_Boosting, ComputeCostModel):
         return _refuse_pickled(cls.__name__)
 
 
+@register_model
 class TreeCommModel(_Boosting, CommCostModel):
     """Per-device communication ms with gradient-boosted trees, one per direction measured
     (fitted: ``trees_``, direction -> ``TreeArrays``)."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import NeuroShardError
 from ..kernels import DEFAULT_MAX_ROWS
-from .base import ComputeCostModel
+from .base import ComputeCostModel, register_model
 from .features import FEATURE_NAMES, capped_weight_bytes
 
 #: the regressors per set: lookups x columns per sample, shards, weight GiB (rows capped)
@@ -35,6 +35,7 @@ def work_features(sets: Sequence[np.ndarray], row_cap: int) -> np.ndarray:
     return out
 
 
+@register_model
 class WorkComputeModel(ComputeCostModel):
     """Linear in ``WORK_FEATURES`` with non-negative coefficients (fitted: ``coef_``, ``intercept_``)."""
 
