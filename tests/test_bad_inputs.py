@@ -33,8 +33,6 @@ from neuroshard.plan import Plan
 from neuroshard.tables import Table, TableSet
 from neuroshard.validate import MAX_TABLES
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "experiments"))
 
 
 # ---------------------------------------------------------------- the files
@@ -703,16 +701,66 @@ def test_a_worker_whose_parent_is_gone_exits_at_once():
 
 
 # --------------------------------------------------------------------- fuzz
+#: cases of the fuzz below (a longer run: NEUROSHARD_FUZZ_CASES=1000)
 FUZZ_CASES = int(os.environ.get("NEUROSHARD_FUZZ_CASES", "24"))
+
+
+def fuzz_task(seed: int) -> tuple[TableSet, int, int]:
+    """(tables, devices, memory bytes) of fuzz case ``seed``: 1-24 tables, 1-8 devices, memory
+    around the tables' total (from 10% short to 40% spare, some with one table larger than a device)."""
+    rng = np.random.default_rng([14, seed])
+    n = int(rng.integers(1, 25))
+    tables = []
+    for i in range(n):
+        dim = int(rng.choice([4, 8, 12, 16, 24, 32, 64, 96, 128, 256])) if rng.random() < 0.9 \
+            else int(rng.integers(1, 200))
+        rows = int(10 ** rng.uniform(1, 6.3))
+        access = {"zipf_alpha": round(float(rng.uniform(0.0, 1.4)), 3)} if rng.random() < 0.6 else {}
+        tables.append(Table(f"t{i}", rows, dim, round(float(rng.uniform(0.0, 40.0)), 3), access))
+    ts = TableSet(f"fuzz{seed}", tables, batch_size=int(rng.choice([256, 1024, 4096])))
+    devices = int(rng.integers(1, 9))
+    total = ts.total_bytes()
+    kind = rng.random()
+    if kind < 0.6:  # tight: 0-5% headroom
+        memory = total / devices * (1.0 + rng.uniform(0.0, 0.05))
+    elif kind < 0.9:
+        memory = total / devices * (1.0 + rng.uniform(0.05, 0.4))
+    else:  # some infeasible ones
+        memory = total / devices * rng.uniform(0.9, 1.0)
+    return ts, devices, max(int(memory), 64)
+
+
+def fuzz_case(seed: int, models) -> str:
+    """'plan' or 'refused' (no baseline plans it either); an AssertionError otherwise."""
+    from neuroshard.constraints import check_capacity
+    from neuroshard.search.baselines import best_packing_greedy
+    from neuroshard.search.simulator import Simulator
+    tables, devices, memory = fuzz_task(seed)
+    try:
+        plan = neuroshard.shard(tables, devices=devices, memory=memory, cost_models=models)
+    except NeuroShardError as exc:
+        message = str(exc)
+        assert message and "\n" not in message, f"case {seed}: message is not one line: {message!r}"
+        try:  # the baselines as shipped: behind the same feasibility check as every algorithm
+            check_capacity(tables, devices, memory, 4)
+            baseline = best_packing_greedy(Simulator(tables, devices, models), memory)
+        except NeuroShardError:
+            baseline = None
+        assert baseline is None, (f"case {seed}: refused ({message}) but the {baseline.details['fallback']['algorithm']} "
+                                  f"baseline plans it")
+        return "refused"
+    assert not plan.problems(), f"case {seed}: invalid plan {plan.problems()[:2]}"
+    assert max(plan.memory_used_bytes()) <= memory
+    return "plan"
 
 
 @pytest.mark.slow
 def test_fuzz_shard_plans_whenever_a_baseline_does():
     """A valid plan or a one-line NeuroShardError, and a plan whenever a greedy baseline finds
-    one. The 1,000-case run: ``experiments/fuzz_shard.py --cases 1000`` (or NEUROSHARD_FUZZ_CASES)."""
-    from fuzz_shard import check_case
+    one (a search never refuses a task a baseline can plan). The 1,000-case run:
+    ``NEUROSHARD_FUZZ_CASES=1000 pytest tests/test_bad_inputs.py -k fuzz``."""
     models = load_cost_models()
-    outcomes = [check_case(seed, models) for seed in range(FUZZ_CASES)]
+    outcomes = [fuzz_case(seed, models) for seed in range(FUZZ_CASES)]
     assert outcomes.count("plan") >= FUZZ_CASES // 2
 
 
