@@ -17,7 +17,7 @@ Printed and written to ``--out`` (default ``experiments/results/cache_model``):
 ``rows.csv`` (one row per table, policy and fraction), ``summary.md`` (mean absolute
 error in percentage points, overall, per policy and per kind of table, and the worst
 case) and ``miss_curves.png`` (miss rate against cache fraction, predicted lines and
-replayed points). The issue's target: mean absolute error within 2 points, none over 5.
+replayed points). The aim: mean absolute error within 2 points, none over 5.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from common import write_source
 from neuroshard.datasets.cache_model import draw_stream, predict_miss_rates, replay_miss_rates
 from neuroshard.datasets.synthetic import generate
 from neuroshard.tables import Table
@@ -89,6 +90,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    write_source(out)
     scratch = tempfile.TemporaryDirectory(prefix="cache-model-")  # the drifting recordings: large, not kept
     folder = Path(scratch.name)
     start = time.perf_counter()

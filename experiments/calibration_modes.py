@@ -1,4 +1,4 @@
-"""Calibrate by fine-tuning, or by a set-size correction on the pre-trained members? (issue 25, item 2)
+"""Calibrate by fine-tuning, or by a set-size correction on the pre-trained members?
 
 Per task (``--families`` on ``--devices``, one task each, searched as one host), ONE
 calibration is measured (the task's tables alone and ``--sets`` random device-sized
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common import write_source
 from neuroshard.costmodels import load_cost_models
 from neuroshard.costmodels.measure.store import cpu_model
 from neuroshard.costmodels.metrics import gmae
@@ -85,6 +86,7 @@ def main() -> None:
               " | device GMAE: pre-trained model | corrected | fine-tuned |\n|" + "---|" * (4 + len(PLANS) + 3))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    write_source(out)
     cmd = (f"python experiments/calibration_modes.py --families {' '.join(args.families)} --devices "
            f"{' '.join(map(str, args.devices))} --sets {args.sets} --passes {args.passes} --seed {args.seed}")
     (out / "calibration_modes.md").write_text(

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from common import write_source
 from neuroshard.costmodels.measure.comm import CommBenchmark
 from neuroshard.validate import COMM_PRECISIONS
 
@@ -56,6 +57,7 @@ def main() -> None:
     df = pd.DataFrame(rows)
     print(df.to_string(index=False))
     args.out.mkdir(parents=True, exist_ok=True)
+    write_source(args.out, name="SOURCE.comm_precision.json")
     df.to_csv(args.out / "comm_precision.csv", index=False)
     print(f"wrote {args.out / 'comm_precision.csv'}")
 

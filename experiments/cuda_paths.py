@@ -5,10 +5,9 @@
 (The package need not be installed: the script puts the repository root on the path of
 itself and of every step it starts; ``PYTHONPATH=.`` only makes that explicit.)
 
-The project's machine has no GPU. The first version of this script ran once, on an H200
-without fbgemm-gpu (so the kernel is ``torch.nn.EmbeddingBag``): train, evaluate and
-estimate on NCCL (step D below); its plans-on-GPU and GPU-collection steps did not fit that
-lease. This version runs the project's whole loop on the GPU in one call. Steps, in this
+The project's machine has no GPU; this script runs the project's whole loop on one GPU in one
+call (it ran on an H200 without fbgemm-gpu, so the kernel was ``torch.nn.EmbeddingBag``:
+``results/cuda_paths``). Steps, in this
 order; each is its own process with its own wall-clock limit, writes its results to
 ``--out`` as soon as it ends (so a kill loses nothing already finished), and is skipped,
 said so in ``summary.txt``, when what is left of ``--budget-s`` (default 510 s) cannot fit
@@ -42,7 +41,7 @@ C. ``plans``: per family (default criteo-terabyte and dlrm-2021, held out of bot
    fastest of ``--passes`` after one warm-up pass). Printed: each plan's measured max
    device over the best baseline's, its total compute, and the GPU and CPU models'
    predicted max device against the measured one. About a minute per family (own process).
-D. ``runtime`` (not run by default, ``--steps ... runtime``; it ran in the first session):
+D. ``runtime`` (not run by default, ``--steps ... runtime``):
    ``train`` and ``evaluate`` a one-device plan of 16 dlrm-2021 tables on one GPU (NCCL,
    one process: one GPU cannot hold two NCCL ranks), and ``estimate`` it with the shipped
    CPU iteration-time model. Several minutes (an iteration there was 1.2 s of host-side
@@ -78,6 +77,7 @@ import sys
 import time
 from pathlib import Path
 
+from common import write_source
 START = time.monotonic()  # the budget counts from here
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing the package
@@ -454,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: this script is for a GPU machine (--backend cpu: a dry run on the CPU)", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    write_source(args.out)
     steps = [s for s in STEPS if s in args.steps and s not in args.skip]
     device = (f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
               if args.backend == "cuda" else f"device: CPU (dry run), torch {torch.__version__}")

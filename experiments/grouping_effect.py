@@ -1,4 +1,4 @@
-"""Why placements of the same unsplit tables differ in total work (issue 25, item 1).
+"""Why placements of the same unsplit tables differ in total work.
 
 For each family task (``datasets.families.family_tasks``: 15-40 tables per device by
 default, memory raised where needed so that every table fits a device unsplit), the
@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import spearmanr
 
+from common import write_source
 from neuroshard.constants import FP32_BYTES
 from neuroshard.costmodels import load_cost_models
 from neuroshard.costmodels.measure.store import cpu_model
@@ -159,6 +160,7 @@ def main() -> None:
     models = load_cost_models(args.cost_model)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    write_source(out)
     if args.count_curve:
         lines = count_curve(models, args)
         (out / "count_curve.md").write_text(

@@ -1,28 +1,34 @@
-"""Predicted against measured training iterations of the included runtime (issue 31).
+"""Predicted against measured training iterations of the included runtime: the iteration model's accuracy.
 
 For each configuration (tables, dense model, global batch, processes), the candidate plans
 of one configuration (NeuroShard's search and the greedy baselines, as `search --objective
 iteration` compares them) are
 
 * predicted by the iteration-time model (`neuroshard estimate`: `search.iteration`), and
-* measured by the included runtime in one run, taking turns of 3 steps since formats revision 32 (`evaluate`'s
-  `iteration_ms` and breakdown), twice: the second run is the A/A control.
+* measured by the included runtime in one run, the plans taking turns of 3 steps (`evaluate`'s
+  `iteration_ms` and breakdown; docs/decisions.md#turns-of-three-steps), twice: the second run is
+  the A/A control.
 
 It prints and writes (`--out`): per configuration and plan the predicted and measured
 iteration (the mean of the two runs), the A/A ratio, the GMAE of prediction against
 measurement over all (configuration, plan) pairs, the per-term errors, and the ranking
-result (is the plan predicted fastest the one measured fastest? sets whose two fastest
-plans differ by less than the A/A noise count as ties, reported apart), and whether the
+result (is the plan predicted fastest the one measured fastest? a set is decided when its
+fastest plan was fastest in both runs by at least the set's A/A noise, ``common.decide``; the
+rest are ties, reported apart), and whether the
 iteration objective picks another plan than the embedding objective, and which one trains
 faster.
 
-    python experiments/iteration_benchmark.py --out experiments/results/iteration
-    python experiments/iteration_benchmark.py --suite embedding-heavy --with-random --out experiments/results/iteration_ranking
-    python experiments/iteration_benchmark.py --suite with-measured --measured-greedy --iterations 12 \
-        --out experiments/results/iteration_turns/with-measured         # measured-greedy's plan in every set
+    python experiments/iteration_benchmark.py --suite turns --with-random --iterations 12   # -> results/iteration_model/turns
+    python experiments/iteration_benchmark.py --suite with-measured --measured-greedy --iterations 12
     python experiments/iteration_benchmark.py --suite with-measured --iterations 48 \
-        --plans-from experiments/results/iteration_turns/with-measured/configs.jsonl \
-        --out experiments/results/iteration_turns/with-measured-long    # the same plans, 4x the steps
+        --plans-from experiments/results/iteration_model/with-measured/configs.jsonl \
+        --out out/with-measured-long                                    # the same plans, 4x the steps
+    python experiments/iteration_benchmark.py --suite two-process --alone-vs-together 0 --plans neuroshard dim size
+
+The last runs one configuration's plans each alone and then together (twice each) and prints each
+plan's step: whether a run of several plans measures each plan's own step (taking turns, it does;
+with their steps alternating one by one, a lopsided plan's waiting landed in the next plan's step).
+Its output is ``results/iteration_model/alone_vs_together.txt``.
 
 Every plan is stored with its set (``plan_file``), so a set can be predicted again or measured
 again (``--plans-from``) with exactly its plans.
@@ -39,6 +45,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import RESULTS, decide, write_source
 
 from neuroshard.constants import ITERATION_TERMS
 from neuroshard.costmodels import resolve_cost_models
@@ -48,7 +55,7 @@ from neuroshard.datasets.families import generate
 from neuroshard.measured.api import shard as measured_shard
 from neuroshard.model_spec import DEFAULT_MODEL, ModelSpec
 from neuroshard.plan import Plan
-from neuroshard.runtime.evaluate import evaluate_together
+from neuroshard.runtime.evaluate import evaluate, evaluate_together
 from neuroshard.search.api import shard
 from neuroshard.search.iteration import estimate_iteration
 from neuroshard.search.registry import with_trait
@@ -72,8 +79,8 @@ CONFIGS = [
     ("dlrm-2022", 12, 24, CAT, 768, 3),
 ]
 #: where the embeddings take most of a step (the small default dense model, many or hot tables,
-#: large batches), so the candidate plans differ by more than the run's noise: the ranking test
-#: of issue 31 (item 6), on seeds none of the models saw
+#: large batches), so the candidate plans differ by more than the run's noise: the ranking test,
+#: on seeds none of the models saw
 EMBEDDING_HEAVY = [
     ("hot-few", 16, 31, DEFAULT_MODEL, 4096, 2),
     ("hot-few", 24, 32, DEFAULT_MODEL, 2048, 2),
@@ -85,7 +92,7 @@ EMBEDDING_HEAVY = [
     ("dlrm-2022", 18, 38, DEFAULT_MODEL, 4096, 3),
 ]
 #: a third suite on fresh seeds (51-58), for an overhead refit with 4 embedding-heavy calibration
-#: configurations (seeds 113-116; not shipped: it did worse here, docs/results.md): both regimes,
+#: configurations (seeds 113-116; not shipped: it did worse here): both regimes,
 #: all four dense models, 2 and 3 processes
 FRESH = [
     ("criteo-kaggle", 26, 51, DEFAULT_MODEL, 4096, 2),
@@ -97,10 +104,8 @@ FRESH = [
     ("hot-few", 14, 57, MEDIUM, 2048, 3),
     ("dlrm-2022", 22, 58, DEFAULT_MODEL, 2560, 3),
 ]
-#: the ranking test again at two processes, one per core as the VM reports it (session 23, seeds
-#: 61-66; session 22's two wrong decided sets were 3 ranks taking turns on 2 cores), the small
-#: default dense model, big batches. Its run showed the two ranks still share: a plan that loads
-#: one rank cost less than the critical path says (docs/results.md, session 23)
+#: the ranking test again at two processes, one per core as the VM reports it (seeds 61-66; 3 ranks
+#: take turns on 2 cores), the small default dense model, big batches
 TWO_PROCESS = [
     ("hot-few", 20, 61, DEFAULT_MODEL, 4096, 2),
     ("dlrm-2021", 24, 62, DEFAULT_MODEL, 4096, 2),
@@ -109,9 +114,8 @@ TWO_PROCESS = [
     ("criteo-kaggle", 26, 65, DEFAULT_MODEL, 4096, 2),
     ("hot-few", 28, 66, DEFAULT_MODEL, 2048, 2),
 ]
-#: the ranking test on fresh seeds (71-80) once plans measured together take turns (formats revision
-#: 32, session 40): before, a plan's waiting landed in the next plan's step, which ranked unbalanced
-#: plans first (docs/results.md, session 40); 2 and 3 processes, four dense models
+#: the ranking test on fresh seeds (71-80) once plans measured together take turns
+#: (docs/decisions.md#turns-of-three-steps); 2 and 3 processes, four dense models
 TURNS = [
     ("hot-few", 20, 71, DEFAULT_MODEL, 4096, 2),
     ("dlrm-2021", 24, 72, DEFAULT_MODEL, 4096, 2),
@@ -124,8 +128,7 @@ TURNS = [
     ("dlrm-2022", 18, 78, DEFAULT_MODEL, 4096, 3),
     ("broad", 22, 79, DEFAULT_MODEL, 4096, 3),
 ]
-#: more ranking sets at 2 processes, one per core (seeds 81-90, session 40): where the turns suites
-#: decided sets, 2 processes gave 3 right of 4 and 3 processes on 2 cores 0 of 1
+#: more ranking sets at 2 processes, one per core (seeds 81-90)
 TURNS_TWO = [
     ("hot-few", 22, 81, DEFAULT_MODEL, 4096, 2),
     ("dlrm-2021", 20, 82, DEFAULT_MODEL, 4096, 2),
@@ -138,9 +141,9 @@ TURNS_TWO = [
     ("broad", 28, 89, CAT, 3072, 2),
     ("criteo-terabyte", 14, 90, MEDIUM, 4096, 2),  # 24 tables: every rank holds all six plans' shards, 15.6 GB
 ]
-#: the sets issue 31 (item 6) names: NeuroShard's plan, the greedy baselines' and measured-greedy's
+#: the sets a user chooses among: NeuroShard's plan, the greedy baselines' and measured-greedy's
 #: (timed on this machine at the configuration's global batch; random's plan left out: six candidates),
-#: fresh seeds 91-104 at 2 processes, one per core (session 41). Every plan is stored in the run's
+#: fresh seeds 91-104 at 2 processes, one per core. Every plan is stored in the run's
 #: configs.jsonl (measured-greedy's depends on timing, so it cannot be made again)
 WITH_MEASURED = [
     ("hot-few", 20, 91, DEFAULT_MODEL, 4096, 2),
@@ -158,7 +161,7 @@ WITH_MEASURED = [
     ("broad", 18, 103, CAT, 4096, 2),
     ("dlrm-2022", 26, 104, DEFAULT_MODEL, 3072, 2),
 ]
-#: more such sets (seeds 105-118, session 41), ten at 2 processes and four at 3 processes on 2 cores
+#: more such sets (seeds 105-118), ten at 2 processes and four at 3 processes on 2 cores
 WITH_MEASURED_TWO = [
     ("hot-few", 22, 105, DEFAULT_MODEL, 4096, 2),
     ("dlrm-2021", 24, 106, DEFAULT_MODEL, 4096, 2),
@@ -216,8 +219,8 @@ def config_plans(config, models, with_random: bool = False, measured_greedy: boo
 def stored_plans(suite: str, results: str | Path, models):
     """The plans of a finished run of ``suite``: per plan of its ``configs.jsonl``, ``(config,
     tables, plan, row)``, ``row`` the stored result of that plan (its measured iteration and
-    terms). Plans stored in the row (``plan_file``: runs since session 41) are read back; older runs'
-    are made again (deterministic: ``config_plans``)."""
+    terms). Plans stored in the row (``plan_file``) are read back; runs without them have theirs
+    made again (deterministic: ``config_plans``)."""
     by_seed = {c[2]: c for c in SUITES[suite]}
     for line in Path(results).read_text().splitlines():
         if not line.strip():
@@ -257,7 +260,7 @@ def run_config(config, models, ops, iterations: int, warmup: int, with_random: b
         terms_pred = {t: float(np.mean([row.get(t, 0.0) for row in predicted[n].per_rank])) for t in ITERATION_TERMS}
         terms_meas = {t: float(np.mean([0.5 * (ra.get(t, 0.0) + rb.get(t, 0.0))
                                         for ra, rb in zip(a.breakdown, b.breakdown)])) for t in ITERATION_TERMS}
-        # per rank too (since session 22): which rank a plan loads is what the rank means hide
+        # per rank too: which rank a plan loads is what the rank means hide
         per_rank_pred = [{t: round(float(row.get(t, 0.0)), 4) for t in ITERATION_TERMS} for row in predicted[n].per_rank]
         per_rank_meas = [{t: round(float(0.5 * (ra.get(t, 0.0) + rb.get(t, 0.0))), 4) for t in ITERATION_TERMS}
                          for ra, rb in zip(a.breakdown, b.breakdown)]
@@ -294,22 +297,24 @@ def summarize(results: list[dict]) -> dict:
     right = ties = wrong = 0
     objective = []
     for c in results:
-        by_meas = sorted(c["plans"], key=lambda r: r["measured_ms"])
-        fastest_pred = min(c["plans"], key=lambda r: r["predicted_ms"])
-        noise = float(np.median([abs(np.log(r["run1_ms"] / r["run2_ms"])) for r in c["plans"]]))
-        if len(by_meas) > 1 and np.log(by_meas[1]["measured_ms"] / by_meas[0]["measured_ms"]) < noise:
+        if len(c["plans"]) < 2:
             ties += 1
-        elif fastest_pred["plan"] == by_meas[0]["plan"]:
-            right += 1
         else:
-            wrong += 1
+            decided, first = decide(np.log([[r["run1_ms"] for r in c["plans"]]]),
+                                    np.log([[r["run2_ms"] for r in c["plans"]]]))
+            pick = int(np.argmin([r["predicted_ms"] for r in c["plans"]]))
+            if not decided[0]:
+                ties += 1
+            elif pick == first[0]:
+                right += 1
+            else:
+                wrong += 1
         emb = next(r for r in c["plans"] if r["plan"] == "neuroshard")
         pick = min((r for r in c["plans"] if r["plan"] != "random"), key=lambda r: r["predicted_ms"])  # as search does
         objective.append({"config": f"{c['family']} x{c['tables']} {c['model']} b{c['batch']} p{c['devices']}",
                           "embedding_pick": "neuroshard", "iteration_pick": pick["plan"],
                           "measured_ratio_iteration_to_embedding": round(pick["measured_ms"] / emb["measured_ms"], 4)})
-    # GMAE as Lin et al. and costmodels.metrics define it; ratio_error is what this benchmark called
-    # GMAE before formats revision 17 (docs/results.md, session 22)
+    # GMAE as Lin et al. and costmodels.metrics define it; ratio_error: exp(mean |log(predicted / measured)|) - 1
     return {"points": len(pred), "gmae": round(gmae(pred, meas), 4), "aa_gmae": round(aa, 4),
             "ratio_error": round(ratio_error(pred, meas), 4), "aa_ratio_error": round(ratio_error(run1, run2), 4),
             "per_configuration_gmae": [round(gmae(np.array([r["predicted_ms"] for r in c["plans"]]),
@@ -319,15 +324,33 @@ def summarize(results: list[dict]) -> dict:
             "objective": objective}
 
 
+def alone_vs_together(config, names: list[str] | None, iterations: int, warmup: int) -> None:
+    """One configuration's plans measured each alone (``evaluate``), then all together
+    (``evaluate_together``: the plans taking turns), twice; prints each plan's ``iteration_ms``."""
+    tables, plans = config_plans(config, resolve_cost_models(None), with_random=True)
+    names = names or list(plans)
+    model, batch, devices = config[3], config[4], config[5]
+    for rep in range(2):
+        for name in names:
+            m = evaluate(plans[name], tables, devices, iterations=iterations, warmup=warmup, batch_size=batch,
+                         model=model)
+            print(f"run {rep + 1} alone    {name:12s} {m.iteration_ms:7.1f} ms", flush=True)
+        together = evaluate_together([plans[n] for n in names], tables, devices, iterations=iterations, warmup=warmup,
+                                     batch_size=batch, model=model)
+        print(f"run {rep + 1} together " + "  ".join(f"{n} {m.iteration_ms:.1f} ms" for n, m in zip(names, together)),
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("out/iteration_benchmark"))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="results folder (default: experiments/results/iteration_model/SUITE)")
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--suite", choices=sorted(SUITES), default="default",
-                    help="default: mixed dense and embedding work; embedding-heavy: the ranking test (item 6); "
+                    help="default: mixed dense and embedding work; embedding-heavy: the ranking test; "
                          "fresh: both regimes on fresh seeds; two-process: the ranking test at 2 processes; "
-                         "turns: the ranking test on fresh seeds at 2 and 3 processes (session 40); "
+                         "turns: the ranking test on fresh seeds at 2 and 3 processes; "
                          "turns-two: more of it at 2 processes; with-measured: sets with measured-greedy's "
                          "plan (with --measured-greedy); with-measured-two: more of them, at 2 and 3 processes")
     ap.add_argument("--configs", type=int, nargs="*", default=None, help="indices of the suite to run (default: all)")
@@ -338,9 +361,19 @@ def main() -> None:
     ap.add_argument("--operator-costs", default=None, help="operator cost models (default: the shipped ones)")
     ap.add_argument("--with-random", action="store_true",
                     help="add the random baseline's plan to each set (plans that differ more: rankings decidable)")
+    ap.add_argument("--alone-vs-together", type=int, default=None, metavar="INDEX",
+                    help="configuration INDEX of --suite: its plans (--plans) measured each alone, then together, "
+                         "twice; prints each plan's step (nothing written)")
+    ap.add_argument("--plans", nargs="*", default=None, help="with --alone-vs-together: the plans (default: all)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.alone_vs_together is not None:
+        alone_vs_together(SUITES[args.suite][args.alone_vs_together], args.plans, args.iterations, args.warmup)
+        return
+    if args.out is None:
+        args.out = RESULTS / "iteration_model" / args.suite
     args.out.mkdir(parents=True, exist_ok=True)
+    write_source(args.out)
     models, ops = resolve_cost_models(None), load_operator_models(args.operator_costs)
     results = []
     done = args.out / "configs.jsonl"

@@ -1,22 +1,22 @@
-"""Issue 31, item 6, from the stored runs in turns (no timing): how often could even a perfect
-predictor name the fastest plan of a decided set, with the instrument's noise as it is?
+"""How often could even a perfect predictor name the fastest plan of a decided set, with the
+instrument's noise as it is? From the iteration benchmark's stored runs in turns (no timing).
 
     python experiments/iteration_ranking_ceiling.py [--draws 4000] [--noise-scale 1 0.5] [--margins 1 2]
 
-Item 6 counts a set as decided when its two fastest plans differ by more than the A/A noise
-(``iteration_stored_ranking.ranking``: the plan fastest in both runs, its lead over the second at
-least the set's median |log(run 1 / run 2)|). A lead of one noise unit is often noise itself: with
-six plans of a set within a few percent of each other, the plan measured fastest is often not the
-one that trains fastest. This script asks what that costs a predictor that makes no error at all.
+A set counts as decided when its two fastest plans differ by more than the A/A noise
+(``common.decide``: the plan fastest in both runs, its lead over the second at least the set's
+median |log(run 1 / run 2)|). A lead of one noise unit is often noise itself: with six plans of a
+set within a few percent of each other, the plan measured fastest is often not the one that trains
+fastest. This script asks what that costs a predictor that makes no error at all.
 
-Per stored set (every ``configs.jsonl`` of ``iteration_stored_ranking.TURN_RUNS``):
+Per stored set (``common.iteration_sets``: every suite of ``results/iteration_model``):
 
 * its run-level shift, the mean log(run 1 / run 2) over its plans: the machine's drift between the
-  two runs, common to every plan of a run (it is in item 6's A/A noise, but no part of comparing
-  two plans of one run);
+  two runs, common to every plan of a run (it is in the A/A noise, but no part of comparing two
+  plans of one run);
 * the per-plan noise ``s`` left about that shift (a robust sd of log per run), times
   ``--noise-scale`` (0.5: what runs four times as long would give if the noise were independent
-  from step to step; ``with-measured-long`` measured it);
+  from step to step);
 * the plans' true steps: their measured means, in log, either *as measured* or *shrunk* toward
   the set's mean by the share of their spread the noise explains;
 * ``--draws`` times: two runs drawn as ``true +/- shift / 2 + N(0, s)`` per plan, the set judged
@@ -28,48 +28,36 @@ Printed per processes: the model's within-set error (sd of log(measured / predic
 set's mean), the part the per-plan noise explains and its own; per rule and noise, the decided
 sets per draw and the right share of decided sets, for a perfect predictor and for one with the
 model's own within-set error; the share of predictors with ``--model-errors``; and the model's
-own share on the stored runs. ``--margins``: the lead a decided set needs, in noise units; item
-6 says 1.
+own share on the stored runs. ``--margins``: the lead a decided set needs, in noise units (the
+ranking test says 1).
 
 Last, per processes, every pair of plans of a set by how far apart they were predicted: how often
 the pair trained in the predicted order (the mean of the two runs). Under 3% apart at 2 processes
 the order is little better than a coin (``constants.ITERATION_TIE_MARGIN``, the tie ``search
---objective iteration`` reports).
+--objective iteration`` reports; docs/decisions.md#tie-margin).
+
+Written to ``--out`` (default ``results/iteration_model/ceiling``): ``output.txt`` (what is printed),
+``ceiling.json`` (the same figures, read by ``report.py``) and ``SOURCE.json``.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from iteration_stored_ranking import RESULTS, TURN_RUNS
+from common import RESULTS, decide, iteration_sets, write_source
 
 #: a normal variable's median absolute value over its standard deviation
 MEDIAN_ABS = 0.6745
 
 
 def stored_sets() -> list[dict]:
-    """Every stored set in turns: processes, plans, log measured means, runs, stored predictions."""
-    sets = []
-    for _, run in TURN_RUNS:
-        path = RESULTS / run / "configs.jsonl"
-        if not path.exists():
-            continue
-        for line in path.read_text().splitlines():
-            if line.strip():
-                c = json.loads(line)
-                plans = c["plans"]
-                sets.append({"run": run, "seed": c["seed"], "ranks": c["devices"],
-                             "run1": np.log([p["run1_ms"] for p in plans]),
-                             "run2": np.log([p["run2_ms"] for p in plans]),
-                             "predicted": np.log([p["predicted_ms"] for p in plans])})
-    return sets
+    """Every stored set in turns (``common.iteration_sets``), its steps in log."""
+    return [{**c, "run": c["suite"], "run1": np.log(c["run1"]), "run2": np.log(c["run2"]),
+             "predicted": np.log(c["predicted"])} for c in iteration_sets()]
 
 
 def relative_noise(s: dict, scale: float = 1.0) -> tuple[float, float]:
@@ -82,25 +70,6 @@ def relative_noise(s: dict, scale: float = 1.0) -> tuple[float, float]:
     n = len(d)
     sigma = float(np.median(np.abs(d - shift))) / (MEDIAN_ABS * np.sqrt(2 * (1 - 1 / n)))
     return shift, scale * sigma
-
-
-def decide(run1: np.ndarray, run2: np.ndarray, margin: float = 1.0,
-           drift_free: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """The rule of ``iteration_stored_ranking.ranking`` over draws (rows), the lead at least ``margin``
-    noise units: (decided, measured fastest). The noise is the set's median |log(run 1 / run 2)|
-    (item 6's A/A noise, the runs' drift included) or, ``drift_free``, the median of the same with
-    the set's mean shift taken off (the A/A noise of a comparison inside one run)."""
-    mean = 0.5 * (run1 + run2)
-    d = run1 - run2
-    if drift_free:
-        d = d - d.mean(axis=1, keepdims=True)
-    noise = np.median(np.abs(d), axis=1)
-    order = np.argsort(mean, axis=1)
-    first, second = order[:, 0], order[:, 1]
-    rows = np.arange(len(mean))
-    lead = mean[rows, second] - mean[rows, first]
-    agree = (np.argmin(run1, axis=1) == first) & (np.argmin(run2, axis=1) == first)
-    return agree & (lead >= margin * noise), first
 
 
 def simulate(s: dict, draws: int, scale: float, shrink: bool, model_error: float, rng,
@@ -187,43 +156,64 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=4000)
     ap.add_argument("--noise-scale", type=float, nargs="+", default=[1.0, 0.5])
     ap.add_argument("--margins", type=float, nargs="+", default=[1.0, 2.0],
-                    help="the lead a decided set needs, in A/A noise units (item 6: 1)")
+                    help="the lead a decided set needs, in A/A noise units (the ranking test: 1)")
     ap.add_argument("--model-errors", type=float, nargs="*", default=[0.005, 0.01, 0.015],
                     help="within-set errors (sd of log) of hypothetical predictors, scored like the model's own")
-    ap.add_argument("--runs", nargs="*", default=None, help="stored runs to take (default: all in turns)")
+    ap.add_argument("--runs", nargs="*", default=None, help="stored suites to take (default: all in turns)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=RESULTS / "iteration_model" / "ceiling")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     sets = [s for s in stored_sets() if args.runs is None or s["run"] in args.runs]
     by_ranks = defaultdict(list)
     for s in sets:
         by_ranks[s["ranks"]].append(s)
-    print(f"{len(sets)} stored sets in turns ({', '.join(f'{len(v)} at {k} processes' for k, v in sorted(by_ranks.items()))})")
+    lines, record = [], {"draws": args.draws, "seed": args.seed, "processes": {}}
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    say(f"{len(sets)} stored sets in turns ({', '.join(f'{len(v)} at {k} processes' for k, v in sorted(by_ranks.items()))})")
     for ranks, among in sorted(by_ranks.items()):
         total, noise = within_error(among)
         own = float(np.sqrt(max(0.0, total ** 2 - noise ** 2)))
-        print(f"\n{ranks} processes, {len(among)} sets: the model's within-set error {100 * total:.2f}% (sd of log), "
-              f"the noise's part {100 * noise:.2f}%, its own about {100 * own:.2f}%")
+        entry = record["processes"][str(ranks)] = {"sets": len(among), "within_error": total, "noise_part": noise,
+                                                   "own_error": own, "rules": [], "smaller_error": [], "pairs": []}
+        say(f"\n{ranks} processes, {len(among)} sets: the model's within-set error {100 * total:.2f}% (sd of log), "
+            f"the noise's part {100 * noise:.2f}%, its own about {100 * own:.2f}%")
         for drift_free in (False, True):
             rule = "drift-free A/A noise" if drift_free else "A/A noise"
             for margin in args.margins:
                 right, decided = model_share(among, margin, drift_free)
-                print(f"  a lead of {margin:g} {rule}: the model right in {right} of {decided} decided sets "
-                      f"({100 * right / max(decided, 1):.0f}%)")
+                say(f"  a lead of {margin:g} {rule}: the model right in {right} of {decided} decided sets "
+                    f"({100 * right / max(decided, 1):.0f}%)")
                 for scale, shrink in itertools.product(args.noise_scale, (False, True)):
-                    decided, perfect, estimated = simulate_sets(among, args.draws, scale, shrink, own, rng, margin,
-                                                                drift_free)
-                    print(f"    noise x{scale:g}, true steps {'shrunk' if shrink else 'as measured'}: "
-                          f"{decided:.1f} of {len(among)} sets decided per draw; right share of decided: a perfect "
-                          f"predictor {100 * perfect:.1f}%, one with the model's own error {100 * estimated:.1f}%")
-        for scale in args.noise_scale:  # what a predictor of a smaller within-set error would score (item 6's rule)
-            shares = [f"{100 * error:.1f}% -> {100 * simulate_sets(among, args.draws, scale, True, error, rng)[2]:.1f}%"
-                      for error in args.model_errors]
-            print(f"  noise x{scale:g}, true steps shrunk, item 6's rule: a predictor of within-set error "
-                  + ", ".join(shares))
-        print("  pairs of plans of one set, by their predicted gap: measured in the predicted order")
+                    n_decided, perfect, estimated = simulate_sets(among, args.draws, scale, shrink, own, rng, margin,
+                                                                  drift_free)
+                    entry["rules"].append({"drift_free": drift_free, "margin": margin, "model_right": right,
+                                           "model_decided": decided, "noise_scale": scale, "shrunk": shrink,
+                                           "decided_per_draw": n_decided, "perfect": perfect, "own_error": estimated})
+                    say(f"    noise x{scale:g}, true steps {'shrunk' if shrink else 'as measured'}: "
+                        f"{n_decided:.1f} of {len(among)} sets decided per draw; right share of decided: a perfect "
+                        f"predictor {100 * perfect:.1f}%, one with the model's own error {100 * estimated:.1f}%")
+        for scale in args.noise_scale:  # what a predictor of a smaller within-set error would score (the test's rule)
+            shares = []
+            for error in args.model_errors:
+                share = simulate_sets(among, args.draws, scale, True, error, rng)[2]
+                entry["smaller_error"].append({"noise_scale": scale, "error": error, "right": share})
+                shares.append(f"{100 * error:.1f}% -> {100 * share:.1f}%")
+            say(f"  noise x{scale:g}, true steps shrunk, a lead of 1 A/A noise: a predictor of within-set error "
+                + ", ".join(shares))
+        say("  pairs of plans of one set, by their predicted gap: measured in the predicted order")
         for low, high, pairs, share in pair_agreement(among):
-            print(f"    {100 * low:.0f}-{100 * high:.0f}% apart: {pairs} pairs, {100 * share:.0f}%")
+            entry["pairs"].append({"low": low, "high": None if np.isinf(high) else high, "pairs": pairs,
+                                   "in_order": share})
+            say(f"    {100 * low:.0f}-{100 * high:.0f}% apart: {pairs} pairs, {100 * share:.0f}%")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "output.txt").write_text("\n".join(lines) + "\n")
+    (args.out / "ceiling.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_source(args.out)
 
 
 if __name__ == "__main__":

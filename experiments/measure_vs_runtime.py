@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from common import write_source
 from neuroshard.costmodels import load_cost_models
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.runtime.evaluate import measure_alternating
@@ -73,6 +74,7 @@ def main() -> None:
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    write_source(out)
     df.to_csv(out / "measure_vs_runtime.csv", index=False)
     (out / "measure_vs_runtime.md").write_text(
         f"# measure vs the training runtime ({args.family}, 2 devices, {args.tasks} tasks)\n\n"

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from common import write_source
 from neuroshard.constants import MEASURED_BATCH_SIZE
 from neuroshard.costmodels.measure.kernel import KernelBenchmark
 from neuroshard.costmodels.measure.store import cpu_model
@@ -64,6 +65,7 @@ def main() -> None:
               flush=True)
     df = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
+    write_source(args.out, name="SOURCE.precision_ratio.json")
     df.to_csv(args.out / "precision_ratio.csv", index=False)
     ratios = df["ratio"].to_numpy()
     geo = float(np.exp(np.log(ratios).mean()))

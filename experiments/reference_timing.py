@@ -16,7 +16,7 @@ divided by the reference's beside it. If the machine's speed moves in phases (fr
 a neighbour on the other core), the ratios cancel it and the A/A of "relative" figures is
 the tighter one; the last lines give each figure's mean |log A/A| over the runs.
 
-It chose the instrument's figure: since session 17 (formats revision 14) ``time_devices``
+It chose the instrument's figure (docs/decisions.md#reference-device): ``time_devices``
 times a reference before every turn and reports the "relative median" (with a reference of
 its own choosing, the device of median work, and its level at the reference's fastest
 turn). This script keeps its own loop because it needs the raw and the relative passes of
@@ -27,9 +27,11 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
+from common import RESULTS, write_source
 
 from neuroshard.constants import TIMING_MAX_REPEATS, TIMING_MIN_PASS_MS, TIMING_REPEATS
 from neuroshard.costmodels import load_cost_models
@@ -89,7 +91,17 @@ def main() -> None:
     parser.add_argument("--task", type=int, default=0)
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--runs", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=RESULTS / "reference_timing",
+                        help="folder of output.txt (what is printed) and SOURCE.json")
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_source(args.out)
+    lines = []
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
     models = load_cost_models(None)
     tables, memory = family_tasks(args.family, args.devices, args.task + 1, (8, 12), seed=args.seed)[args.task]
     topology = Topology(args.devices, local_world_size=args.devices)
@@ -97,21 +109,22 @@ def main() -> None:
                       topology=topology) for a in PLANS}
     plans["control"] = plans["measured-greedy"]
     os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
-    print(f"{args.family}, {args.devices} devices, seed {args.seed} task {args.task} ({len(tables)} tables), "
+    say(f"{args.family}, {args.devices} devices, seed {args.seed} task {args.task} ({len(tables)} tables), "
           f"{args.passes} passes, {cpu_model()}")
     aa = {figure: [] for figure in FIGURES}
     for run in range(args.runs):
         start = time.perf_counter()
         result = one_run(plans, tables, args.devices, args.passes, models.batch_size)
-        print(f"run {run + 1} ({time.perf_counter() - start:.0f} s)")
+        say(f"run {run + 1} ({time.perf_counter() - start:.0f} s)")
         for figure, maxima in result.items():
             base = maxima["measured-greedy"]
             aa[figure].append(maxima["control"] / base)
-            print(f"  {figure:17s} A/A {aa[figure][-1]:.3f}   over measured-greedy: "
+            say(f"  {figure:17s} A/A {aa[figure][-1]:.3f}   over measured-greedy: "
                   + " ".join(f"{n} {maxima[n] / base:.3f}" for n in PLANS[1:]))
     for figure, ratios in aa.items():
         logs = np.abs(np.log(ratios))
-        print(f"{figure:17s} mean |log A/A| {100 * logs.mean():.1f}%, worst {100 * logs.max():.1f}% over {len(ratios)} runs")
+        say(f"{figure:17s} mean |log A/A| {100 * logs.mean():.1f}%, worst {100 * logs.max():.1f}% over {len(ratios)} runs")
+    (args.out / "output.txt").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""How search time, peak memory and plan quality grow with tables x devices (issue 30).
+"""How search time, peak memory and plan quality grow with tables x devices: the search at scale.
 
 For each size, ``dlrm-2021`` tables (``neuroshard tables generate --preset dlrm-2021``) are
 planned on devices of 80 GiB in hosts of 8 (``Topology(local_world_size=8)``) by each
@@ -8,12 +8,13 @@ GB of that process, and the plan's estimated ratio to its balanced bound; then, 
 NeuroShard's estimate against size-lookup's. A figure (seconds against tables x devices,
 log-log) is written beside the table.
 
-    python experiments/scaling_benchmark.py --out experiments/results/scaling
+    python experiments/scaling_benchmark.py --sizes 1000x64 10000x512 10000x1024 50000x1024 50000x4096
     python experiments/scaling_benchmark.py --sizes 1000x64 10000x1024 --algorithms neuroshard
 
 Sizes default to 1k/10k/50k tables x 64/512/1,024/4,096 devices; a run is skipped (and
 said so) when the previous size of the same algorithm took longer than ``--budget-s``.
-Record the CPU model beside the figures: this project's machine changes between sessions.
+The CPU model is recorded beside the figures (``rows.json``, ``SOURCE.json``): the time depends on it.
+Results go to ``--out`` (default ``experiments/results/search_at_scale``).
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from common import write_source
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SIZES = [f"{t}x{d}" for t in (1000, 10000, 50000) for d in (64, 512, 1024, 4096)]
@@ -81,9 +84,10 @@ def main() -> None:
     ap.add_argument("--algorithms", nargs="+", default=["neuroshard", "size-lookup"])
     ap.add_argument("--budget-s", type=float, default=600.0, help="skip larger sizes of an algorithm after a run "
                                                                    "this long; also each run's time limit x 2")
-    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "scaling")
+    ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "search_at_scale")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    write_source(args.out)
     rows, stop = [], set()
     print(f"CPU: {cpu_model()}; dlrm-2021 tables, 80 GiB devices, hosts of 8")
     print(f"{'tables':>7} {'devices':>7} {'algorithm':>12} {'seconds':>8} {'peak GB':>8} {'ratio':>7}")

@@ -1,4 +1,4 @@
-"""How the cluster, the optimizer and the communication precision change a plan (issue 16).
+"""How the cluster, the optimizer and the communication precision change a plan.
 
     python experiments/topology_example.py                 # about 2-3 minutes on 2 cores
     python experiments/topology_example.py --no-measure    # the searches only
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from common import write_source
 
 import neuroshard
 from neuroshard.constants import DEFAULT_INTER_HOST_GBPS, DEFAULT_INTRA_HOST_GBPS
@@ -81,10 +82,11 @@ def main() -> None:
                         help="the second set of searches has links this times TorchRec's (default: 0.01)")
     parser.add_argument("--passes", type=int, default=3, help="timed passes (default: 3)")
     parser.add_argument("--no-measure", action="store_true", help="search only")
-    parser.add_argument("--out", default="experiments/results/topology_example")
+    parser.add_argument("--out", default="experiments/results/topology")
     args = parser.parse_args()
     out = Path(args.out)
     (out / "plans").mkdir(parents=True, exist_ok=True)
+    write_source(out)
 
     tables = generate("dlrm-2021", num_tables=args.tables, seed=args.seed)
     models = load_cost_models()
