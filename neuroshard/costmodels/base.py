@@ -35,7 +35,7 @@ from sklearn.base import BaseEstimator
 from ..errors import NeuroShardError
 from ..tables import Table
 from . import checkpoint
-from .checkpoint import register_model
+from .checkpoint import register_model  # noqa: F401 (re-exported: model classes register through base)
 from .features import shard_set_features
 from .metrics import comm_metrics, cost_metrics
 

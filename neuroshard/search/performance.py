@@ -238,13 +238,13 @@ class Performance:
         """(compute in the models' ms at the models' batch, all-reduce ms) per device of the
         replicated tables: the compute is for the local batch (1 / D of the batch), still to
         be scaled to the tables' batch like every compute figure."""
-        names = set(self.storage.data_parallel_tables)
-        pieces = [Piece(i, 0, t.num_embeddings, 0, t.embedding_dim) for i, t in enumerate(self.tables) if t.name in names]
+        names, tables = set(self.storage.data_parallel_tables), self.tables
+        pieces = [Piece(i, 0, t.num_embeddings, 0, t.embedding_dim) for i, t in enumerate(tables) if t.name in names]
         if not pieces:
             return 0.0, 0.0
         ids = tuple(sorted(int(i) for i in self.piece_ids(pieces)))
         compute = float(self.set_costs_ms([ids])[0]) / self.num_devices
-        gradient_bytes = sum(float(FP32_BYTES) * self.tables[p.table].num_embeddings * self.tables[p.table].embedding_dim
+        gradient_bytes = sum(float(FP32_BYTES) * tables[p.table].num_embeddings * tables[p.table].embedding_dim
                              for p in pieces)
         return compute, ring_allreduce_ms(self.num_devices, self.topology, self.cost_models.comm, gradient_bytes)
 
