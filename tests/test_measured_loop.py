@@ -479,17 +479,17 @@ def test_work_beyond_the_allowance_must_buy_as_much_on_the_slowest_device():
 def test_refine_polishes_the_least_work_plan_too_and_keeps_the_cheaper_of_both(monkeypatch):
     """When another timed plan did less total work than the one chosen, refine polishes it too, times
     both polished plans together (fake hardware) and writes the cheaper, saying so in ``lean``."""
-    import neuroshard.measured.refine as refine_module
+    import neuroshard.measured.choice as choice_module
     from neuroshard.search.simulator import Simulator
 
     seen = {}
 
-    def other(finals, best):  # the lean rule on the fake hardware, forced onto a plan other than the chosen
+    def other(finals, best, *rules):  # the lean rule on the fake hardware, forced onto a plan other than the chosen
         seen["best"] = best
         seen["lean"] = next(i for _, i, _ in sorted(finals, key=lambda f: (f[0], f[1])) if i != best)
         return seen["lean"]
 
-    monkeypatch.setattr(refine_module, "_lean", other)
+    monkeypatch.setattr(choice_module, "lean_candidate", other)
     calibration = _calibration(FakeTimer())
     plan = refine(TABLES, 3, "64MiB", calibration, rounds=1, compare=("size-lookup", "size", "lookup"), polish_steps=3,
                   rebalance_plans=False)  # the lean step alone (test_rebalance checks the two together)

@@ -270,13 +270,14 @@ def test_refine_times_the_rebalanced_plans_against_the_chosen_one_and_keeps_the_
     On the plain fake hardware the least-work rule is forced onto the dearest plan timed, so a
     rebalanced plan exists; on the hot-rows hardware the least-work plan is size's, rebalanced
     (2 changes: with the cut at 1 change, timed cut too) and kept."""
-    import neuroshard.measured.refine as refine_module
+    import neuroshard.measured.choice as choice_module
+    from neuroshard.measured.config import RefineConfig
     if force_lean:
-        monkeypatch.setattr(refine_module, "_lean", lambda finals, best: max(finals, key=lambda f: f[0])[1])
-    monkeypatch.setattr(refine_module, "REBALANCE_SHORT", short)
+        monkeypatch.setattr(choice_module, "lean_candidate",
+                            lambda finals, best, *rules: max(finals, key=lambda f: f[0])[1])
     calibration = _calibration(timer())
     plan = refine(TABLES, 3, "64MiB", calibration, rounds=0 if timer is HotRowsTimer else 1, compare=compare,
-                  polish_steps=0)
+                  polish_steps=0, config=RefineConfig(rebalance_short=short))
     record = plan.provenance["refine"]
     rebalanced = record["rebalance"]
     assert rebalanced["fit"]["sets"] >= 3 * 2

@@ -26,8 +26,9 @@ from ..tables import Table, TableSet
 from ..types import DeviceTimer
 from .calibrate import DEFAULT_SETS, Calibration, calibrated_models, start_calibration
 from .judge import PlanJudge
-from .refine import check_refine, measured_choice
+from .choice import measured_choice
 from .refine import refine as refine_rounds
+from .rounds import check_refine
 
 log = logging.getLogger(__name__)
 _warned: set = set()  # the cost models already warned about in this process
@@ -94,14 +95,13 @@ def calibrated_search(task: Task, models: Any, calibrated: Any, timer: DeviceTim
     """The plan of ``task`` searched against the ``calibrated`` models, unless the same search
     against the pre-trained ``models``, or against the calibration's work model alone
     (``costmodels.ensemble.work_cost_models``, when it has one), gives a plan that measures
-    cheaper here: when the plans differ, they are timed together (``refine.measured_choice``:
+    cheaper here: when the plans differ, they are timed together (``choice.measured_choice``:
     every device, twice, ``measure``'s protocol, a tie to the calibrated plan) and the cheapest
-    is written. A model
-    calibrated on a few hundred random sets can be wrong where the search goes: on dlrm-2021
-    (96 tables, 8 devices, seed 153) the calibrated search split tables into 135 shards for
-    96 and measured 1.50x the best baseline, the pre-trained one's plan 1.22x (docs/results.md,
-    session 23). The plan's provenance records the check (``calibration_check``); ``timer``:
-    the device timer (``types.DeviceTimer``; tests pass a fake)."""
+    is written. A model calibrated on a few hundred random sets can be wrong where the search
+    goes: on dlrm-2021 (96 tables, 8 devices, seed 153) the calibrated search split tables into
+    135 shards for 96 and measured 1.50x the best baseline, the pre-trained one's plan 1.22x
+    (docs/decisions.md#refine-loop). The plan's provenance records the check
+    (``calibration_check``); ``timer``: the device timer (``types.DeviceTimer``; tests pass a fake)."""
     plan = search_task(task, calibrated)
     named = [("calibrated", plan), ("pre-trained", search_task(task, models))]
     work = work_cost_models(calibrated)
