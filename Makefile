@@ -8,7 +8,7 @@ FBGEMM ?= fbgemm-gpu-cpu==1.8.0
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q
 
-.PHONY: setup demo test test-fast experiments clean
+.PHONY: setup demo test test-fast experiments results clean
 
 setup: $(VENV)/.installed
 
@@ -32,8 +32,13 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest tests -m "not slow and not gloo and not timing and not torchrec"
 
+# a quick look at every algorithm's plans, timed here (one 4-device task per family, a few minutes)
 experiments: setup
-	$(PY) experiments/evaluate.py
+	$(PY) experiments/plan_benchmark.py --quick --out out/plan_benchmark_quick
+
+# docs/results.md from the stored results in experiments/results (seconds; nothing is timed)
+results: setup
+	$(PY) experiments/report.py
 
 clean:
 	rm -rf $(VENV) out
