@@ -46,6 +46,17 @@ DATA = Path(__file__).resolve().parent / "data"
 HISTOGRAM = [0.473, 0.152, 0.139, 0.112, 0.072, 0.032, 0.011, 0.005, 0.002, 0.001, 0.001, 0, 0, 0, 0, 0, 0]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fresh_cache_home(tmp_path_factory) -> Path:
+    """``XDG_CACHE_HOME`` is a fresh folder for the whole session (subprocesses inherit it): cost
+    models pre-trained on the developer's machine (``pretrain --here``) or calibrations cached
+    there never reach a test, and no test writes into the developer's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        home = tmp_path_factory.mktemp("xdg-cache")
+        patch.setenv("XDG_CACHE_HOME", str(home))
+        yield home
+
+
 # --------------------------------------------------------------------- tables
 def tables_dict(**overrides) -> dict:
     data = {

@@ -32,6 +32,7 @@ file holds measurements, not a pickled estimator.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -47,7 +48,10 @@ from ..constants import ITERATION_TERMS
 from ..errors import FormatError, NeuroShardError
 from ..io import atomic_write_text
 from ..validate import is_int, read_json
+from .measure.store import MACHINE_OPERATORS_FILE, this_machine_file
 from .metrics import gmae, relative_errors
+
+log = logging.getLogger(__name__)
 
 OPERATOR_COSTS_FORMAT = "neuroshard.operator-costs/v1"
 #: the overhead points' name for the whole period (``with_period``), beside the terms' names
@@ -370,7 +374,16 @@ SHIPPED_OPERATOR_COSTS = Path(__file__).resolve().parent.parent / "checkpoints" 
 
 
 def load_operator_models(path: str | Path | None = None) -> OperatorModels:
-    """The operator models of ``path``, or the shipped ones."""
+    """The operator models of ``path``; with no path, this machine's own when it was pre-trained
+    here (``neuroshard pretrain --here``), else the shipped ones."""
+    if path is None:
+        here = this_machine_file(MACHINE_OPERATORS_FILE)
+        if here is not None:
+            try:
+                return OperatorModels.read(here)
+            except NeuroShardError as exc:
+                log.warning("ignoring this machine's operator costs %s (%s); rerun `neuroshard pretrain --here`",
+                            here, exc)
     path = Path(path) if path is not None else SHIPPED_OPERATOR_COSTS
     if not path.exists():
         raise NeuroShardError(f"operator costs {path} not found; `neuroshard collect dense -o {path.name}` measures them")

@@ -32,6 +32,8 @@ into the main file.
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -49,12 +51,16 @@ from ...tables import Table
 from ...validate import read_json
 from ..base import reduce_time_ms
 from ..features import shard_set_features
-from .kernel import cache_flush_bytes
+from .kernel import cache_flush_bytes, llc_bytes
 
 COSTDATA_FORMAT = "neuroshard.costdata/v1"
 COMPUTE_FILE = "compute.jsonl"
 COMM_FILE = "comm.jsonl"
 META_FILE = "meta.json"
+#: a machine's folder under the cache (``machine_dir``) holds these, written by ``neuroshard pretrain --here``
+MACHINE_MODEL_FILE = "model.pt"
+MACHINE_OPERATORS_FILE = "operators.json"
+MACHINE_REPORT_FILE = "report.txt"
 
 
 # ------------------------------------------------------------------ hardware
@@ -141,6 +147,81 @@ def software_info() -> dict:
         fbgemm = None
     return {"python": platform.python_version(), "torch": torch.__version__, "fbgemm_gpu": fbgemm,
             "numpy": np.__version__, "cuda": getattr(torch.version, "cuda", None)}
+
+
+# ------------------------------------------------------- machine fingerprint
+def cache_root() -> Path:
+    """The package's cache: ``$XDG_CACHE_HOME/neuroshard`` (default ``~/.cache/neuroshard``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "neuroshard"
+
+
+def machine_fingerprint(backend: str = "cpu") -> dict:
+    """What a cost measurement of this machine depends on: the CPU (model name, family and
+    model numbers, core count, last-level cache size: cloud VMs give different CPUs one name,
+    ``same_cpu``), torch's version, whether fbgemm's kernel is installed and, on ``cuda``, the
+    GPU's name. The calibration cache and each machine's own models (``machine_dir``) are
+    keyed by it. Reads no more than ``/proc`` and sysfs (fbgemm is looked up, not imported)."""
+    import torch
+    fingerprint = {"cpu_model": cpu_model(), **cpu_generation(), "cpu_count": os.cpu_count(),
+                   "llc_bytes": llc_bytes(), "torch": torch.__version__,
+                   "fbgemm": importlib.util.find_spec("fbgemm_gpu") is not None}
+    if backend == "cuda":
+        fingerprint["gpu"] = (torch.cuda.get_device_name(torch.cuda.current_device())
+                              if torch.cuda.is_available() else None)
+    return fingerprint
+
+
+def fingerprint_id(fingerprint: dict) -> str:
+    """A fingerprint as 12 hex digits (the name of its machine's folder)."""
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def describe_fingerprint(fingerprint: dict) -> str:
+    """A fingerprint in a few words: "AMD EPYC (family 25, model 17), 2 cores, 32 MiB last-level
+    cache, torch 2.5.1, fbgemm"."""
+    generation = ", ".join(f"{k.replace('cpu_', '').replace('_number', '').replace('_', ' ')} {fingerprint[k]}"
+                           for k in ("cpu_family", "cpu_model_number") if fingerprint.get(k) is not None)
+    text = fingerprint.get("cpu_model", "unknown CPU") + (f" ({generation})" if generation else "")
+    text += (f", {fingerprint.get('cpu_count')} cores, {int(fingerprint.get('llc_bytes', 0)) >> 20} MiB last-level "
+             f"cache, torch {fingerprint.get('torch')}, " + ("fbgemm" if fingerprint.get("fbgemm") else "no fbgemm"))
+    if "gpu" in fingerprint:
+        text += f", GPU {fingerprint['gpu']}"
+    return text
+
+
+def machine_dir(backend: str = "cpu") -> Path:
+    """This machine's folder of its own measurements and models (``neuroshard pretrain --here``):
+    ``cache_root()/machines/<fingerprint_id>``, the fingerprint of ``backend``'s measurements."""
+    return cache_root() / "machines" / fingerprint_id(machine_fingerprint(backend))
+
+
+def _backends_here() -> list[str]:
+    """The backends whose measurements describe this machine, the GPU's first where torch sees one."""
+    import torch
+    return ["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"]
+
+
+def this_machine_file(name: str) -> Path | None:
+    """``name`` (``MACHINE_MODEL_FILE``, ``MACHINE_OPERATORS_FILE``) in this machine's folder: the
+    GPU's where torch sees one and that folder has it, else the CPU's; None when neither has it.
+    Nothing is fingerprinted when no machine was ever pre-trained here."""
+    if not (cache_root() / "machines").is_dir():
+        return None
+    for backend in _backends_here():
+        path = machine_dir(backend) / name
+        if path.is_file():
+            return path
+    return None
+
+
+def pretrained_here(hardware: dict | None) -> bool:
+    """Whether a checkpoint's ``hardware`` record says it was pre-trained on this machine
+    (``pretrain --here`` records the fingerprint's id as ``hardware["machine"]["id"]``)."""
+    machine = (hardware or {}).get("machine")
+    recorded = machine.get("id") if isinstance(machine, dict) else None
+    if not recorded:
+        return False
+    return recorded in {fingerprint_id(machine_fingerprint(backend)) for backend in _backends_here()}
 
 
 # ---------------------------------------------------------------- meta.json
