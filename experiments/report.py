@@ -395,7 +395,7 @@ def iteration_model() -> list[str]:
             f"predicted order:", "",
             *table(["predicted apart", "pairs", "trained in that order"], pairs), "",
             "Under 3% apart the order is little better than a coin: `search --objective iteration` lists those "
-            "candidates as ties ([decisions](decisions.md#tie-margin)).", ""]
+            "candidates as ties ([decisions](decisions.md#tie-margin)). " + made(sources(folder / "ceiling")), ""]
     text = (folder / "alone_vs_together.txt").read_text().split("\n## ")
     body = []
     for block, label in zip(text[1:], ("together, steps alternating", "together, turns of 3 steps")):
@@ -410,11 +410,11 @@ def iteration_model() -> list[str]:
             body.append(["each plan alone (2 runs)"] + [", ".join(v) for v in alone.values()])
         body.append([f"{label} (2 runs)"] + [", ".join(together.get(n, [])) for n in alone])
     names = list(dict.fromkeys(re.findall(r"run \d alone\s+(\S+)", text[1])))
+    record = json.loads((folder / "SOURCE.json").read_text())["alone_vs_together"]
     out += ["**Why plans measured together take turns** (hot-few, 20 tables, 2 processes; step ms; "
-            "`python experiments/iteration_benchmark.py --suite two-process --alone-vs-together 0 --plans "
-            f"{' '.join(names)} --iterations 12`, at the commits named in its output; "
             f"[decisions](decisions.md#turns-of-three-steps)):", "",
-            *table(["", *[f"{n}'s plan" for n in names]], body), ""]
+            *table(["", *[f"{n}'s plan" for n in names]], body), "",
+            made([record]) + f" The two blocks: {record['note']}.", ""]
     return out
 
 
