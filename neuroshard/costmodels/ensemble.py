@@ -26,7 +26,7 @@ bytes. It is not part of ``predict`` or the spread: on criteo-terabyte at 8 devi
 the search against the calibrated members wrote a plan measured 1.12-1.20x the best baseline,
 the same search against the work model alone 0.971x, but on dlrm-2021 (seed 171) 0.895x and
 0.958x, and charging the work model's excess over the members as spread lost there (0.978x;
-``experiments/work_model.py``, session 29). Its plan is one more candidate that measurement
+``docs/decisions.md#work-model``). Its plan is one more candidate that measurement
 decides (``work_cost_models``; ``measured.refine`` and ``search --calibrate`` time it).
 
 **Shard correction** (``fit_shard_correction``, fitted by on-site calibration on the task's

@@ -8,7 +8,7 @@ It predicts worse than the corrected ensemble on random sets, but a search canno
 the way it exploits the ensemble (a search goes where its model under-predicts), so the same
 search against it alone gives one more candidate plan that measurement decides
 (``measured.refine``, ``search --calibrate``; ``ensemble.work_cost_models``). Measured effect:
-``docs/results.md``, session 29.
+``docs/decisions.md#work-model``.
 """
 from __future__ import annotations
 
