@@ -3,25 +3,77 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ..cli_options import add_input, add_output, add_weights_precision
 from ..validate import float_in, int_in, seed_int
 
+#: maximum epochs of ``pretrain --data`` (early stopping on validation)
+DATA_EPOCHS = 400
+
 
 def _pretrain(args: argparse.Namespace) -> int:
+    if args.here:
+        return _pretrain_here(args)
+    from ..errors import NeuroShardError
     from ..validate import check_output
     from .pretrain import format_table, pretrain
+    for flag, given in (("--data", args.data), ("-o/--output", args.out)):
+        if not given:
+            raise NeuroShardError(f"pretrain needs {flag} (or --here: collect on this machine first)")
+    for flag, given in (("--minutes", args.minutes), ("--size", args.size), ("--compute-sets", args.compute_sets),
+                        ("--comm-sets", args.comm_sets), ("--device", args.device)):
+        if given is not None:
+            raise NeuroShardError(f"{flag} is an option of pretrain --here (it collects on this machine)")
     check_output(args.out, [], "checkpoint")
     check_output(args.out.with_suffix(".parity.png"), [], "parity plot")
-    result = pretrain(args.data, args.comm_data or (), args.out, tune=args.tune, epochs=args.epochs,
+    result = pretrain(args.data, args.comm_data or (), args.out, tune=args.tune, epochs=args.epochs or DATA_EPOCHS,
                       test_tables=args.test_tables, seed=args.seed, refit=not args.no_refit,
-                      ensemble=args.ensemble)
+                      ensemble=args.ensemble or 0)
     summary = result.models.data_summary["compute"]
     print(f"compute: {summary['shard_sets']} measured shard sets over {summary['source_tables']} tables; "
           f"trained on {summary['train_sets']} (+{summary['val_sets']} validation), held out {summary['test_sets']} "
           f"sets of unseen tables, {summary['mixed_sets_set_aside']} mixed sets set aside")
     print(format_table(result.table))
     print(f"wrote {args.out} and {args.out.with_suffix('.parity.png')}")
+    return 0
+
+
+def _pretrain_here(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+
+    from ..errors import NeuroShardError
+    from ..measured.machine import DEFAULT_MINUTES, pretrain_here
+    from ..runtime.overheads import CALIBRATION_CONFIGS, calibrate_overheads
+    from ..validate import check_output
+    if args.data or args.comm_data:
+        raise NeuroShardError("--here collects its own data on this machine: give --data/--comm-data without --here")
+    if args.no_refit:
+        raise NeuroShardError("--no-refit is not an option of --here (its checkpoint is refitted on all its data)")
+    if args.out is not None:
+        check_output(args.out, [], "checkpoint")
+    if args.quiet:
+        logging.getLogger("neuroshard").setLevel(logging.ERROR)
+    # SIGTERM ends the run as Ctrl-C does: what was measured is on disk, and a rerun continues
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        result = pretrain_here(args.minutes or DEFAULT_MINUTES, size=args.size or "default",
+                               backend=args.device or "cpu", compute_sets=args.compute_sets,
+                               comm_samples=args.comm_sets, epochs=args.epochs, ensemble=args.ensemble,
+                               test_tables=args.test_tables, tune=args.tune, seed=args.seed, out=args.out,
+                               overheads=calibrate_overheads, overhead_configs=CALIBRATION_CONFIGS,
+                               progress="quiet" if args.quiet else "auto")
+    except KeyboardInterrupt:
+        if not args.quiet:
+            print("pretrain --here: interrupted; what was measured is kept: rerun the same command to continue",
+                  file=sys.stderr)
+        return 130
+    if not args.quiet:
+        print(result.report, end="")
+        print(f"wrote {result.folder} (model.pt, operators.json, report.txt)"
+              + (f" and {args.out}" if args.out is not None else "")
+              + "; search, estimate, plan score and shard() use them on this machine by themselves")
     return 0
 
 
@@ -87,29 +139,57 @@ def _calibrate(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add this stage's subcommands."""
     from pathlib import Path
-    p = sub.add_parser("pretrain", help="train cost models on measured data",
+    p = sub.add_parser("pretrain", help="train cost models on measured data, or on this machine (--here)",
                        description="Train the neural compute and communication models on measured cost data, "
                                    "compare them with gradient-boosted trees and the analytic model on tables "
-                                   "held out of training, and save a checkpoint (+ a parity plot beside it).")
-    p.add_argument("--data", required=True, nargs="+", type=Path, metavar="DIR",
-                   help="folders with compute.jsonl (+ meta.json), measured on one machine")
+                                   "held out of training, and save a checkpoint (+ a parity plot beside it). "
+                                   "With --here, first measure this machine (compute sets like the search's, the "
+                                   "exchange at 2 to min(cores, 4) processes, the dense operators and the "
+                                   "runtime's overheads; tables of dlrm-2021, dlrm-2022 and broad only: "
+                                   "criteo-kaggle, criteo-terabyte and hot-few stay held out), then fit, hold out "
+                                   "and report, all within --minutes, into this machine's folder under "
+                                   "$XDG_CACHE_HOME/neuroshard/machines/ (default ~/.cache): search, estimate, plan "
+                                   "score and shard() then use its models by themselves on this machine "
+                                   "(--cost-model and --operator-costs still choose others). Resumable: rerun the "
+                                   "same command to continue an interrupted run.")
+    p.add_argument("--here", action="store_true",
+                   help="measure this machine, then pre-train on it, into its folder (no --data)")
+    p.add_argument("--data", nargs="+", type=Path, metavar="DIR",
+                   help="folders with compute.jsonl (+ meta.json), measured on one machine (required without --here)")
     p.add_argument("--comm-data", nargs="*", type=Path, metavar="DIR",
                    help="folders with comm.jsonl, one per device count")
-    add_output(p, "checkpoint to write (MODEL.pt)", dest="out", aliases=("--out",), required=True, type=Path,
-               metavar="MODEL.pt")
+    add_output(p, "checkpoint to write (MODEL.pt; required without --here, where it is a copy of the machine's)",
+               dest="out", aliases=("--out",), type=Path, metavar="MODEL.pt")
     p.add_argument("--tune", type=int_in(0, 10000, "a trial count"), default=0, metavar="N",
                    help="optuna trials over width/depth/lr/weight decay")
-    p.add_argument("--epochs", type=int_in(1, 100000, "an epoch count"), default=400,
-                   help="maximum epochs (early stopping on validation)")
+    p.add_argument("--epochs", type=int_in(1, 100000, "an epoch count"), default=None,
+                   help=f"maximum epochs (early stopping on validation; default {DATA_EPOCHS}, with --here 80)")
     p.add_argument("--test-tables", type=float_in(0.0, 1.0, low_open=True, what="a fraction"), default=0.25,
                    help="share of source tables held out (default 0.25)")
     p.add_argument("--seed", type=seed_int, default=0)
-    p.add_argument("--ensemble", type=int_in(0, 64, "a member count (0, or 2 and up)"), default=0, metavar="K",
+    p.add_argument("--ensemble", type=int_in(0, 64, "a member count (0, or 2 and up)"), default=None, metavar="K",
                    help="also fit K neural compute models on bootstrap resamples and ship them as an ensemble: the "
-                        "search then charges each device set its members' spread (default 0: one model)")
+                        "search then charges each device set its members' spread (default 0: one model; with "
+                        "--here 3)")
     p.add_argument("--no-refit", action="store_true",
                    help="save the models trained on the training tables only (default: retrain the same recipe "
                         "on all data after the held-out evaluation)")
+    here = p.add_argument_group("with --here")
+    here.add_argument("--minutes", type=float_in(0.0, 24 * 60.0, low_open=True, what="minutes"), default=None,
+                      help="wall-clock budget, split over the stages by fixed shares (default 25: the whole "
+                           "command within 30 minutes on a 2-core machine)")
+    here.add_argument("--size", choices=("default", "tiny"), default=None,
+                      help="default, or tiny: a smoke test of the command (a minute or two) whose model is not "
+                           "worth searching with")
+    here.add_argument("--compute-sets", type=int_in(16, 10**6, "a set count >= 16"), default=None, metavar="N",
+                      help="shard sets to measure in all (default: as many as the compute share of the budget "
+                           "allows)")
+    here.add_argument("--comm-sets", type=int_in(6, 10**6, "a sample count >= 6"), default=None, metavar="N",
+                      help="exchange samples per device count (default: as many as the budget allows)")
+    here.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                      help="where the kernels and the exchange run (default cpu; cuda: the GPU's name joins the "
+                           "machine's fingerprint)")
+    here.add_argument("-q", "--quiet", action="store_true", help="no progress and no report (errors only)")
     p.set_defaults(func=_pretrain)
 
     from ..constants import CALIBRATION_SETS, MAX_CALIBRATION_SETS, MIN_CALIBRATION_SETS
@@ -119,7 +199,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "correction (level and crowding) on the measurements; prints the held-out error "
                                    "before and after.")
     add_input(p, "tables", "tables file (neuroshard.tables/v1) of the task")
-    p.add_argument("--cost-model", default=None, metavar="MODEL.pt", help="pre-trained checkpoint (default: shipped)")
+    p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
+                   help="pre-trained checkpoint (default: this machine's own from pretrain --here, else the shipped one)")
     p.add_argument("-d", "--devices", type=int_in(1, 1024, "a device count"), default=8,
                    help="devices the plans will use: random sets hold about tables/devices shards (default: 8)")
     p.add_argument("--sets", type=int_in(MIN_CALIBRATION_SETS, MAX_CALIBRATION_SETS, "a set count"), default=CALIBRATION_SETS,

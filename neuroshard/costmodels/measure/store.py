@@ -163,7 +163,7 @@ def machine_fingerprint(backend: str = "cpu") -> dict:
     keyed by it. Reads no more than ``/proc`` and sysfs (fbgemm is looked up, not imported)."""
     import torch
     fingerprint = {"cpu_model": cpu_model(), **cpu_generation(), "cpu_count": os.cpu_count(),
-                   "llc_bytes": llc_bytes(), "torch": torch.__version__,
+                   "llc_bytes": llc_bytes(), "torch": str(torch.__version__),
                    "fbgemm": importlib.util.find_spec("fbgemm_gpu") is not None}
     if backend == "cuda":
         fingerprint["gpu"] = (torch.cuda.get_device_name(torch.cuda.current_device())

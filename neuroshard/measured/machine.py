@@ -1,0 +1,744 @@
+"""Pre-train for this machine in one command (``neuroshard pretrain --here``).
+
+On the machine it runs on, within a wall-clock budget (``minutes``, split over the stages by
+fixed shares, ``SHARES``), this collects what the search and the iteration model ask about,
+fits the cost models, holds out, reports, and keeps the result in this machine's folder
+(``costmodels.measure.store.machine_dir``: ``$XDG_CACHE_HOME/neuroshard/machines/<fingerprint>/``),
+which ``load_cost_models()`` and ``load_operator_models()`` then use by themselves whenever
+the machine's fingerprint matches:
+
+1. **compute**: shard sets timed as one fused kernel (``collect.collect_compute``) over tables
+   of the training families ``TRAINING_FAMILIES`` only: per family, devices of plans searched
+   on random 4-16-device tasks (``--sets plans``: the sets the search asks about) and random
+   augmented sets of 1-80 shards (row slices and column strips, up to 3 GiB of weights: working
+   sets beyond the last-level cache); and sets of the families' big hot tables beside their
+   small ones;
+2. **comm**: the runtime's exchange (all-to-all) at every device count this machine can run:
+   2 to min(cores, 4) gloo processes (on ``cuda``, 2 to min(GPUs, 4));
+3. **fit**: ``costmodels.pretrain`` on all of it (the neural, tree and analytic models held out
+   and compared; an ensemble of neural models written), with held-out error per family and per
+   model kind, and the shipped checkpoint's on the same held-out sets for reference;
+4. **dense**: the operators of a training step besides the embeddings (``collect dense``);
+5. **overheads**: the runtime's overheads in real runs (``collect overheads``) of the training
+   families' configurations, priced with the model of stage 3.
+
+The families ``HELD_OUT_FAMILIES`` (criteo-kaggle, criteo-terabyte, hot-few) are never
+collected: they are the held-out families of the benchmark that judges the model. (The dense
+stage's data-loading timings draw their tables from that benchmark's own family mix,
+``costmodels.measure.dense.INPUT_FAMILIES``.)
+
+Every stage resumes: collections continue their folders (``collect`` skips what is on disk),
+the operator benchmark measures only the parts its file lacks, and a stage whose outputs are
+up to date is skipped; the seconds each stage spent are kept in ``machine.json``, so a rerun
+after an interruption spends only what is left of each share, and a rerun of a finished
+command times nothing. Progress: a bar per stage on a terminal, plain lines in a log, nothing
+when quiet.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..constants import MEASURED_BATCH_SIZE
+from ..costmodels.base import CostModels
+from ..costmodels.dense import OperatorModels
+from ..costmodels.loading import DEFAULT_CHECKPOINT, this_machine_name
+from ..costmodels.measure import store
+from ..costmodels.measure.dense import PARTS as DENSE_PARTS
+from ..costmodels.measure.dense import collect_dense
+from ..costmodels.metrics import gmae
+from ..costmodels.pretrain import MIN_SETS, ComputeData, PretrainResult, format_table, parity_plot, pretrain
+from ..datasets.families import generate
+from ..errors import NeuroShardError
+from ..io import atomic_write_text
+from ..tables import Table, TableSet
+from ..validate import check_int, check_number, read_json
+from .collect import collect_comm, collect_compute
+
+log = logging.getLogger(__name__)
+
+#: the families collected: the benchmark's held-out families are not among them
+TRAINING_FAMILIES = ("dlrm-2021", "dlrm-2022", "broad")
+#: never collected here: the held-out families of the benchmark that judges the model
+HELD_OUT_FAMILIES = ("criteo-kaggle", "criteo-terabyte", "hot-few")
+#: the default wall-clock budget (minutes): the command finishes within 30 on a 2-core machine
+DEFAULT_MINUTES = 25.0
+#: each stage's share of the budget (the rest: start-up, table generation, the report)
+SHARES = {"compute": 0.48, "comm": 0.08, "fit": 0.08, "dense": 0.16, "overheads": 0.14}
+#: ``collect dense``'s full size takes about this long on a quiet 2-core machine: the dense
+#: stage measures the share of it that its budget buys (at least ``MIN_DENSE_FRACTION``)
+DENSE_FULL_SECONDS = 300.0
+MIN_DENSE_FRACTION = 0.2
+#: one overhead configuration (4 plans trained together, 12 iterations) on a 2-core machine
+OVERHEAD_CONFIG_SECONDS = 25.0
+#: a collection stops at this many samples if its time share has not stopped it before
+CEILING_COMPUTE_SETS = 2000
+CEILING_COMM_SAMPLES = 300
+#: fewest exchange samples per device count (a fifth is held out; the tree model needs 4 to fit)
+MIN_COMM_SAMPLES = 6
+#: fewest shard sets (``costmodels.pretrain.MIN_SETS``)
+MIN_COMPUTE_SETS = MIN_SETS
+#: the most processes the exchange is timed at
+MAX_COMM_DEVICES = 4
+#: a plain progress line in a log at most this often (seconds)
+LINE_EVERY_S = 30.0
+STATE_FILE = "machine.json"
+STATE_FORMAT = "neuroshard.machine/v1"
+#: sets of tables from several families (the hot collection's) are reported under this name
+MIXED = "mixed"
+
+
+# ------------------------------------------------------------------ profiles
+@dataclass(frozen=True)
+class Collection:
+    """One compute folder: its tables file, which sets (``plans`` or ``random``), its weight in
+    the compute share, and ``collect_compute``'s settings."""
+
+    name: str
+    tables: str
+    sets: str
+    weight: float
+    options: dict
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What is measured and how (a folder measured under one profile is refused by another:
+    each profile has its own data folder). ``default`` is the real thing; ``tiny`` is a smoke
+    test of the command (a minute or two), whose model is not worth searching with."""
+
+    name: str
+    tables_per_family: int
+    family_seeds: dict
+    heavy_tables: int            # of each family's pool: the heaviest (rows x lookups) go to the hot pool
+    collections: tuple
+    comm: dict                   # collect_comm's settings
+    compute_sets: int | None     # None: the time share decides (up to CEILING_COMPUTE_SETS a folder)
+    comm_samples: int | None
+    dense: dict | None           # collect_dense's size (None: scaled to the budget)
+    overhead_configs: int | None  # None: as many as the budget buys
+    overhead_iterations: int
+    epochs: int
+    ensemble: int
+
+
+def _collections(random: dict, hot: dict, plans: dict) -> tuple:
+    out = []
+    for family in TRAINING_FAMILIES:
+        out.append(Collection(f"plans-{family}", f"{family}.json", "plans", 2.0, plans))
+        out.append(Collection(f"random-{family}", f"{family}.json", "random", 2.3, random))
+    out.append(Collection("hot", "hot.json", "random", 2.1, hot))
+    return tuple(out)
+
+
+_TIMING = {"repeats": 3, "max_repeats": 5}
+PROFILES: dict[str, Profile] = {
+    "default": Profile(
+        "default", 120, {"dlrm-2021": 4001, "dlrm-2022": 4002, "broad": 4003}, 16,
+        _collections(random={"max_tables": 80, "memory_bytes": 3 << 30, "row_split_prob": 0.3, **_TIMING},
+                     hot={"max_tables": 80, "memory_bytes": 4 << 30, "row_split_prob": 0.4, **_TIMING},
+                     plans={"memory_bytes": 64 << 30, **_TIMING}),
+        comm={}, compute_sets=None, comm_samples=None, dense=None, overhead_configs=None, overhead_iterations=12,
+        epochs=80, ensemble=3),
+    "tiny": Profile(
+        "tiny", 12, {"dlrm-2021": 4001, "dlrm-2022": 4002, "broad": 4003}, 3,
+        _collections(random={"max_tables": 6, "memory_bytes": 256 << 20, "row_split_prob": 0.3, "warmup": 1,
+                             "repeats": 1, "max_repeats": 1},
+                     hot={"max_tables": 6, "memory_bytes": 512 << 20, "row_split_prob": 0.5, "warmup": 1,
+                          "repeats": 1, "max_repeats": 1},
+                     plans={"memory_bytes": 64 << 30, "warmup": 1, "repeats": 1, "max_repeats": 1}),
+        comm={"warmup": 1, "repeats": 3}, compute_sets=18, comm_samples=MIN_COMM_SAMPLES,
+        dense={"layers": {"count": 12, "rounds": 1, "min_ms": 0.5}, "optimizer": {"count": 6, "rounds": 1},
+               "input": {"count": 6, "rounds": 1}, "collectives": {"ranks": (2,), "rounds": 1, "sizes": [4096, 1 << 20]},
+               "embedding_split": {"count": 2}},
+        overhead_configs=1, overhead_iterations=4, epochs=5, ensemble=2),
+}
+
+
+def dense_size(seconds: float) -> dict:
+    """``collect dense``'s sample counts scaled to ``seconds`` (its full size at ``DENSE_FULL_SECONDS``)."""
+    f = float(np.clip(seconds / DENSE_FULL_SECONDS, MIN_DENSE_FRACTION, 1.0))
+    return {"layers": {"count": max(12, round(240 * f))}, "optimizer": {"count": max(6, round(40 * f))},
+            "input": {"count": max(6, round(60 * f))}, "collectives": {}, "embedding_split": {"count": max(3, round(30 * f))}}
+
+
+def split_count(total: int, weights: Sequence[float]) -> list[int]:
+    """``total`` split in proportion to ``weights`` (largest remainders; each at least 1)."""
+    w = np.asarray(weights, dtype=np.float64)
+    raw = total * w / w.sum()
+    out = np.maximum(np.floor(raw).astype(int), 1)
+    for i in np.argsort(-(raw - np.floor(raw))):
+        if out.sum() >= total:
+            break
+        out[i] += 1
+    return [int(x) for x in out]
+
+
+def comm_device_counts(backend: str) -> list[int]:
+    """The device counts this machine can run the exchange at: 2 to min(cores, 4) gloo
+    processes, or on ``cuda`` 2 to min(GPUs, 4)."""
+    if backend == "cuda":
+        import torch
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    else:
+        available = os.cpu_count() or 1
+    return list(range(2, min(available, MAX_COMM_DEVICES) + 1))
+
+
+# -------------------------------------------------------------------- tables
+def family_of(table_name: str) -> str:
+    """The training family a collected table's name starts with (``broad-t012`` -> ``broad``)."""
+    for family in sorted(TRAINING_FAMILIES, key=len, reverse=True):
+        if table_name.startswith(family + "-"):
+            return family
+    return MIXED
+
+
+def write_pools(folder: Path, profile: Profile) -> None:
+    """Each training family's tables (named ``<family>-<table>``) and the hot pool (each family's
+    ``heavy_tables`` heaviest tables, rows x lookups, beside its smallest), once: a folder keeps
+    the files it was measured with (their hash is in every collection's ``meta.json``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    hot: list[Table] = []
+    for family in TRAINING_FAMILIES:
+        path = folder / f"{family}.json"
+        if path.exists():
+            tables = TableSet.read(path).tables
+        else:
+            generated = generate(family, profile.tables_per_family, profile.family_seeds[family])
+            tables = []
+            for t in generated:
+                t.name = f"{family}-{t.name}"
+                tables.append(t)
+            TableSet(f"{family}-machine", tables, MEASURED_BATCH_SIZE,
+                     {"family": family, "seed": profile.family_seeds[family]}).write(path)
+        weight = sorted(tables, key=lambda t: -t.num_embeddings * float(t.pooling_factor))
+        small = sorted(weight[profile.heavy_tables:], key=lambda t: t.num_embeddings)
+        hot += weight[:profile.heavy_tables] + small[:len(small) // 2]
+    path = folder / "hot.json"
+    if not path.exists():
+        TableSet("hot-beside-small", hot, MEASURED_BATCH_SIZE,
+                 {"families": list(TRAINING_FAMILIES), "note": "each family's heaviest tables beside its smallest"}
+                 ).write(path)
+
+
+# ------------------------------------------------------------------ progress
+class Progress:
+    """One stage's progress: a tqdm bar on a terminal (``mode="bar"``), a plain line at most
+    every ``LINE_EVERY_S`` in a log (``"lines"``), nothing (``"quiet"``). ``total`` counts
+    ``unit``s; ``deadline`` (``time.monotonic``) is when the stage's share of the budget ends."""
+
+    def __init__(self, mode: str, desc: str, total: int, initial: int = 0, unit: str = "set",
+                 deadline: float | None = None, run_deadline: float | None = None) -> None:
+        self.mode, self.desc, self.total, self.n, self.unit = mode, desc, total, initial, unit
+        self.deadline, self.run_deadline = deadline, run_deadline
+        self._lock = threading.Lock()
+        self._last_line = 0.0
+        self._bar = None
+        if mode == "bar":
+            from tqdm import tqdm
+            self._bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True,
+                             mininterval=1.0, file=sys.stderr)
+        self._line(force=True)
+
+    def _left(self) -> str:
+        now = time.monotonic()
+        parts = []
+        if self.deadline is not None:
+            parts.append(f"{_clock(self.deadline - now)} left of its share")
+        if self.run_deadline is not None:
+            parts.append(f"{_clock(self.run_deadline - now)} of the run")
+        return ", ".join(parts)
+
+    def _line(self, force: bool = False, note: str = "") -> None:
+        if self.mode != "lines":
+            return
+        now = time.monotonic()
+        if not force and now - self._last_line < LINE_EVERY_S:
+            return
+        self._last_line = now
+        left = self._left()
+        print(f"pretrain --here: {self.desc}: {self.n} of {self.total} {self.unit}s"
+              + (f" ({note})" if note else "") + (f"; {left}" if left else ""), file=sys.stderr, flush=True)
+
+    def update(self, n: int, note: str = "") -> None:
+        """``n`` units done in all."""
+        with self._lock:
+            if self._bar is not None:
+                self._bar.update(max(0, n - self.n))
+                left = self._left()
+                if left or note:
+                    self._bar.set_postfix_str(", ".join(x for x in (note, left) if x), refresh=False)
+            self.n = max(self.n, n)
+            self._line(note=note)
+
+    def close(self, summary: str = "") -> None:
+        with self._lock:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+            if self.mode == "lines":
+                print(f"pretrain --here: {self.desc}: " + (summary or f"{self.n} of {self.total} {self.unit}s"),
+                      file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class _Watch:
+    """Counts the records a collection appends to ``path`` (from a thread, every second) and
+    reports them to ``progress``: the collection loop itself is left alone."""
+
+    def __init__(self, path: Path, progress: Progress, initial: int) -> None:
+        self.path, self.progress, self.count = path, progress, initial
+        self._offset = path.stat().st_size if path.exists() else 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pretrain-progress", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self.poll()
+
+    def poll(self) -> None:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size > self._offset:
+            with open(self.path, "rb") as handle:
+                handle.seek(self._offset)
+                self.count += handle.read(size - self._offset).count(b"\n")
+            self._offset = size
+        self.progress.update(self.count)
+
+    def __enter__(self) -> "_Watch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.poll()
+
+
+# --------------------------------------------------------------------- state
+def read_state(folder: Path) -> dict:
+    """``machine.json``: the fingerprint, the seconds each stage spent, what each fitted output
+    was made from; an empty state for a new folder."""
+    path = folder / STATE_FILE
+    if not path.exists():
+        return {"format": STATE_FORMAT, "spent_s": {}}
+    state = read_json(path, "machine state")
+    if not (isinstance(state, dict) and state.get("format") == STATE_FORMAT):
+        raise NeuroShardError(f"{path}: not a machine state ({STATE_FORMAT}); move the folder away to start again")
+    state.setdefault("spent_s", {})
+    return state
+
+
+def write_state(folder: Path, state: dict) -> None:
+    atomic_write_text(folder / STATE_FILE, json.dumps(state, indent=1, default=str) + "\n")
+
+
+# -------------------------------------------------------------------- result
+@dataclass
+class HereResult:
+    """What ``pretrain_here`` did: the machine's folder, what each stage measured now and in all,
+    and each stage's seconds this run."""
+
+    folder: Path
+    fingerprint: dict
+    measured_now: dict = field(default_factory=dict)   # stage -> samples timed in this run
+    in_all: dict = field(default_factory=dict)         # stage -> samples on disk
+    seconds: dict = field(default_factory=dict)        # stage -> seconds this run
+    skipped: list = field(default_factory=list)        # stages up to date, not run
+    report: str = ""
+
+    @property
+    def model_path(self) -> Path:
+        return self.folder / store.MACHINE_MODEL_FILE
+
+    @property
+    def operators_path(self) -> Path:
+        return self.folder / store.MACHINE_OPERATORS_FILE
+
+
+OverheadsFn = Callable[..., OperatorModels]
+
+
+def pretrain_here(minutes: float = DEFAULT_MINUTES, *, size: str = "default", backend: str = "cpu",
+                  compute_sets: int | None = None, comm_samples: int | None = None,
+                  epochs: int | None = None, ensemble: int | None = None, test_tables: float = 0.25,
+                  tune: int = 0, seed: int = 0, out: str | Path | None = None,
+                  overheads: OverheadsFn | None = None, overhead_configs: Sequence[tuple] = (),
+                  progress: str = "auto") -> HereResult:
+    """Collect, fit, hold out and report for this machine into its folder (module docstring).
+
+    ``size``: a profile of ``PROFILES``; ``compute_sets`` / ``comm_samples``: how many shard
+    sets in all (split over the collections) and exchange samples per device count, instead
+    of as many as the time shares allow; ``epochs``, ``ensemble``, ``test_tables``, ``tune``,
+    ``seed``: ``costmodels.pretrain``'s (default: the profile's); ``out``: also write the
+    checkpoint there. ``overheads``: ``runtime.overheads.calibrate_overheads`` (the runtime
+    sits above this layer: the caller hands it in, with its ``overhead_configs``); without it
+    the operator costs carry no overheads of real runs. ``progress``: ``auto`` (a bar on a
+    terminal, plain lines otherwise), ``bar``, ``lines`` or ``quiet``."""
+    if size not in PROFILES:
+        raise NeuroShardError(f"unknown size {size!r}; choose one of {', '.join(PROFILES)}")
+    if backend not in ("cpu", "cuda"):
+        raise NeuroShardError(f"unknown device {backend!r}; choose cpu or cuda")
+    check_number(minutes, "minutes", 1.0 / 60, 24 * 60.0)
+    profile = PROFILES[size]
+    compute_sets = profile.compute_sets if compute_sets is None else check_int(compute_sets, "compute sets", MIN_COMPUTE_SETS, 10**6)
+    comm_samples = profile.comm_samples if comm_samples is None else check_int(comm_samples, "comm samples", MIN_COMM_SAMPLES, 10**6)
+    epochs = profile.epochs if epochs is None else epochs
+    ensemble = profile.ensemble if ensemble is None else ensemble
+    if progress == "auto":
+        progress = "bar" if sys.stderr.isatty() else "lines"
+    if progress not in ("bar", "lines", "quiet"):
+        raise NeuroShardError(f"unknown progress mode {progress!r}; choose auto, bar, lines or quiet")
+    if backend == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise NeuroShardError("--device cuda asked for, but torch sees no CUDA device")
+
+    started = time.monotonic()
+    run_deadline = started + 60.0 * minutes
+    fingerprint = store.machine_fingerprint(backend)
+    folder = store.machine_dir(backend)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = read_state(folder)
+    recorded = state.get("fingerprint")
+    if recorded is not None and store.fingerprint_id(recorded) != folder.name:
+        raise NeuroShardError(f"{folder / STATE_FILE} records another machine's fingerprint; move the folder away")
+    state["fingerprint"] = fingerprint
+    state["id"] = folder.name
+    write_state(folder, state)
+    data = folder / "data" / profile.name
+    tables_dir = data / "tables"
+    write_pools(tables_dir, profile)
+    result = HereResult(folder, fingerprint)
+    say = (lambda text: None) if progress == "quiet" else (lambda text: print(text, file=sys.stderr, flush=True))
+    say(f"pretrain --here: {store.describe_fingerprint(fingerprint)}; folder {folder}; budget {minutes:g} minutes")
+
+    def share(stage: str) -> float:
+        return 60.0 * minutes * SHARES[stage]
+
+    def spend(key: str, seconds: float) -> None:
+        state["spent_s"][key] = round(float(state["spent_s"].get(key, 0.0)) + seconds, 3)
+        write_state(folder, state)
+
+    # 1. compute
+    weights = [c.weight for c in profile.collections]
+    targets = (split_count(compute_sets, weights) if compute_sets is not None
+               else [CEILING_COMPUTE_SETS] * len(profile.collections))
+    compute_folders = []
+    stage_started = time.monotonic()
+    measured = 0
+    for collection, target in zip(profile.collections, targets):
+        key = f"compute/{collection.name}"
+        budget = share("compute") * collection.weight / sum(weights)
+        out_dir = data / collection.name
+        compute_folders.append(out_dir)
+        measured += _run_collection(
+            key, out_dir, store.COMPUTE_FILE, target, budget, state, spend, progress, run_deadline, "set",
+            lambda n, max_minutes, c=collection, o=out_dir: collect_compute(
+                tables_dir / c.tables, n, o, sets=c.sets, seed=0, backend=backend, progress=False,
+                max_minutes=max_minutes, **c.options))
+    result.measured_now["compute"] = measured
+    result.in_all["compute"] = sum(_count(f, store.COMPUTE_FILE) for f in compute_folders)
+    result.seconds["compute"] = time.monotonic() - stage_started
+
+    # 2. comm
+    counts = comm_device_counts(backend)
+    comm_folders = []
+    stage_started = time.monotonic()
+    measured = 0
+    for devices in counts:
+        out_dir = data / "comm" / f"comm{devices}"
+        comm_folders.append(out_dir)
+        target = comm_samples if comm_samples is not None else CEILING_COMM_SAMPLES
+        measured += _run_collection(
+            f"comm/{devices}", out_dir, store.COMM_FILE, target, share("comm") / len(counts), state, spend, progress,
+            run_deadline, "sample",
+            lambda n, max_minutes, d=devices, o=out_dir: collect_comm(
+                d, n, o, backend=backend, progress=False, max_minutes=max_minutes, seed=0, **profile.comm))
+    if not counts:
+        log.warning("this machine runs fewer than 2 processes at once: no exchange is timed (the checkpoint carries "
+                    "the analytic communication model)")
+    result.measured_now["comm"] = measured
+    result.in_all["comm"] = sum(_count(f, store.COMM_FILE) for f in comm_folders)
+    result.seconds["comm"] = time.monotonic() - stage_started
+
+    # 3. fit
+    compute_folders = [f for f in compute_folders if _count(f, store.COMPUTE_FILE)]
+    comm_folders = [f for f in comm_folders if _count(f, store.COMM_FILE)]
+    signature = {"profile": profile.name, "epochs": epochs, "ensemble": ensemble, "test_tables": test_tables,
+                 "tune": tune, "seed": seed,
+                 "compute": {f.name: _count(f, store.COMPUTE_FILE) for f in compute_folders},
+                 "comm": {f.name: _count(f, store.COMM_FILE) for f in comm_folders}}
+    model_path = folder / store.MACHINE_MODEL_FILE
+    stage_started = time.monotonic()
+    if model_path.exists() and (state.get("fit") or {}).get("signature") == signature:
+        result.skipped.append("fit")
+        models = CostModels.load(model_path)
+    else:
+        with Progress(progress, "fit: neural, tree and analytic models, held out", 1, unit="fit",
+                      run_deadline=run_deadline) as bar:
+            models, fit_record = _fit(compute_folders, comm_folders, folder, fingerprint, epochs=epochs,
+                                      ensemble=ensemble, test_tables=test_tables, tune=tune, seed=seed)
+            bar.update(1)
+        state["fit"] = {"signature": signature, **fit_record}
+        spend("fit", time.monotonic() - stage_started)
+    result.seconds["fit"] = time.monotonic() - stage_started
+    if out is not None:
+        models.save(out)
+
+    # 4. dense
+    dense_path = data / "operators-dense.json"
+    stage_started = time.monotonic()
+    size_dict = profile.dense if profile.dense is not None else dense_size(share("dense"))
+    done_parts = _dense_parts(dense_path)
+    if set(DENSE_PARTS) <= done_parts:
+        result.skipped.append("dense")
+    else:
+        with Progress(progress, "dense: the operators of a training step", len(DENSE_PARTS), len(done_parts),
+                      unit="part", deadline=time.monotonic() + share("dense"), run_deadline=run_deadline) as bar:
+            timed: list[str] = []
+
+            def on_part(part: str) -> None:  # called as each part starts: the ones before are done
+                bar.update(len(done_parts) + len(timed), note=f"timing {part}")
+                timed.append(part)
+            try:
+                collect_dense(dense_path, size_dict, progress=on_part)
+            finally:
+                spend("dense", time.monotonic() - stage_started)
+            bar.update(len(DENSE_PARTS))
+    result.seconds["dense"] = time.monotonic() - stage_started
+    operators = OperatorModels.read(dense_path)
+
+    # 5. overheads
+    operators_path = folder / store.MACHINE_OPERATORS_FILE
+    configs = choose_overhead_configs(overhead_configs, profile, share("overheads"))
+    overhead_signature = {"model": signature, "dense_samples": len(operators.samples_),
+                          "configs": [list(map(str, c[:3])) + [c[4], c[5]] for c in configs],
+                          "iterations": profile.overhead_iterations}
+    stage_started = time.monotonic()
+    if overheads is None or not configs:
+        operators.save(operators_path)
+        state["overheads"] = {"signature": None}
+        result.skipped.append("overheads")
+    elif operators_path.exists() and (state.get("overheads") or {}).get("signature") == overhead_signature:
+        result.skipped.append("overheads")
+    else:
+        with Progress(progress, "overheads: real training runs", len(configs), unit="run",
+                      deadline=time.monotonic() + share("overheads"), run_deadline=run_deadline) as bar:
+            runs: list[tuple] = []
+
+            def on_config(config: tuple) -> None:
+                runs.append(config)
+                bar.update(len(runs) - 1, note=f"{config[0]}, {config[1]} tables, {config[5]} processes")
+            try:
+                fitted = overheads(models, operators, configs, iterations=profile.overhead_iterations,
+                                   progress=on_config)
+            finally:
+                spend("overheads", time.monotonic() - stage_started)
+            bar.update(len(configs))
+        fitted.save(operators_path)
+        state["overheads"] = {"signature": overhead_signature, "runs": len(configs)}
+    write_state(folder, state)
+    result.seconds["overheads"] = time.monotonic() - stage_started
+
+    # 6. report
+    state["last_run"] = {"seconds": {k: round(v, 1) for k, v in result.seconds.items()},
+                         "wall_s": round(time.monotonic() - started, 1), "minutes": minutes,
+                         "measured_now": result.measured_now, "skipped": result.skipped,
+                         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write_state(folder, state)
+    result.report = format_report(state, folder, OperatorModels.read(operators_path))
+    atomic_write_text(folder / store.MACHINE_REPORT_FILE, result.report)
+    return result
+
+
+def _count(folder: Path, filename: str) -> int:
+    return len(store.done_samples(folder, filename)) if folder.is_dir() else 0
+
+
+def _run_collection(key: str, out_dir: Path, filename: str, target: int, budget_s: float, state: dict,
+                    spend: Callable[[str, float], None], mode: str, run_deadline: float, unit: str,
+                    collect: Callable[[int, float], int]) -> int:
+    """One resumable collection: up to ``target`` samples in all, in what is left of its
+    ``budget_s`` (the seconds spent by earlier runs are in ``state``); returns samples timed now."""
+    done = _count(out_dir, filename)
+    left = budget_s - float(state["spent_s"].get(key, 0.0))
+    if done >= target or left < 1.0:
+        log.info("%s: %d %ss on disk, %.0f s of its share left: nothing to do", key, done, unit, max(left, 0.0))
+        return 0
+    started = time.monotonic()
+    bar = Progress(mode, key, target, done, unit=unit, deadline=started + left, run_deadline=run_deadline)
+    try:
+        with _Watch(out_dir / filename, bar, done):
+            return collect(target, left / 60.0)
+    finally:
+        spend(key, time.monotonic() - started)
+        bar.close(f"{_count(out_dir, filename)} {unit}s on disk ({time.monotonic() - started:.0f} s now)")
+
+
+def _dense_parts(path: Path) -> set:
+    if not path.exists():
+        return set()
+    return {s.get("part") for s in OperatorModels.read(path).samples_}
+
+
+def choose_overhead_configs(configs: Sequence[tuple], profile: Profile, seconds: float) -> list[tuple]:
+    """The overhead configurations of the training families (a configuration is ``(family,
+    tables, seed, model, batch, processes)``), alternating process counts, as many as
+    ``seconds`` buys (``OVERHEAD_CONFIG_SECONDS`` each, 2 at least) or the profile fixes."""
+    allowed = [c for c in configs if c[0] in TRAINING_FAMILIES]
+    by_ranks: dict[int, list[tuple]] = {}
+    for c in allowed:
+        by_ranks.setdefault(int(c[5]), []).append(c)
+    order: list[tuple] = []
+    lists = [by_ranks[r] for r in sorted(by_ranks)]
+    for i in range(max((len(x) for x in lists), default=0)):
+        order += [x[i] for x in lists if i < len(x)]
+    count = (profile.overhead_configs if profile.overhead_configs is not None
+             else max(2, int(seconds // OVERHEAD_CONFIG_SECONDS)))
+    return order[:count]
+
+
+# ----------------------------------------------------------------------- fit
+def _fit(compute_folders: Sequence[Path], comm_folders: Sequence[Path], folder: Path, fingerprint: dict, *,
+         epochs: int, ensemble: int, test_tables: float, tune: int, seed: int) -> tuple[CostModels, dict]:
+    """``costmodels.pretrain`` on the machine's data; the bundle named and marked as this
+    machine's, saved with its parity plot; and what the report needs (held-out errors per
+    family and model kind, the shipped checkpoint's on the same sets)."""
+    if not compute_folders:
+        raise NeuroShardError("no shard sets were measured: rerun with more --minutes")
+    result = pretrain(compute_folders, comm_folders, out=None, tune=tune, epochs=epochs, test_tables=test_tables,
+                      seed=seed, refit=True, ensemble=ensemble)
+    models = result.models
+    models.name = f"pretrained-here-{folder.name[:8]}"
+    models.hardware = {**(models.hardware or {}), "machine": {"id": folder.name, "fingerprint": fingerprint,
+                                                              "command": "neuroshard pretrain --here"}}
+    models.save(folder / store.MACHINE_MODEL_FILE)
+    parity_plot(folder / "model.parity.png", result.compute_models, result.compute_test, result.comm_models,
+                result.comm_test)
+    record = {"summary": models.data_summary.get("compute", {}),
+              "comm_summary": models.data_summary.get("comm", {}),
+              "families": family_errors(result),
+              "table": format_table(result.table),
+              "fitted": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return models, record
+
+
+def family_errors(result: PretrainResult) -> list[dict]:
+    """Held-out GMAE of each compute model kind (and of the shipped checkpoint, measured on
+    another machine) per family of the held-out sets' tables (``mixed``: tables of several), and
+    over all of them."""
+    test = result.compute_test
+    if test is None or len(test) == 0:
+        return []
+    models: dict[str, Any] = dict(result.compute_models)
+    shipped = _shipped_compute(test.batch_size)
+    if shipped is not None:
+        models["shipped (another machine)"] = shipped
+    families = np.array([_set_family(t) for t in test.tables])
+    rows = []
+    for family in [*TRAINING_FAMILIES, MIXED, "all"]:
+        rows_of = np.arange(len(test)) if family == "all" else np.flatnonzero(families == family)
+        if len(rows_of) == 0:
+            continue
+        subset = test.subset(rows_of)
+        row = {"family": family, "sets": int(len(rows_of))}
+        for name, model in models.items():
+            row[name] = _gmae(model, subset)
+        rows.append(row)
+    return rows
+
+
+def _set_family(tables: frozenset) -> str:
+    families = {family_of(name) for name in tables}
+    return families.pop() if len(families) == 1 else MIXED
+
+
+def _gmae(model: Any, data: ComputeData) -> float:
+    return gmae(np.asarray(model.predict(data.sets), dtype=np.float64), data.costs_ms)
+
+
+def _shipped_compute(batch_size: int):
+    """The shipped checkpoint's compute model when it was measured at ``batch_size`` (None otherwise)."""
+    if not DEFAULT_CHECKPOINT.exists():
+        return None
+    try:
+        shipped = CostModels.load(DEFAULT_CHECKPOINT)
+    except NeuroShardError as exc:
+        log.warning("the shipped checkpoint is not compared: %s", exc)
+        return None
+    return shipped.compute if shipped.batch_size == batch_size else None
+
+
+# -------------------------------------------------------------------- report
+def format_report(state: dict, folder: Path, operators: OperatorModels) -> str:
+    """``report.txt``: the machine, what was measured, the held-out errors per family and model
+    kind, the operators' errors and overheads, and each stage's time."""
+    fingerprint = state.get("fingerprint") or {}
+    fit = state.get("fit") or {}
+    summary = fit.get("summary") or {}
+    lines = [f"neuroshard pretrain --here: the cost models of {this_machine_name(folder.name)}",
+             f"machine: {store.describe_fingerprint(fingerprint)}",
+             f"folder: {folder}",
+             f"training families (collected): {', '.join(TRAINING_FAMILIES)}; held out (never collected: the "
+             f"benchmark that judges the model uses them): {', '.join(HELD_OUT_FAMILIES)}", ""]
+    if summary:
+        lines.append(f"compute: {summary.get('shard_sets')} shard sets over {summary.get('source_tables')} tables "
+                     f"({summary.get('shards_per_set_mean', 0):.1f} shards a set on average, "
+                     f"{summary.get('cost_ms_range', [0, 0])[0]:.2f}-{summary.get('cost_ms_range', [0, 0])[1]:.1f} ms); "
+                     f"held out: {summary.get('test_sets')} sets, split {summary.get('split')}")
+    comm = fit.get("comm_summary") or {}
+    if comm.get("samples"):
+        lines.append("exchange: " + ", ".join(f"{n} samples at {d} devices" for d, n in comm["samples"].items()))
+    families = fit.get("families") or []
+    if families:
+        kinds = [k for k in families[0] if k not in ("family", "sets")]
+        lines += ["", "held-out GMAE per family and model kind (compute; the neural row is one member's recipe; "
+                      "the shipped checkpoint was measured on another machine):",
+                  f"  {'family':12s} {'sets':>5s}  " + "  ".join(f"{k:>12s}" for k in kinds)]
+        for row in families:
+            lines.append(f"  {row['family']:12s} {row['sets']:5d}  "
+                         + "  ".join(f"{100 * row[k]:11.1f}%" for k in kinds))
+    if fit.get("table"):
+        lines += ["", "held-out metrics of every model (pretrain's table):", fit["table"]]
+    lines += ["", "operator costs (the iteration model's):", operators.format_metrics()]
+    if operators.overheads_:
+        lines.append(f"  overheads of {len({p.get('run') for p in operators.overhead_points_})} real runs "
+                     f"(measured = fixed + scale x predicted, per term and processes):")
+        for term, per in operators.overheads_.items():
+            lines.append(f"    {term:20s} " + "  ".join(f"{r} processes: +{a:.3f} ms, x{b:.2f}"
+                                                       for r, (a, b) in sorted(per.items())))
+    else:
+        lines.append("  no overheads of real runs")
+    last = state.get("last_run") or {}
+    if last:
+        lines += ["", f"last run: {last.get('wall_s', 0) / 60:.1f} minutes of a {last.get('minutes')}-minute budget; "
+                      + ", ".join(f"{k} {v:.0f} s" for k, v in (last.get("seconds") or {}).items())
+                      + (f"; up to date, not run again: {', '.join(last['skipped'])}" if last.get("skipped") else "")]
+    spent = state.get("spent_s") or {}
+    if spent:
+        lines.append("seconds spent in all runs: " + ", ".join(f"{k} {v:.0f}" for k, v in spent.items()))
+    return "\n".join(lines) + "\n"
