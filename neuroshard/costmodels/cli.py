@@ -42,6 +42,7 @@ def _pretrain(args: argparse.Namespace) -> int:
 def _pretrain_here(args: argparse.Namespace) -> int:
     import logging
     import signal
+    import threading
 
     from ..errors import NeuroShardError
     from ..measured.machine import DEFAULT_MINUTES, pretrain_here
@@ -56,7 +57,8 @@ def _pretrain_here(args: argparse.Namespace) -> int:
     if args.quiet:
         logging.getLogger("neuroshard").setLevel(logging.ERROR)
     # SIGTERM ends the run as Ctrl-C does: what was measured is on disk, and a rerun continues
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    previous = (signal.signal(signal.SIGTERM, signal.default_int_handler)
+                if threading.current_thread() is threading.main_thread() else None)
     try:
         result = pretrain_here(args.minutes or DEFAULT_MINUTES, size=args.size or "default",
                                backend=args.device or "cpu", compute_sets=args.compute_sets,
@@ -69,6 +71,9 @@ def _pretrain_here(args: argparse.Namespace) -> int:
             print("pretrain --here: interrupted; what was measured is kept: rerun the same command to continue",
                   file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if not args.quiet:
         print(result.report, end="")
         print(f"wrote {result.folder} (model.pt, operators.json, report.txt)"
