@@ -101,9 +101,11 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
         seeds = {}
         for key in GREEDY_KEYS:
             try:
-                seeds[key] = greedy_by_key(sim, memory_bytes, key, seed)
+                seeded = greedy_by_key(sim, memory_bytes, key, seed)
             except InfeasibleError:  # a baseline that cannot pack (e.g. around pinned tables) seeds nothing
                 continue
+            if RowBlockRule(sim, seeded.pieces).keeps(seeded.devices):  # nor one with row blocks TorchRec cannot run
+                seeds[key] = seeded
         key = min(seeds, key=lambda k: seeds[k].cost_ms, default=None)
         if key is not None and seeds[key].cost_ms < unsplit.cost_ms - 1e-9:
             unsplit, origin = seeds[key], f"greedy-{key}"
@@ -177,6 +179,7 @@ def local_search(sim: Simulator, placement: Placement, memory_bytes: int, steps:
     sizes = sim.bytes_of(ids)
     limits = np.broadcast_to(np.asarray(sim.memory_limits(memory_bytes), dtype=np.float64), (sim.num_devices,))
     mask = sim.device_mask(placement.pieces)  # pinned tables move only among their devices
+    blocks = RowBlockRule(sim, placement.pieces)  # a strip's row blocks stay apart (TorchRec's layouts)
     devices, cost = placement.devices.copy(), placement.cost_ms
     for move in range(steps):
         # every device's total includes waiting for the slowest in the exchange: the device
@@ -190,13 +193,14 @@ def local_search(sim: Simulator, placement: Placement, memory_bytes: int, steps:
             # the readiest: every device's total is the last one's readiness plus its own exchange
             targets = np.sort(np.argsort(loads, kind="stable")[:LOCAL_SEARCH_TARGETS])
         candidates: list[tuple[tuple[int, int], ...]] = []
+        blocks.update(devices)
         for piece in np.flatnonzero(devices == slowest):
             for target in targets[used[targets] + sizes[piece] <= limits[targets]]:
-                if target != slowest and (mask is None or mask[piece, target]):
+                if target != slowest and (mask is None or mask[piece, target]) and blocks.allows(piece, target):
                     candidates.append(((int(piece), int(target)),))
         if swaps:
             candidates += _swap_candidates(sim, ids, devices, slowest, loads, sizes, used, limits, mask, swaps,
-                                           targets)
+                                           targets, blocks)
         if not candidates:
             return Placement(placement.pieces, devices, cost), move
         costs = sim.evaluate_moves(ids, devices, candidates)
@@ -210,13 +214,74 @@ def local_search(sim: Simulator, placement: Placement, memory_bytes: int, steps:
     return Placement(placement.pieces, devices, cost), steps
 
 
+class RowBlockRule:
+    """The row-block layouts TorchRec runs, kept while a tiered search places: the row blocks
+    of one column strip on distinct devices, and a strip of one host's ``L`` blocks
+    (``Simulator.local_world_size``) on that host, the rule the placer keeps where memory
+    allows (``placer.greedy_place``'s groups) and the layouts TorchRec runs once
+    ``rowwise.align_row_blocks`` puts them in rank order (``allows``: a move keeps it;
+    ``keeps``: a placement does).
+
+    Without tiers the search places freely and ``rowwise.runnable_row_splits`` re-cuts
+    what breaks the rule before the plan is written, in the room the devices have left.
+    The tier search fills the devices with caches (``TIER_PACKING_HEADROOM``), so that
+    re-cut seldom fits: with ``row_blocks="torchrec"`` and tables outside device memory,
+    the search keeps the rule as it places. Otherwise (``active`` false) every move and
+    placement is allowed."""
+
+    def __init__(self, sim: Simulator, pieces: list[Piece]):
+        keep = sim.row_blocks != "any" and sim.tiers is not None
+        self.groups = strip_groups(pieces) if keep else np.full(len(pieces), -1)
+        self.active = bool((self.groups >= 0).any())
+        self.local = sim.local_world_size if sim.local_world_size < sim.num_devices else None
+        self.size = np.bincount(self.groups[self.groups >= 0]) if self.active else np.zeros(0, dtype=np.int64)
+        self.where: dict[int, set[int]] = {}
+
+    def update(self, devices: np.ndarray) -> None:
+        """The devices each strip's blocks are on now."""
+        if not self.active:
+            return
+        self.where = {}
+        for piece in np.flatnonzero(self.groups >= 0).tolist():
+            self.where.setdefault(int(self.groups[piece]), set()).add(int(devices[piece]))
+
+    def allows(self, piece: int, target: int) -> bool:
+        """Whether ``piece`` may move to device ``target`` (its strip's other blocks where they are)."""
+        group = int(self.groups[piece]) if self.active else -1
+        if group < 0:
+            return True
+        taken = self.where[group]
+        if target in taken:
+            return False
+        if self.local is not None and self.size[group] == self.local:
+            hosts = {d // self.local for d in taken}
+            return len(hosts) > 1 or target // self.local in hosts
+        return True
+
+    def allows_all(self, pieces: np.ndarray, target: int) -> np.ndarray:
+        return np.array([self.allows(int(p), target) for p in pieces], dtype=bool)
+
+    def keeps(self, devices: np.ndarray) -> bool:
+        """Whether every strip's blocks are on distinct devices, one host's when there are ``L``."""
+        if not self.active:
+            return True
+        self.update(devices)
+        for group, taken in self.where.items():
+            if len(taken) < self.size[group]:
+                return False
+            if self.local is not None and self.size[group] == self.local and len({d // self.local for d in taken}) > 1:
+                return False
+        return True
+
+
 def _swap_candidates(sim: Simulator, ids: np.ndarray, devices: np.ndarray, slowest: int, loads: np.ndarray,
                      sizes: np.ndarray, used: np.ndarray, limits: np.ndarray, mask: np.ndarray | None,
-                     count: int, targets: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
+                     count: int, targets: np.ndarray, blocks: RowBlockRule | None = None
+                     ) -> list[tuple[tuple[int, int], ...]]:
     """Up to ``count`` exchanges of a piece of ``slowest`` with a piece of a device among
     ``targets``, ranked by how close the difference of their marginal costs comes to half
-    the two devices' gap (only exchanges that move work off ``slowest`` and fit memory),
-    as ``((piece, its new device), (other piece, slowest))``."""
+    the two devices' gap (only exchanges that move work off ``slowest`` and fit memory, and
+    that ``blocks`` allows), as ``((piece, its new device), (other piece, slowest))``."""
     involved = sorted({slowest, *targets.tolist()})
     sets = {d: np.flatnonzero(devices == d) for d in involved}
     keys = [tuple(sorted(ids[sets[d]].tolist())) for d in involved]
@@ -239,6 +304,8 @@ def _swap_candidates(sim: Simulator, ids: np.ndarray, devices: np.ndarray, slowe
                 & (used[slowest] - sizes[mine][:, None] + sizes[theirs][None, :] <= limits[slowest]))
         if mask is not None:
             fits &= mask[mine, d][:, None] & mask[theirs, slowest][None, :]
+        if blocks is not None and blocks.active:
+            fits &= blocks.allows_all(mine, d)[:, None] & blocks.allows_all(theirs, slowest)[None, :]
         ok = fits & (delta > 0) & (delta < gap)
         for a, b in zip(*np.nonzero(ok)):
             pairs.append((abs(delta[a, b] - gap / 2), int(mine[a]), int(theirs[b]), d))
@@ -330,7 +397,8 @@ def place_many(sim: Simulator, states: list[list[Piece]], memory_bytes: int,
         devices = greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.num_devices, memory_bytes,
                                widths=sim.cols_of(ids), caps=caps, groups=strip_groups(pieces),
                                host_size=sim.host_size, **sim.placement_rules(pieces))
-        distinct = {row.tobytes(): row for row in devices if row[0] >= 0}  # identical placements once
+        blocks = RowBlockRule(sim, pieces)  # the placer keeps row blocks apart only where memory allows
+        distinct = {row.tobytes(): row for row in devices if row[0] >= 0 and blocks.keeps(row)}  # each once
         candidates += [(ids, row) for row in distinct.values()]
         owners += [s] * len(distinct)
     out: list[Placement | None] = [None] * len(states)

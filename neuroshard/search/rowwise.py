@@ -251,6 +251,8 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
                     recut = None
                     break
                 recut += list(zip(cut, ranks))
+            if recut is not None and len(ranks) != local and len(strips) > 1:
+                recut = join_column_strips(recut)  # row_wise over all ranks is one strip: its strips side by side
             if recut is not None:
                 candidates.append(recut)
         free = np.full(num_devices, 1.0) * memory_bytes
@@ -276,10 +278,57 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
             if fits_memory(cand_devices, sizes, memory_bytes) and (allowed is None or allowed(cand_pieces,
                                                                                                 cand_devices)):
                 options.append((cost(cand_pieces, cand_devices), cand_pieces, cand_devices))
+        if not options:  # full devices (tiered plans fill them with caches): make room by moving whole tables
+            for option in candidates:
+                placed = make_room(rest, option, footprint, memory_bytes, num_devices)
+                if placed is None:
+                    continue
+                cand_pieces = [p for p, _ in placed]
+                cand_devices = np.array([d for _, d in placed], dtype=np.int64)
+                if allowed is None or allowed(cand_pieces, cand_devices):
+                    options.append((cost(cand_pieces, cand_devices), cand_pieces, cand_devices))
         if options:
             _, pieces, devices = min(options, key=lambda o: o[0])
             index = None
     return list(pieces), np.asarray(devices, dtype=np.int64)
+
+
+def make_room(rest: Sequence[tuple[Piece, int]], fixed: Sequence[tuple[Piece, int]], footprint: Footprint,
+              memory_bytes: int | np.ndarray, num_devices: int) -> list[tuple[Piece, int]] | None:
+    """``rest`` and ``fixed`` placed together (sorted), with pieces of ``rest`` moved off the
+    devices over memory until every device fits; None when that cannot be done. Only a
+    piece whose table is unsplit along rows in ``rest`` moves (a row block's rank is its
+    layout), each to the device with the most memory left that holds it: of an over-full
+    device's pieces, the smallest that alone brings the device under its memory, else the
+    largest."""
+    limits = np.broadcast_to(np.asarray(memory_bytes, dtype=np.float64), (num_devices,))
+    placed = [(p, int(d)) for p, d in [*rest, *fixed]]
+    sizes = np.array([footprint.of(p) for p, _ in placed], dtype=np.float64)
+    used = np.bincount([d for _, d in placed], weights=sizes, minlength=num_devices).astype(np.float64)
+    blocks: dict[tuple[int, int, int], int] = {}
+    for p, _ in rest:
+        blocks[(p.table, p.col_offset, p.num_cols)] = blocks.get((p.table, p.col_offset, p.num_cols), 0) + 1
+    split = {t for (t, _, _), n in blocks.items() if n > 1}
+    movable = [j < len(rest) and placed[j][0].table not in split for j in range(len(placed))]
+    for device in np.argsort(limits - used, kind="stable").tolist():  # the fullest first
+        while used[device] > limits[device]:
+            over = used[device] - limits[device]
+            moves = []
+            for j, (p, d) in enumerate(placed):
+                if d != device or not movable[j]:
+                    continue
+                room = limits - used
+                room[device] = -np.inf
+                target = int(room.argmax())
+                if room[target] >= sizes[j]:
+                    moves.append((sizes[j] < over, sizes[j] if sizes[j] >= over else -sizes[j], j, target))
+            if not moves:
+                return None
+            _, _, j, target = min(moves)
+            placed[j] = (placed[j][0], target)
+            used[device] -= sizes[j]
+            used[target] += sizes[j]
+    return sorted(placed)
 
 
 def split_for_memory(pieces: Sequence[Piece], memory_bytes: int, footprint: Footprint,
@@ -329,15 +378,15 @@ def halve_largest(pieces: Sequence[Piece], footprint: Footprint, row_splits: boo
                   counts: Sequence[int] | None = None,
                   allowed: Callable[[list[Piece]], bool] | None = None) -> list[Piece] | None:
     """The pieces with the largest splittable one's strip halved along columns, else its
-    table re-cut into twice the row blocks; None when nothing can be split further.
-    ``counts``: the block counts tried first (the search's, ``Simulator.row_block_counts``);
+    table re-cut into more row blocks; None when nothing can be split further.
+    ``counts``: the only block counts a table is re-cut into (the search's,
+    ``Simulator.row_block_counts``: with ``row_blocks="torchrec"`` the counts TorchRec runs,
+    so a split made here to fit memory is one the exporter takes); None: twice the blocks.
     ``allowed`` (per-table constraints, ``Simulator.allowed``) skips splits it refuses."""
     for i in sorted(range(len(pieces)), key=lambda i: -footprint.of(pieces[i])):
         splits = [halve_strip_cols(pieces, i)]
-        if row_splits and counts:  # the search's block counts first
-            splits.append(split_table_rows(pieces, i, valid_parts=counts))
         if row_splits:
-            splits.append(split_table_rows(pieces, i))
+            splits.append(split_table_rows(pieces, i, valid_parts=counts) if counts else split_table_rows(pieces, i))
         if row_splits and footprint.prefers_row_splits(pieces[i]):  # a cached table: rows before columns
             splits = splits[1:] + splits[:1]
         for split in splits:
