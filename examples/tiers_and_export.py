@@ -7,7 +7,8 @@
 keep a table's rows in host memory behind a device cache it sizes from the table's
 locality (its Zipf exponent here); such a table exports to TorchRec as
 ``fused_uvm_caching`` with its cache's share of rows as ``load_factor`` (``fused_uvm``
-without a cache, ``key_value`` on SSD with ``--ssd``). The same on the command line::
+without a cache; a table on SSD, ``search --ssd``, as ``key_value``). The same on the
+command line::
 
     neuroshard capacity tables.json -m 8GiB --local-world-size 4 --host-memory 256GiB --slowdown 1.5 -o capacity.json
     neuroshard search tables.json -d 4 -m 8GiB --host-memory 256GiB -o plan.json
@@ -41,7 +42,6 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=4, help="devices of the tiered plan (one host)")
     parser.add_argument("--memory", default="8GiB", help="memory per device for the tables")
     parser.add_argument("--host-memory", default="256GiB", help="host memory per host for the tables")
-    parser.add_argument("--ssd", default=None, help="SSD per host for the tables (e.g. 4TiB; default none)")
     parser.add_argument("--slowdown", type=float, default=1.5,
                         help="capacity: how much slower a tiered plan may be than all in device memory")
     parser.add_argument("--out", type=Path, default=Path("out/examples/tiers_and_export"))
@@ -53,12 +53,12 @@ def main() -> None:
 
     # 1. How many devices: all rows in device memory, against rows in host memory behind caches
     #    (whole hosts of 4 devices; the tiered plan may be estimated at most --slowdown slower).
-    report = plan_capacity(tables, args.memory, local_world_size=4, host_memory=args.host_memory, ssd=args.ssd,
+    report = plan_capacity(tables, args.memory, local_world_size=4, host_memory=args.host_memory,
                            slowdown=args.slowdown)
     print(f"\n== capacity\n{describe(report)}")
 
-    # 2. A plan for the devices you have: the host memory (and SSD) each host gives the tables.
-    topology = make_topology(args.devices, host_memory_bytes=args.host_memory, ssd_bytes=args.ssd)
+    # 2. A plan for the devices you have: the host memory each host gives the tables.
+    topology = make_topology(args.devices, host_memory_bytes=args.host_memory)
     plan = neuroshard.shard(tables, devices=args.devices, memory=args.memory, topology=topology)
     plan.write(args.out / "plan.json")
     print(f"\n== search on {args.devices} devices\n{plan.format_summary()}")
@@ -71,7 +71,8 @@ def main() -> None:
     for name, record in exported["tables"].items():
         cache = record.get("cache_params", {})
         extra = f", cache load_factor {cache['load_factor']:g} ({cache['algorithm']})" if cache else ""
-        print(f"  {name:<4} {record['sharding_type']:<12} on ranks {record['ranks']}: {record['compute_kernel']}{extra}")
+        kind, ranks, kernel = record["sharding_type"], record["ranks"], record["compute_kernel"]
+        print(f"  {name:<4} {kind:<12} on ranks {ranks}: {kernel}{extra}")
 
 
 if __name__ == "__main__":
