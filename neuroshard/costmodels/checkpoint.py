@@ -10,6 +10,13 @@ a model is built by its constructor from ``hparams``, then given its fitted stat
 Format v1 files (normalisation as loose fields, trees pickled) read through each
 class's ``upgrade_v1``; v1 tree models are refused (a pickle is code, not data).
 
+Every file written carries ``checksum``: ``sha256:`` and the SHA-256 of the rest of the
+dict in a canonical form (``state_checksum``: each tensor's name, dtype, shape and bytes in
+key order, then the JSON of everything else), computed the same way on save and on load. A
+file whose contents no longer match is refused as damaged (a zeroed block, overwritten
+weights: they would otherwise load and move every estimate); a file written before
+checksums loads with a note, once per file in a process.
+
 Model classes register themselves under their class name, the name checkpoints store
 (``register_model``, a class decorator, also in ``base``): the package's classes where
 they are defined, a user's class in the user's module (imported before its checkpoint is
@@ -17,10 +24,13 @@ read).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import io
+import json
 import logging
 import math
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,6 +53,9 @@ MAX_CHECKPOINT_BYTES = 2**30
 SHIPPED_CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 
 CHECKPOINT_FORMAT = "neuroshard.costmodels/v2"
+#: the field holding ``"sha256:" + state_checksum(the rest)``
+CHECKSUM_FIELD = "checksum"
+CHECKSUM_PREFIX = "sha256:"
 #: the older format still read (each model's state upgraded by its class)
 CHECKPOINT_FORMAT_V1 = "neuroshard.costmodels/v1"
 #: the package's modules whose model classes register themselves, imported in this order
@@ -121,7 +134,8 @@ def plain(value: Any) -> Any:
 
 def model_entry(model: ComputeCostModel | CommCostModel) -> dict:
     name = type(model).__name__
-    if model_class(name) is not type(model):
+    registered = model_class(name)
+    if registered is None or not isinstance(model, registered):  # it loads back as the class of its name
         raise NeuroShardError(f"cannot checkpoint a {name}: not one of {sorted(MODEL_CLASSES)} "
                               f"(a class registers with costmodels.base.register_model)")
     state = model.state_dict()
@@ -152,6 +166,71 @@ def model_from_entry(entry: dict, where: str, fmt: str = CHECKPOINT_FORMAT) -> A
     return model
 
 
+def _canonical(value: Any, name: str, digest: Any) -> Any:
+    """``value`` with every tensor replaced by its name, dtype and shape (its bytes fed to
+    ``digest`` in the order met: dict keys sorted); dict keys as their JSON text."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        header = json.dumps([name, str(tensor.dtype), list(tensor.shape)])
+        data = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        digest.update(f"{len(header)}:{header}{len(data)}:".encode())
+        digest.update(data)
+        return {"tensor": name, "dtype": str(tensor.dtype), "shape": list(tensor.shape)}
+    if isinstance(value, dict):
+        keys = {json.dumps(k, default=repr): k for k in value}
+        return {text: _canonical(value[keys[text]], f"{name}/{text}", digest) for text in sorted(keys)}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v, f"{name}[{i}]", digest) for i, v in enumerate(value)]
+    return value
+
+
+def state_checksum(payload: Mapping) -> str:
+    """``sha256:<hex>`` of ``payload`` without its ``checksum`` field: every tensor's name
+    (its path of keys), dtype, shape and bytes in sorted-key order, then the JSON of the
+    non-tensor fields (tensors shown by name, dtype and shape)."""
+    digest = hashlib.sha256()
+    rest = {k: v for k, v in payload.items() if k != CHECKSUM_FIELD}
+    skeleton = _canonical(rest, "", digest)
+    digest.update(json.dumps(skeleton, sort_keys=True, separators=(",", ":"), default=repr).encode())
+    return CHECKSUM_PREFIX + digest.hexdigest()
+
+
+#: checkpoints read without a checksum in this process (the note about them is given once)
+_NOTED_UNCHECKED: set[str] = set()
+
+
+def check_checksum(payload: dict, path: str | Path) -> None:
+    """NeuroShardError naming ``path`` when ``payload``'s stored checksum is not its own; a
+    payload without one (written before checksums) passes with a note, once per file."""
+    stored = payload.get(CHECKSUM_FIELD)
+    if stored is None:
+        key = str(Path(path).resolve())
+        if key not in _NOTED_UNCHECKED:
+            _NOTED_UNCHECKED.add(key)
+            log.warning("%s: this checkpoint carries no checksum (written before checksums), so damage to it "
+                        "would go unnoticed; saving it again adds one", path)
+        return
+    try:
+        computed = state_checksum(payload)
+    except (TypeError, ValueError, RuntimeError) as exc:  # a tensor of a kind no checkpoint holds (sparse, quantized)
+        raise NeuroShardError(f"{path}: not a cost-model checkpoint ({type(exc).__name__} reading its "
+                              f"contents)") from None
+    if stored != computed:
+        shown = f"stored {stored[:19]}..." if isinstance(stored, str) else f"stored a {type(stored).__name__}"
+        raise NeuroShardError(f"{path}: checksum mismatch: the file is damaged ({shown}, contents {computed[:19]}...); "
+                              f"pre-train or calibrate it again, or restore it from a copy")
+
+
+def _torch_load(data: bytes) -> Any:
+    """``torch.load(weights_only=True)`` of ``data`` on CPU, without torch's warning about a
+    pickle protocol it does not expect (a file that is not a checkpoint gets our one line)."""
+    import torch
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
 def save_cost_models(models: CostModels, path: str | Path) -> Path:
     """Write ``models`` to ``path`` atomically (a crash leaves the old file or the new one)."""
     payload = {
@@ -170,10 +249,17 @@ def save_cost_models(models: CostModels, path: str | Path) -> Path:
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     try:  # what is written must be data: refuse to write a file that would need unpickling to read
-        torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+        loaded = _torch_load(buffer.getvalue())
     except Exception as exc:
         raise NeuroShardError(f"cannot checkpoint cost models '{models.name}': their state is not plain data "
                               f"({type(exc).__name__})") from None
+    # The checksum of what a load will see (tensors on CPU, as read back), stored with it.
+    payload[CHECKSUM_FIELD] = state_checksum(loaded)
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    if state_checksum(_torch_load(buffer.getvalue())) != payload[CHECKSUM_FIELD]:  # a load must find the same
+        raise NeuroShardError(f"cannot checkpoint cost models '{models.name}': their checksum is not the same "
+                              f"once read back")
     path = atomic_write_bytes(path, buffer.getvalue())
     log.info("wrote cost models %s (%.1f kB)", path, path.stat().st_size / 1024)
     return path
@@ -190,20 +276,25 @@ def shipped_checkpoint(path: str | Path) -> Path:
 
 
 def read_checkpoint(path: str | Path) -> dict:
-    """The raw checkpoint dict, after checking its format and feature schema. A bare name
-    (``cpu-default``) reads the shipped checkpoint of that name."""
+    """The raw checkpoint dict, after checking its format and feature schema (its checksum is
+    checked by ``load_parts``, once its models are built). A bare name (``cpu-default``) reads
+    the shipped checkpoint of that name."""
     path = shipped_checkpoint(path)
     if not path.exists():
         raise NeuroShardError(f"{path}: no such cost-model checkpoint")
-    import torch
     try:
         raw = read_bounded(path, MAX_CHECKPOINT_BYTES, "cost-model checkpoint", text=False)
     except OSError as exc:
         raise NeuroShardError(f"{path}: cannot read the cost-model checkpoint ({os_reason(exc)})") from None
     try:
-        payload = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        payload = _torch_load(raw)
     except Exception as exc:  # torch raises many kinds for a file that is not a checkpoint
-        raise NeuroShardError(f"{path}: not a cost-model checkpoint ({type(exc).__name__})") from None
+        import pickle
+        # a torch file (a zip) that torch cannot read, rather than a pickle of something else
+        damaged = raw[:4] == b"PK\x03\x04" and not isinstance(exc, pickle.UnpicklingError)
+        raise NeuroShardError(f"{path}: not a cost-model checkpoint" + (
+            f", or a damaged one ({type(exc).__name__}); pre-train or calibrate it again, or restore it from a copy"
+            if damaged else f" ({type(exc).__name__})")) from None
     if not isinstance(payload, dict) or payload.get("format") not in (CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_V1):
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise NeuroShardError(f"{path}: format is {found!r}; this version of neuroshard reads {CHECKPOINT_FORMAT!r}")
@@ -236,11 +327,21 @@ def read_checkpoint(path: str | Path) -> dict:
 def load_parts(path: str | Path, payload: dict | None = None) -> dict:
     """The keyword arguments of ``CostModels`` read from a checkpoint written by
     ``save_cost_models`` (``CostModels.load`` builds the bundle from them); ``payload``:
-    ``read_checkpoint(path)``'s dict when the caller has read it already."""
+    ``read_checkpoint(path)``'s dict when the caller has read it already. NeuroShardError
+    when the file's checksum is not its contents' (``check_checksum``)."""
     payload = read_checkpoint(path) if payload is None else payload
     fmt = payload["format"]
-    return dict(compute=model_from_entry(payload["compute"], str(path), fmt),
-                comm=model_from_entry(payload["comm"], str(path), fmt),
-                batch_size=int(payload["batch_size"]), hardware=payload.get("hardware", {}),
-                name=payload.get("name", Path(path).stem), metrics=payload.get("metrics", {}),
-                data_summary=payload.get("data_summary", {}), path=Path(path))
+    parts = dict(compute=model_from_entry(payload["compute"], str(path), fmt),
+                 comm=model_from_entry(payload["comm"], str(path), fmt),
+                 batch_size=int(payload["batch_size"]), hardware=payload.get("hardware", {}),
+                 name=payload.get("name", Path(path).stem), metrics=payload.get("metrics", {}),
+                 data_summary=payload.get("data_summary", {}), path=Path(path))
+    try:
+        check_checksum(payload, shipped_checkpoint(path))
+    except NeuroShardError:
+        # The checksum is the last word: what is wrong in the contents, when something is
+        # (a field above, models predicting NaN), is the more useful line; else the damage.
+        from .base import CostModels
+        CostModels(**parts).check_predictions()
+        raise
+    return parts
