@@ -23,6 +23,7 @@ module on first use of ``NeuroShardPlanner`` or ``tables_from_module``).
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Collection, Mapping
@@ -77,6 +78,9 @@ FUSED, DENSE = EmbeddingComputeKernel.FUSED.value, EmbeddingComputeKernel.DENSE.
 #: ``ParameterConstraints`` fields that set the kernel, not the placement: copied into the
 #: ``ParameterSharding`` of their table as TorchRec's planner copies them
 KERNEL_SETTINGS = ("cache_params", "enforce_hbm", "stochastic_rounding", "bounds_check_mode", "output_dtype")
+#: the search's advice when the tables do not fit, in CLI flags (``constraints.check_capacity``)
+_CAPACITY_ADVICE = re.compile(r"\(need at least (\d+) devices of this memory, or state host memory --host-memory "
+                              r"or SSD --ssd[^)]*\)")
 #: ``shard`` options the planner sets from TorchRec's objects (not to be given as search options)
 FROM_TORCHREC = ("topology", "optimizer", "bytes_per_element", "devices", "memory", "tables")
 
@@ -405,9 +409,12 @@ class NeuroShardPlanner(ShardingPlanner):
         bytes_per_element = _one(tables, "weights precision", _bytes_per_element)
         memory = self._memory()
         models = self._models()
-        plan = neuroshard_shard(tables, world, memory, self._algorithm, models, bytes_per_element, self._seed,
-                                self._calibrate, topology=self._our_topology(), optimizer=optimizer,
-                                **self._options)
+        try:
+            plan = neuroshard_shard(tables, world, memory, self._algorithm, models, bytes_per_element, self._seed,
+                                    self._calibrate, topology=self._our_topology(), optimizer=optimizer,
+                                    **self._options)
+        except InfeasibleError as exc:  # the search's advice names CLI flags; say this planner's arguments
+            raise InfeasibleError(self._planner_advice(str(exc))) from None
         sharding_plan = self._sharding_plan(plan)
         self.last_plan = plan
         self.last_comparison = None
@@ -466,6 +473,17 @@ class NeuroShardPlanner(ShardingPlanner):
         hbm = self._topology.compute_device == "cuda"
         return [int(d.storage.hbm if hbm else d.storage.ddr) for d in self._topology.devices]
 
+    def _planner_advice(self, message: str) -> str:
+        """``message`` with the search's advice in CLI flags (more devices, or host memory or
+        SSD behind device caches, which this planner does not plan) said in the arguments a
+        NeuroShardPlanner user changes: the Topology's world_size and memory cap, and the
+        storage reservation."""
+        kind = "hbm" if self._topology.compute_device == "cuda" else "ddr"
+        return _CAPACITY_ADVICE.sub(
+            lambda m: f"(need at least {m.group(1)} ranks of this memory: the Topology's world_size; or more "
+                      f"memory per rank: its {kind}_cap, of which storage_reservation keeps back "
+                      f"{self._reservation:g})", message)
+
     def _memory(self) -> int | list[int]:
         """Memory per device for the tables: capacity x (1 - storage reservation)."""
         sizes = [int(c * (1.0 - self._reservation)) for c in self._capacities()]
@@ -514,7 +532,8 @@ class NeuroShardPlanner(ShardingPlanner):
                                       topology=self._our_topology(), optimizer=optimizer,
                                       compute_device=self._topology.compute_device)
         except InfeasibleError as exc:
-            return TorchRecComparison(ours, None, len(plan.shards), None, str(exc).splitlines()[0])
+            why = self._planner_advice(str(exc).splitlines()[0])
+            return TorchRecComparison(ours, None, len(plan.shards), None, why)
         return TorchRecComparison(ours, float(theirs.estimate["max_device_cost_ms"]), len(plan.shards),
                                   len(theirs.shards))
 
