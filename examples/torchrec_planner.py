@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -108,7 +109,9 @@ def train(rank: int, world_size: int, local_world_size: int, args: argparse.Name
                                   lambda params: torch.optim.SGD(params, lr=args.lr))
     optimizer = CombinedOptimizer([model.fused_optimizer, dense])
     if rank == 0:
-        print(planner.last_plan.format_summary())
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = planner.last_plan.write(args.out / "plan.json")  # `neuroshard plan show` reads it
+        print(f"{planner.last_plan.format_summary()}\nwrote {path}")
         for name, sharding in plan.plan["sparse"].items():
             print(f"  {name:<13} {sharding.sharding_type:<12} ranks {sharding.ranks}  kernel {sharding.compute_kernel}")
         print(planner.last_comparison.format())
@@ -144,6 +147,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="samples per rank and step")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--out", type=Path, default=Path("out/examples/torchrec_planner"),
+                        help="folder for our plan file")
     args = parser.parse_args()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun: one rank of it
         world_size = int(os.environ["WORLD_SIZE"])

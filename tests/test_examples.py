@@ -69,11 +69,12 @@ def test_tiers_and_export_prints_each_tables_kernel(tmp_path):
 @pytest.mark.torchrec
 @pytest.mark.gloo
 @pytest.mark.slow
-def test_torchrec_planner_script_trains_in_dmp_and_prints_the_comparison():
+def test_torchrec_planner_script_trains_in_dmp_and_prints_the_comparison(tmp_path):
     """The complete DMP script on 2 spawned gloo processes: planned by NeuroShardPlanner,
     its comparison with TorchRec's plan printed, training steps run."""
     pytest.importorskip("torchrec.distributed.planner")
-    out = run_example("torchrec_planner.py", "--steps", "2")
+    out = run_example("torchrec_planner.py", "--steps", "2", "--out", tmp_path)
+    assert Plan.read(tmp_path / "plan.json").num_devices == 2
     assert "TorchRec's EmbeddingShardingPlanner on the same task" in out.stdout
     assert "plan for 'RecModel': 8 tables" in out.stdout
     assert "step 1: loss" in out.stdout and "trained 2 steps on 2 ranks with NeuroShard's plan" in out.stdout
