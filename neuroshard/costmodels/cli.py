@@ -186,7 +186,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     here.add_argument("--size", choices=("default", "tiny"), default=None,
                       help="default, or tiny: a smoke test of the command (a minute or two) whose model is not "
                            "worth searching with")
-    here.add_argument("--compute-sets", type=int_in(16, 10**6, "a set count >= 16"), default=None, metavar="N",
+    here.add_argument("--compute-sets", type=int_in(18, 10**6, "a set count >= 18"), default=None, metavar="N",
                       help="shard sets to measure in all (default: as many as the compute share of the budget "
                            "allows)")
     here.add_argument("--comm-sets", type=int_in(6, 10**6, "a sample count >= 6"), default=None, metavar="N",

@@ -23,9 +23,17 @@ the machine's fingerprint matches:
    families' configurations, priced with the model of stage 3.
 
 The families ``HELD_OUT_FAMILIES`` (criteo-kaggle, criteo-terabyte, hot-few) are never
-collected: they are the held-out families of the benchmark that judges the model. (The dense
-stage's data-loading timings draw their tables from that benchmark's own family mix,
-``costmodels.measure.dense.INPUT_FAMILIES``.)
+collected: they are the held-out families of the benchmark that judges the model. The one
+exception is the dense stage's timing of a rank's data loading, which uses the operator
+benchmark's own mix of tables (``costmodels.measure.dense.INPUT_FAMILIES``, criteo-kaggle and
+hot-few tables among them): it prices the iteration model's input pipeline, not the embedding
+costs that benchmark judges.
+
+The collections stop when their share of the budget is spent (or at ``--compute-sets`` /
+``--comm-sets``); the operator benchmark and the overhead runs are sized from their shares at
+the pace of a quiet 2-core machine (``DENSE_FULL_SECONDS``, ``OVERHEAD_CONFIG_SECONDS``)
+divided by this machine's pace now (``machine_pace``: a loaded machine measures less), the
+overhead runs also within what the run has left.
 
 Every stage resumes: collections continue their folders (``collect`` skips what is on disk),
 the operator benchmark measures only the parts its file lacks, and a stage whose outputs are
@@ -56,7 +64,7 @@ from ..costmodels.measure import store
 from ..costmodels.measure.dense import PARTS as DENSE_PARTS
 from ..costmodels.measure.dense import collect_dense
 from ..costmodels.metrics import gmae
-from ..costmodels.pretrain import MIN_SETS, ComputeData, PretrainResult, format_table, parity_plot, pretrain
+from ..costmodels.pretrain import ComputeData, PretrainResult, format_table, parity_plot, pretrain
 from ..datasets.families import generate
 from ..errors import NeuroShardError
 from ..io import atomic_write_text
@@ -80,13 +88,16 @@ DENSE_FULL_SECONDS = 300.0
 MIN_DENSE_FRACTION = 0.2
 #: one overhead configuration (4 plans trained together, 12 iterations) on a 2-core machine
 OVERHEAD_CONFIG_SECONDS = 25.0
+#: the slowest pace ``machine_pace`` reports
+MAX_PACE = 10.0
 #: a collection stops at this many samples if its time share has not stopped it before
 CEILING_COMPUTE_SETS = 2000
 CEILING_COMM_SAMPLES = 300
 #: fewest exchange samples per device count (a fifth is held out; the tree model needs 4 to fit)
 MIN_COMM_SAMPLES = 6
-#: fewest shard sets (``costmodels.pretrain.MIN_SETS``)
-MIN_COMPUTE_SETS = MIN_SETS
+#: fewest shard sets a fit takes (``costmodels.pretrain`` holds out a fifth, then validates on 10 of
+#: the rest, and a neural model fits on 4 at least)
+MIN_COMPUTE_SETS = 18
 #: the most processes the exchange is timed at
 MAX_COMM_DEVICES = 4
 #: a plain progress line in a log at most this often (seconds)
@@ -164,11 +175,35 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+def dense_fraction(seconds: float) -> float:
+    """The share of ``collect dense``'s full size that ``seconds`` buy (``DENSE_FULL_SECONDS`` for all)."""
+    return float(np.clip(seconds / DENSE_FULL_SECONDS, MIN_DENSE_FRACTION, 1.0))
+
+
 def dense_size(seconds: float) -> dict:
-    """``collect dense``'s sample counts scaled to ``seconds`` (its full size at ``DENSE_FULL_SECONDS``)."""
-    f = float(np.clip(seconds / DENSE_FULL_SECONDS, MIN_DENSE_FRACTION, 1.0))
+    """``collect dense``'s sample counts (and collective rounds) scaled to ``seconds``."""
+    f = dense_fraction(seconds)
     return {"layers": {"count": max(12, round(240 * f))}, "optimizer": {"count": max(6, round(40 * f))},
-            "input": {"count": max(6, round(60 * f))}, "collectives": {}, "embedding_split": {"count": max(3, round(30 * f))}}
+            "input": {"count": max(6, round(60 * f))}, "collectives": {"rounds": max(2, round(5 * f))},
+            "embedding_split": {"count": max(3, round(30 * f))}}
+
+
+def machine_pace(probes: int = 5, seconds: float = 0.3) -> float:
+    """How much slower than its own CPU time a single-threaded loop runs now (the median of
+    ``probes`` loops of ``seconds``): 1 on an idle core, about the runnable threads per core on a
+    loaded machine (3-4 on this project's shared 2-core VM at load 7-10). The stages that are
+    sized rather than timed (the operator benchmark, the overhead runs) divide their share by
+    it, so a loaded machine measures less instead of overrunning the budget. At most
+    ``MAX_PACE``."""
+    paces = []
+    for _ in range(probes):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        x = 0
+        while time.perf_counter() - wall < seconds:
+            for i in range(10_000):
+                x += i
+        paces.append((time.perf_counter() - wall) / max(time.thread_time() - cpu, 1e-6))
+    return float(np.clip(np.median(paces), 1.0, MAX_PACE))
 
 
 def split_count(total: int, weights: Sequence[float]) -> list[int]:
@@ -368,6 +403,7 @@ class HereResult:
     in_all: dict = field(default_factory=dict)         # stage -> samples on disk
     seconds: dict = field(default_factory=dict)        # stage -> seconds this run
     skipped: list = field(default_factory=list)        # stages up to date, not run
+    pace: dict = field(default_factory=dict)           # stage -> machine_pace() when it was sized
     report: str = ""
 
     @property
@@ -487,7 +523,14 @@ def pretrain_here(minutes: float = DEFAULT_MINUTES, *, size: str = "default", ba
 
     # 3. fit
     compute_folders = [f for f in compute_folders if _count(f, store.COMPUTE_FILE)]
-    comm_folders = [f for f in comm_folders if _count(f, store.COMM_FILE)]
+    sets = sum(_count(f, store.COMPUTE_FILE) for f in compute_folders)
+    if sets < MIN_COMPUTE_SETS:
+        raise NeuroShardError(f"{sets} shard sets measured, {MIN_COMPUTE_SETS} needed to fit: give more --minutes "
+                              f"(a rerun continues where this one stopped)")
+    for f in [f for f in comm_folders if _count(f, store.COMM_FILE) < MIN_COMM_SAMPLES]:
+        log.warning("%s: %d exchange samples, fewer than the %d a fit needs: not fitted (give more --minutes; a "
+                    "rerun continues)", f, _count(f, store.COMM_FILE), MIN_COMM_SAMPLES)
+    comm_folders = [f for f in comm_folders if _count(f, store.COMM_FILE) >= MIN_COMM_SAMPLES]
     signature = {"profile": profile.name, "epochs": epochs, "ensemble": ensemble, "test_tables": test_tables,
                  "tune": tune, "seed": seed,
                  "compute": {f.name: _count(f, store.COMPUTE_FILE) for f in compute_folders},
@@ -512,11 +555,14 @@ def pretrain_here(minutes: float = DEFAULT_MINUTES, *, size: str = "default", ba
     # 4. dense
     dense_path = data / "operators-dense.json"
     stage_started = time.monotonic()
-    size_dict = profile.dense if profile.dense is not None else dense_size(share("dense"))
     done_parts = _dense_parts(dense_path)
     if set(DENSE_PARTS) <= done_parts:
         result.skipped.append("dense")
     else:
+        size_dict = profile.dense
+        if size_dict is None:
+            result.pace["dense"] = machine_pace()
+            size_dict = dense_size(share("dense") / result.pace["dense"])
         with Progress(progress, "dense: the operators of a training step", len(DENSE_PARTS), len(done_parts),
                       unit="part", deadline=time.monotonic() + share("dense"), run_deadline=run_deadline) as bar:
             timed: list[str] = []
@@ -532,18 +578,25 @@ def pretrain_here(minutes: float = DEFAULT_MINUTES, *, size: str = "default", ba
     result.seconds["dense"] = time.monotonic() - stage_started
     operators = OperatorModels.read(dense_path)
 
-    # 5. overheads
+    # 5. overheads: as many configurations as the share buys at this pace, and no more than the run has left
     operators_path = folder / store.MACHINE_OPERATORS_FILE
-    configs = choose_overhead_configs(overhead_configs, profile, share("overheads"))
     overhead_signature = {"model": signature, "dense_samples": len(operators.samples_),
-                          "configs": [list(map(str, c[:3])) + [c[4], c[5]] for c in configs],
                           "iterations": profile.overhead_iterations}
+    up_to_date = operators_path.exists() and (state.get("overheads") or {}).get("signature") == overhead_signature
+    configs: list[tuple] = []
+    if overheads is not None and not up_to_date:
+        room = min(share("overheads"),
+                   run_deadline - time.monotonic() - 60.0 * minutes * (1.0 - sum(SHARES.values())))
+        if profile.overhead_configs is None:
+            result.pace["overheads"] = machine_pace()
+            room /= result.pace["overheads"]
+        configs = choose_overhead_configs(overhead_configs, profile, room)
     stage_started = time.monotonic()
-    if overheads is None or not configs:
+    if overheads is None or (not up_to_date and not configs):
         operators.save(operators_path)
         state["overheads"] = {"signature": None}
         result.skipped.append("overheads")
-    elif operators_path.exists() and (state.get("overheads") or {}).get("signature") == overhead_signature:
+    elif up_to_date:
         result.skipped.append("overheads")
     else:
         with Progress(progress, "overheads: real training runs", len(configs), unit="run",
@@ -560,12 +613,14 @@ def pretrain_here(minutes: float = DEFAULT_MINUTES, *, size: str = "default", ba
                 spend("overheads", time.monotonic() - stage_started)
             bar.update(len(configs))
         fitted.save(operators_path)
-        state["overheads"] = {"signature": overhead_signature, "runs": len(configs)}
+        state["overheads"] = {"signature": overhead_signature, "runs": len(configs),
+                              "configs": [f"{c[0]}, {c[1]} tables, {c[5]} processes" for c in configs]}
     write_state(folder, state)
     result.seconds["overheads"] = time.monotonic() - stage_started
 
     # 6. report
     state["last_run"] = {"seconds": {k: round(v, 1) for k, v in result.seconds.items()},
+                         "pace": {k: round(v, 2) for k, v in result.pace.items()},
                          "wall_s": round(time.monotonic() - started, 1), "minutes": minutes,
                          "measured_now": result.measured_now, "skipped": result.skipped,
                          "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -608,7 +663,8 @@ def _dense_parts(path: Path) -> set:
 def choose_overhead_configs(configs: Sequence[tuple], profile: Profile, seconds: float) -> list[tuple]:
     """The overhead configurations of the training families (a configuration is ``(family,
     tables, seed, model, batch, processes)``), alternating process counts, as many as
-    ``seconds`` buys (``OVERHEAD_CONFIG_SECONDS`` each, 2 at least) or the profile fixes."""
+    ``seconds`` buy (``OVERHEAD_CONFIG_SECONDS`` each, 2 at least: one per process count) or
+    the profile fixes."""
     allowed = [c for c in configs if c[0] in TRAINING_FAMILIES]
     by_ranks: dict[int, list[tuple]] = {}
     for c in allowed:
@@ -618,7 +674,7 @@ def choose_overhead_configs(configs: Sequence[tuple], profile: Profile, seconds:
     for i in range(max((len(x) for x in lists), default=0)):
         order += [x[i] for x in lists if i < len(x)]
     count = (profile.overhead_configs if profile.overhead_configs is not None
-             else max(2, int(seconds // OVERHEAD_CONFIG_SECONDS)))
+             else max(2, int(max(seconds, 0.0) // OVERHEAD_CONFIG_SECONDS)))
     return order[:count]
 
 
@@ -628,8 +684,6 @@ def _fit(compute_folders: Sequence[Path], comm_folders: Sequence[Path], folder: 
     """``costmodels.pretrain`` on the machine's data; the bundle named and marked as this
     machine's, saved with its parity plot; and what the report needs (held-out errors per
     family and model kind, the shipped checkpoint's on the same sets)."""
-    if not compute_folders:
-        raise NeuroShardError("no shard sets were measured: rerun with more --minutes")
     result = pretrain(compute_folders, comm_folders, out=None, tune=tune, epochs=epochs, test_tables=test_tables,
                       seed=seed, refit=True, ensemble=ensemble)
     models = result.models
@@ -704,7 +758,8 @@ def format_report(state: dict, folder: Path, operators: OperatorModels) -> str:
              f"machine: {store.describe_fingerprint(fingerprint)}",
              f"folder: {folder}",
              f"training families (collected): {', '.join(TRAINING_FAMILIES)}; held out (never collected: the "
-             f"benchmark that judges the model uses them): {', '.join(HELD_OUT_FAMILIES)}", ""]
+             f"benchmark that judges the model uses them): {', '.join(HELD_OUT_FAMILIES)} (the operator benchmark "
+             f"times a rank's data loading on its own mix of tables, these among them)", ""]
     if summary:
         lines.append(f"compute: {summary.get('shard_sets')} shard sets over {summary.get('source_tables')} tables "
                      f"({summary.get('shards_per_set_mean', 0):.1f} shards a set on average, "
@@ -737,7 +792,9 @@ def format_report(state: dict, folder: Path, operators: OperatorModels) -> str:
     if last:
         lines += ["", f"last run: {last.get('wall_s', 0) / 60:.1f} minutes of a {last.get('minutes')}-minute budget; "
                       + ", ".join(f"{k} {v:.0f} s" for k, v in (last.get("seconds") or {}).items())
-                      + (f"; up to date, not run again: {', '.join(last['skipped'])}" if last.get("skipped") else "")]
+                      + (f"; up to date, not run again: {', '.join(last['skipped'])}" if last.get("skipped") else "")
+                      + ("; pace (wall clock over CPU time of a loop: 1 on an idle machine) "
+                         + ", ".join(f"{k} {v:.1f}" for k, v in last["pace"].items()) if last.get("pace") else "")]
     spent = state.get("spent_s") or {}
     if spent:
         lines.append("seconds spent in all runs: " + ", ".join(f"{k} {v:.0f}" for k, v in spent.items()))
