@@ -21,6 +21,7 @@ from .validate import (
     MAX_NUM_EMBEDDINGS,
     MAX_POOLING_FACTOR,
     MAX_TABLES,
+    check_format,
     check_name,
     is_int,
     is_number,
@@ -58,6 +59,8 @@ class Table:
         """Read one entry of the ``tables`` list; ``where`` names it in errors."""
         if not isinstance(data, Mapping):
             raise FormatError(f"{where}: must be an object, got {type(data).__name__}")
+        if "name" not in data:
+            raise _missing(where, "name", data, _TABLE_KEYS, "table")
         name = check_name(data.get("name"), where)
         where = f"{where} '{name}'"
         for key, check, what, high, limit in (
@@ -69,7 +72,7 @@ class Table:
              "MAX_POOLING_FACTOR"),
         ):
             if key not in data:
-                raise FormatError(f"{where}: field '{key}' is missing")
+                raise _missing(where, key, data, _TABLE_KEYS, "table")
             if not check(data[key]):
                 raise FormatError(f"{where}: field '{key}' must be {what}, got {data[key]!r}")
             if data[key] > high:
@@ -126,6 +129,19 @@ def _like(key: str, known: tuple[str, ...]) -> str | None:
     return close[0] if close else None
 
 
+def _typo(key: str, data: Mapping, known: tuple[str, ...]) -> str | None:
+    """An unknown key of ``data`` that looks like a misspelling of ``key`` (``_like``), or None."""
+    return next((k for k in data if k not in known and isinstance(k, str) and _like(k, (key,))), None)
+
+
+def _missing(where: str, key: str, data: Mapping, known: tuple[str, ...], what: str) -> FormatError:
+    """The error of a required ``key`` missing from ``data``, with the did-you-mean optional
+    keys get when an unknown key of ``data`` looks like a misspelling of it (``_typo``)."""
+    typo = _typo(key, data, known)
+    hint = f" (the {what} has '{typo}': did you mean '{key}'?)" if typo is not None else ""
+    return FormatError(f"{where}: field '{key}' is missing{hint}")
+
+
 def _warn_unknown_keys(source: str, has_batch: bool, tables: list["Table"], extra: dict) -> None:
     """One warning per finding, for the whole file (docs/formats.md): no ``batch_size``; a key
     of the file or of a table that looks like a misspelt known key (other extra keys are
@@ -175,9 +191,10 @@ class TableSet:
     def from_dict(cls, data: Any, source: str = "<tables>", base_dir: Path | None = None) -> "TableSet":
         if not isinstance(data, Mapping):
             raise FormatError(f"{source}: a tables file must be a JSON object")
-        fmt = data.get("format")
-        if fmt != TABLES_FORMAT:
-            raise FormatError(f"{source}: field 'format' is {fmt!r}; this version of neuroshard reads {TABLES_FORMAT!r}")
+        for key in ("format", "tables"):  # a misspelt required key: did you mean
+            if key not in data and _typo(key, data, _FILE_KEYS):
+                raise _missing(source, key, data, _FILE_KEYS, "file")
+        check_format(data, TABLES_FORMAT, source)
         batch_size = data.get("batch_size", TABLES_BATCH_SIZE)
         if not (is_int(batch_size) and 1 <= batch_size <= MAX_BATCH_SIZE):
             raise FormatError(f"{source}: field 'batch_size' must be an integer in [1, {MAX_BATCH_SIZE}] "

@@ -10,6 +10,8 @@
   count), and argparse ``type=`` helpers built on them for every CLI option.
 * ``check_output``: an output path is checked before the work starts (not a
   folder, its parent writable, not one of the inputs).
+* ``check_format``: a file's ``format`` field; another of neuroshard's files (a tables
+  file where a plan is read) is named as what it is (``FILE_KINDS``).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from .constants import COMM_PRECISIONS, ROW_BLOCKS
 from .errors import FormatError, NeuroShardError, WriteError
@@ -117,6 +119,44 @@ def read_text(path: str | Path, what: str = "file") -> str:
 def read_json(path: str | Path, what: str = "file") -> Any:
     """The JSON value in ``path``; one-line FormatError naming the file for anything unreadable."""
     return parse_json(read_text(path, what), path, what)
+
+
+#: neuroshard's JSON files by the family of their ``format`` (the part before ``/v``): what a
+#: person calls one, and where one comes from; a file of one kind given where another is read
+#: is named as what it is (``check_format``)
+FILE_KINDS = {
+    "neuroshard.tables": ("tables file", "neuroshard tables generate writes one; docs/formats.md describes it"),
+    "neuroshard.plan": ("plan", "neuroshard search writes one"),
+    "neuroshard.topology": ("topology file", "docs/formats.md describes it"),
+    "neuroshard.model": ("model file", "docs/formats.md describes it"),
+    "neuroshard.torchrec-sharding": ("TorchRec sharding export", "neuroshard export --format torchrec writes one"),
+    "neuroshard.operator-costs": ("operator-costs file", "neuroshard collect dense writes one"),
+    "neuroshard.costdata": ("cost data file", "neuroshard collect writes one"),
+}
+
+
+def _format_family(value: Any) -> str | None:
+    return value.split("/v")[0] if isinstance(value, str) else None
+
+
+def check_format(data: Mapping, expected: str, source: str | Path, optional: bool = False) -> None:
+    """Nothing when ``data``'s ``format`` field is ``expected`` (or absent, when ``optional``);
+    else a one-line FormatError: another kind of neuroshard file is named as what it is
+    ("this is a tables file (neuroshard.tables/v1), not a plan: give a plan file (neuroshard
+    search writes one)"), anything else quotes the format this version reads."""
+    if "format" not in data:
+        if optional:
+            return
+        raise FormatError(f"{source}: field 'format' is missing; this version of neuroshard reads {expected!r}")
+    found = data["format"]
+    if found == expected:
+        return
+    want, have = FILE_KINDS.get(_format_family(expected)), FILE_KINDS.get(_format_family(found))
+    if want is not None and have is not None and _format_family(found) != _format_family(expected):
+        noun = want[0]
+        file = noun if noun.endswith("file") else f"{noun} file"
+        raise FormatError(f"{source}: this is a {have[0]} ({found}), not a {noun}: give a {file} ({want[1]})")
+    raise FormatError(f"{source}: field 'format' is {found!r}; this version of neuroshard reads {expected!r}")
 
 
 def has_control_character(text: str) -> bool:
