@@ -6,13 +6,16 @@ import json
 
 from ..cli_options import (
     STDOUT,
+    add_budget,
     add_comm_precision,
     add_input,
     add_model_option,
     add_output,
+    add_quiet,
     add_tier_options,
     add_topology_options,
     help_table,
+    progress_mode,
     tier_options,
     write_output,
 )
@@ -100,6 +103,15 @@ def _again(entry: dict) -> str:
     return ""
 
 
+def _untimed(entry: dict) -> str:
+    """Why a compared plan has no figure in refine's timed run, in words."""
+    if "failed" in entry:
+        return "no plan"
+    if "skipped" in entry:
+        return "not timed (budget)"
+    return "same plan as above"
+
+
 def _rebalance_how(p: dict) -> str:
     """What refine's rebalance tried from a plan (one entry of ``provenance.refine.rebalance.plans``),
     in the words of ``measured.refine``'s names, for the printout."""
@@ -118,42 +130,10 @@ def _params(pairs: list[tuple[str, object]] | None) -> dict:
     return params
 
 
-def _search(args: argparse.Namespace) -> int:
-    from ..measured.api import shard
+def _say_refine(say, refine: dict) -> None:
+    """What ``search --refine`` prints of ``provenance.refine``: every round, plan, stage and the budget."""
+    from ..measured.budget import format_budget
     from ..measured.refine import format_judgement
-    from ..tables import TableSet
-    from ..validate import check_output
-    if args.output != STDOUT:
-        check_output(args.output, [args.tables, args.cost_model], "plan file")
-    from ..topology import topology_from_options
-    tables = TableSet.read(args.tables)
-    topology = topology_from_options(args.topology, args.devices, args.local_world_size, args.intra_host_gbps,
-                                     args.inter_host_gbps, tier_options(args))
-    plan = shard(tables, devices=args.devices, memory=args.memory, algorithm=args.algorithm,
-                 calibrate=args.calibrate, cost_models=args.cost_model, bytes_per_element=args.bytes_per_element,
-                 seed=args.seed, optimizer=args.optimizer, data_parallel=args.data_parallel,
-                 comm_precision=args.comm_precision, topology=topology, refine=args.refine,
-                 tier_costs=args.tier_costs, row_blocks=args.row_blocks, **_judge_option(args),
-                 **_objective_options(args),
-                 **_params(args.param))
-    say = write_output(args.output, json.dumps(plan.validate().to_dict(), indent=1) + "\n")
-    say(plan.format_summary())
-    prov = plan.provenance or {}
-    bound = plan.format_bound()
-    if bound:
-        say(bound)
-    checked = prov.get("calibration_check")
-    if checked:
-        same = [what for key, what in (("pretrained_plan", "the pre-trained models'"),
-                                       ("work_plan", "the work model's")) if key in checked]
-        same = f"{' and '.join(same)} plan{'s are' if len(same) > 1 else ' is'} the same" if same else ""
-        say("calibrate: " + (f"the plans could not be timed ({checked['stopped']}); the calibrated models' plan written"
-                             if "stopped" in checked else
-                             "the models' plans timed together on this machine: "
-                             + ", ".join(f"{n} {ms:.2f} ms" for n, ms in checked["measured_cost_ms"].items())
-                             + f"; written: the {checked['written']} plan" + (f" ({same})" if same else "")
-                             if "measured_cost_ms" in checked else same))
-    refine = prov.get("refine", {})
     if refine:
         say(f"refine: every time below was measured on this machine ({refine.get('hardware') or 'unrecorded'}) at "
             f"batch {refine.get('batch_size', 0):,} (the cost models' measured batch; the estimate above is at the "
@@ -161,14 +141,18 @@ def _search(args: argparse.Namespace) -> int:
     for r in refine.get("rounds", []):
         say(f"refine round {r['round']}: models {100 * r['device_gmae']:.1f}% off on the plan's devices; measured "
             f"max compute {r['measured_max_compute_ms']:.2f} ms (estimated {r['estimated_max_compute_ms']:.2f}), "
-            f"measured cost {r['measured_cost_ms']:.2f} ms")
-    if refine:
+            f"measured cost {r['measured_cost_ms']:.2f} ms" if r.get("timed", True) else
+            f"refine round {r['round']}: searched against the calibrated models, its devices not timed alone (no "
+            f"later round fits the budget)")
+    if refine and any("final_measured_cost_ms" in e for e in refine.get("rounds", []) + refine.get("compared", [])):
         finals = [(f"round {r['round']}", r) for r in refine.get("rounds", [])]
         finals += [(c["algorithm"], c) for c in refine.get("compared", [])]
         say("refine, all plans in one timed run: " + "; ".join(
             f"{name} {e['final_measured_cost_ms']:.2f} ms" + _again(e) if "final_measured_cost_ms" in e
-            else f"{name} {'no plan' if 'failed' in e else 'same plan as above'}" for name, e in finals)
+            else f"{name} {_untimed(e)}" for name, e in finals)
             + ("" if "judge" in refine else f"; written: {refine['chosen']}'s plan"))
+    elif refine:
+        say(f"refine: no plans timed together; written: {refine.get('chosen')}'s plan (the plain search's)")
     rebalanced = refine.get("rebalance")
     if rebalanced:
         fit = rebalanced["fit"]
@@ -221,6 +205,52 @@ def _search(args: argparse.Namespace) -> int:
     judged = refine.get("judge")
     if judged:
         say(format_judgement(judged))
+    if "wall_s" in refine:
+        against = refine.get("against_best_baseline")
+        say(format_budget(refine) + (f"; the written plan measured {against['ratio']:.3f}x {against['baseline']}'s "
+                                     f"(the best baseline in the runs that chose it)" if against else ""))
+
+def _search(args: argparse.Namespace) -> int:
+    from ..measured.api import shard
+    from ..measured.budget import EXIT_STOPPED, stop_on_sigterm
+    from ..tables import TableSet
+    from ..validate import check_output
+    if args.output != STDOUT:
+        check_output(args.output, [args.tables, args.cost_model], "plan file")
+    from ..topology import topology_from_options
+    tables = TableSet.read(args.tables)
+    topology = topology_from_options(args.topology, args.devices, args.local_world_size, args.intra_host_gbps,
+                                     args.inter_host_gbps, tier_options(args))
+    if args.budget is not None and not args.refine:
+        raise NeuroShardError("--budget bounds the measured loop: give it with --refine")
+    measured = {"budget_s": args.budget, "progress": progress_mode(args)} if args.refine else {}
+    with stop_on_sigterm():  # SIGTERM stops refine as Ctrl-C does: the best plan so far is written
+        plan = shard(tables, devices=args.devices, memory=args.memory, algorithm=args.algorithm,
+                     calibrate=args.calibrate, cost_models=args.cost_model, bytes_per_element=args.bytes_per_element,
+                     seed=args.seed, optimizer=args.optimizer, data_parallel=args.data_parallel,
+                     comm_precision=args.comm_precision, topology=topology, refine=args.refine,
+                     tier_costs=args.tier_costs, row_blocks=args.row_blocks, **_judge_option(args),
+                     **_objective_options(args), **measured,
+                     **_params(args.param))
+    say = write_output(args.output, json.dumps(plan.validate().to_dict(), indent=1) + "\n")
+    say(plan.format_summary())
+    prov = plan.provenance or {}
+    bound = plan.format_bound()
+    if bound:
+        say(bound)
+    checked = prov.get("calibration_check")
+    if checked:
+        same = [what for key, what in (("pretrained_plan", "the pre-trained models'"),
+                                       ("work_plan", "the work model's")) if key in checked]
+        same = f"{' and '.join(same)} plan{'s are' if len(same) > 1 else ' is'} the same" if same else ""
+        say("calibrate: " + (f"the plans could not be timed ({checked['stopped']}); the calibrated models' plan written"
+                             if "stopped" in checked else
+                             "the models' plans timed together on this machine: "
+                             + ", ".join(f"{n} {ms:.2f} ms" for n, ms in checked["measured_cost_ms"].items())
+                             + f"; written: the {checked['written']} plan" + (f" ({same})" if same else "")
+                             if "measured_cost_ms" in checked else same))
+    refine = prov.get("refine", {})
+    _say_refine(say, refine)
     measured_on = prov.get("parameters", {}).get("measured_on")
     if measured_on:
         say(f"{args.algorithm} timed the tables on this machine ({measured_on}): the plan is for this hardware")
@@ -234,9 +264,11 @@ def _search(args: argparse.Namespace) -> int:
                 f"{objective['chosen']}'s step, closer than the model tells apart (docs/decisions.md#iteration-tie-margin); "
                 f"to choose, search each (-a NAME) and time them on your machine (neuroshard evaluate PLAN "
                 f"--tables T --model M -o OUT.json: iteration_ms)")
-    say(f"searched in {prov.get('search_time_s', float('nan')):.2f} s with cost model "
-          f"'{prov.get('cost_model')}'; wrote {args.output}")
-    return 0
+    say(f"searched in {prov.get('search_time_s', float('nan')):.2f} s" + (" (the whole measured loop)" if refine
+                                                                            else "")
+        + f" with cost model '{prov.get('cost_model')}'; wrote {args.output}")
+    # stopped by Ctrl-C or SIGTERM: the best plan so far is written, and the status says it was stopped
+    return EXIT_STOPPED.get(refine.get("stopped"), 0)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -356,9 +388,17 @@ def register(sub: argparse._SubParsersAction) -> None:
                    f"`neuroshard calibrate`, with SETS random sets, {CALIBRATION_SETS} when SETS is left out; a few "
                    "minutes, cached per machine, checkpoint and tables)")
     p.add_argument("--refine", nargs="?", const=True, default=0, type=optional_count(int_in(1, 20, "a round count"), "--refine"),
-                   metavar="ROUNDS", help="then refine on this machine (calibrating first, implied): each round "
-                   "times the plan's devices, fine-tunes the models on them and searches again; the plan measured "
-                   "cheapest is written (default 2 rounds, about a minute each for 8 devices)")
+                   metavar="ROUNDS", help="then refine on this machine (calibrating first, implied): the plain "
+                   "search's plan, the baselines' and the calibrated models' timed together, the cheapest rebalanced "
+                   "and polished; ROUNDS rounds fine-tune the models on a plan's devices and search again, when the "
+                   "budget has room for them (default 2); all within --budget")
+    add_budget(p, "with --refine: the measured loop's wall clock, calibration included: seconds or 90s, 5m, 1h "
+                  "(none: unbounded; default 300 s up to 8 devices, 300 x devices / 8 above). Stages that do not fit "
+                  "are skipped (the plan's provenance.refine says which and why); when it runs out, or on Ctrl-C or "
+                  "SIGTERM, the best plan measured so far is written (exit status 130 after Ctrl-C, 143 after "
+                  "SIGTERM)")
+    add_quiet(p, "with --refine: no progress line (by default one line updated in place on a terminal, plain lines "
+                 "in a log)")
     p.add_argument("--judge", choices=REFINE_JUDGES, default="kernel",
                    help="with --refine, who makes the final choice among refine's plans and the baselines': kernel "
                         "(refine's own timing: the fused kernel, device by device, caches flushed) or runtime (the "
@@ -437,9 +477,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "A table laid out in a way TorchRec cannot run exactly is refused, naming it.")
     add_input(p, "plan", "plan file (JSON, neuroshard.plan/v1)")
     p.add_argument("--format", choices=exporter_names(), default="torchrec", help="target (default: torchrec)")
-    p.add_argument("--compute-device", choices=("cuda", "cpu"), default=None,
-                   help="placement device: rank:R/cuda:(R mod local world size) or rank:R/cpu "
-                        "(default: cuda when this machine's torch has CUDA, else cpu)")
+    p.add_argument("--compute-device", choices=("cuda", "cpu"), default="cuda",
+                   help="placement device: rank:R/cuda:(R mod local world size), for training on GPUs "
+                        "(default: cuda, whatever machine writes the export), or rank:R/cpu for TorchRec's "
+                        "DMP on CPU processes")
     p.add_argument("--local-world-size", type=device_count, default=None, metavar="N",
                    help="ranks per host, for cuda device numbers and table-row-wise/grid shards (default: the "
                         "plan's topology's, else TorchRec's: 8, or the world size when it is not a multiple of 8)")

@@ -77,13 +77,9 @@ DATA_PARALLEL_KERNEL = "dense"
 log = logging.getLogger("neuroshard.torchrec")
 
 
-def default_compute_device() -> str:
-    """``cuda`` where this machine's torch has CUDA, else ``cpu``."""
-    try:
-        import torch
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    except Exception:
-        return "cpu"
+#: the compute device of an export unless told otherwise: TorchRec exports are for training on
+#: GPUs, wherever the export is written (``cpu``: for TorchRec's DMP on CPU processes)
+DEFAULT_COMPUTE_DEVICE = "cuda"
 
 
 def _placement(rank: int, compute_device: str, local_world_size: int) -> str:
@@ -160,13 +156,13 @@ def torchrec_sharding(plan: Plan, compute_device: str | None = None, compute_ker
                       cache_algorithm: str | None = None) -> dict:
     """The plan as per-table ParameterSharding records (plain JSON), each one TorchRec
     runs exactly; NeuroShardError naming the first table it cannot.
-    ``compute_device`` defaults to ``default_compute_device()``, ``local_world_size``
+    ``compute_device`` defaults to ``DEFAULT_COMPUTE_DEVICE`` (cuda), ``local_world_size``
     (ranks per host) to the plan's topology's, else ``default_local_world_size``.
     ``compute_kernel`` (and ``cache_load_factor`` with ``fused_uvm_caching``) is the kernel
     of the tables in device memory; a table in another memory tier runs its tier's kernel
     (``tier_kernel``), ``cache_algorithm`` (lru when None) applying to every
     ``fused_uvm_caching`` table."""
-    compute_device = compute_device or default_compute_device()
+    compute_device = compute_device or DEFAULT_COMPUTE_DEVICE
     if compute_device not in COMPUTE_DEVICES:
         raise NeuroShardError(f"compute device must be one of {COMPUTE_DEVICES}, got {compute_device!r}")
     if compute_kernel not in COMPUTE_KERNELS:
