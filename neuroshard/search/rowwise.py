@@ -290,6 +290,9 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
         if options:
             _, pieces, devices = min(options, key=lambda o: o[0])
             index = None
+        else:
+            log.warning("table #%d: its row blocks are on ranks TorchRec does not run them on, and no layout it "
+                        "runs fits the devices' memory: the plan does not export to TorchRec", table)
     return list(pieces), np.asarray(devices, dtype=np.int64)
 
 
@@ -300,7 +303,8 @@ def make_room(rest: Sequence[tuple[Piece, int]], fixed: Sequence[tuple[Piece, in
     piece whose table is unsplit along rows in ``rest`` moves (a row block's rank is its
     layout), each to the device with the most memory left that holds it: of an over-full
     device's pieces, the smallest that alone brings the device under its memory, else the
-    largest."""
+    largest. When no piece of the device fits elsewhere whole, its largest such piece is
+    halved along columns (column-wise shards run on any ranks) and the halves tried again."""
     limits = np.broadcast_to(np.asarray(memory_bytes, dtype=np.float64), (num_devices,))
     placed = [(p, int(d)) for p, d in [*rest, *fixed]]
     sizes = np.array([footprint.of(p) for p, _ in placed], dtype=np.float64)
@@ -323,7 +327,17 @@ def make_room(rest: Sequence[tuple[Piece, int]], fixed: Sequence[tuple[Piece, in
                 if room[target] >= sizes[j]:
                     moves.append((sizes[j] < over, sizes[j] if sizes[j] >= over else -sizes[j], j, target))
             if not moves:
-                return None
+                halvable = [j for j, (p, d) in enumerate(placed) if d == device and movable[j] and p.can_halve_cols()]
+                if not halvable:
+                    return None
+                j = max(halvable, key=lambda j: (sizes[j], -j))
+                first, second = placed[j][0].halve_cols()
+                placed[j] = (first, device)
+                placed.append((second, device))
+                sizes[j] = footprint.of(first)
+                sizes = np.append(sizes, footprint.of(second))
+                movable.append(True)
+                continue
             _, _, j, target = min(moves)
             placed[j] = (placed[j][0], target)
             used[device] -= sizes[j]

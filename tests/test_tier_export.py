@@ -1,0 +1,148 @@
+"""Every memory-tier example of the README and the guide runs as written, and the plan it
+writes exports to TorchRec with its tiers' kernels.
+
+A tier example is a ``neuroshard search`` or ``neuroshard capacity`` command with
+``--host-memory`` or ``--ssd``, in a code block (run with the block's other commands, in
+order: the block makes its own tables) or inline in the text (run after the files the doc
+makes: a JSON block followed by "Save it as `NAME`"). Each plan it writes (``-o``; capacity's
+``NAME.tiered-plan.json``) is exported with ``neuroshard export PLAN --format torchrec
+--compute-device cuda``, and every table's record must carry its tier's kernel:
+``fused_uvm_caching`` with the cache fraction as load factor, ``fused_uvm``, ``key_value``,
+or the device-memory kernel. A doc that changes to an example whose plan does not export
+fails here, naming the example.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from neuroshard.cli import main
+from neuroshard.plan import Plan
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ("README.md", "docs/guide.md")
+TIER_OPTIONS = ("--host-memory", "--ssd")
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+SAVED_AS = re.compile(r"\s*Save it as `([^`]+)`")
+
+
+def _command(text: str) -> str | None:
+    """``text`` as one ``neuroshard`` command (whitespace runs joined, a trailing comment cut), or None."""
+    text = " ".join(text.replace("\\\n", " ").split())
+    text = text.split(" # ")[0].strip()
+    return text if text.startswith("neuroshard ") and "..." not in text and "…" not in text else None
+
+
+def _is_tier_example(command: str) -> bool:
+    words = shlex.split(command)
+    return words[1] in ("search", "capacity") and any(w.split("=")[0] in TIER_OPTIONS for w in words)
+
+
+def tier_examples(doc: str) -> tuple[list[tuple[str, list[str]]], dict[str, str]]:
+    """(name, commands to run in order) of every tier example of ``doc``, and the files the
+    doc makes (name -> text: a JSON block followed by "Save it as `NAME`")."""
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    files: dict[str, str] = {}
+    examples: list[tuple[str, list[str]]] = []
+    for block in FENCE.finditer(text):
+        line = text.count("\n", 0, block.start()) + 1
+        saved = SAVED_AS.match(text, block.end())
+        if block.group(1) == "json" and saved:
+            files[saved.group(1)] = block.group(2)
+            continue
+        lines = re.sub(r"\\\n", " ", block.group(2)).splitlines()
+        commands = [c for c in map(_command, lines) if c]
+        if any(_is_tier_example(c) for c in commands):
+            examples.append((f"{doc}:{line}", commands))
+    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)  # line numbers kept
+    for span in re.finditer(r"`([^`]+)`", prose):
+        command = _command(span.group(1))
+        if command and _is_tier_example(command):
+            examples.append((f"{doc}:{prose.count(chr(10), 0, span.start()) + 1}", [command]))
+    return examples, files
+
+
+def _examples() -> list[tuple[str, list[str], dict[str, str]]]:
+    out = []
+    for doc in DOCS:
+        examples, files = tier_examples(doc)
+        out += [(name, commands, files) for name, commands in examples]
+    return out
+
+
+EXAMPLES = _examples()
+
+
+def test_both_docs_have_tier_examples():
+    assert {name.split(":")[0] for name, _, _ in EXAMPLES} == set(DOCS)
+
+
+def _plans_written(command: str) -> list[str]:
+    """The plan files a tier command writes: search's ``-o``, capacity's tiered plan beside its report."""
+    words = shlex.split(command)
+    out = next(words[i + 1] for i, w in enumerate(words) if w in ("-o", "--output"))
+    return [out] if words[1] == "search" else [str(Path(out).with_suffix("")) + ".tiered-plan.json"]
+
+
+def _check_kernels(where: str, plan: Plan, exported: dict) -> int:
+    """Every table's kernel is its tier's; returns how many tables are outside device memory."""
+    outside = 0
+    for name, tier in plan.tiers().items():
+        record = exported["tables"][name]
+        kernel, params = record["compute_kernel"], record.get("cache_params", {})
+        if tier.on_device:
+            assert kernel in ("fused", "dense"), f"{where}: table '{name}' in device memory runs {kernel}"
+            continue
+        outside += 1
+        if tier.memory == "ssd":
+            assert kernel == "key_value", f"{where}: table '{name}' on SSD runs {kernel}"
+        else:
+            assert kernel == ("fused_uvm_caching" if tier.cached else "fused_uvm"), \
+                f"{where}: table '{name}' in host memory (cache {tier.cache_fraction}) runs {kernel}"
+        if tier.cached:
+            assert params.get("load_factor") == pytest.approx(tier.cache_fraction), \
+                f"{where}: table '{name}' caches {tier.cache_fraction} of its rows, exported {params}"
+    return outside
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where,commands,files", EXAMPLES, ids=[name for name, _, _ in EXAMPLES])
+def test_tier_example_runs_and_exports_to_torchrec(where, commands, files, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for name, content in files.items():
+        Path(name).write_text(content, encoding="utf-8")
+    for command in commands:
+        code = main(shlex.split(command)[1:])
+        assert code == 0, f"{where}: `{command}` exited {code}: {capsys.readouterr().err.strip()[-600:]}"
+        if not _is_tier_example(command):
+            continue
+        for written in _plans_written(command):
+            exported = f"{written}.torchrec.json"
+            code = main(["export", written, "--format", "torchrec", "--compute-device", "cuda", "-o", exported])
+            assert code == 0, (f"{where}: the plan of `{command}` does not export to TorchRec: "
+                               f"{capsys.readouterr().err.strip()[-600:]}")
+            document = json.loads(Path(exported).read_text())
+            assert document["compute_device"] == "cuda"
+            outside = _check_kernels(where, Plan.read(written), document)
+            if shlex.split(command)[1] == "search":  # what the example is there to show
+                assert outside >= 1, f"{where}: `{command}` keeps every table in device memory"
+
+
+def test_export_defaults_to_cuda(tmp_path, capsys):
+    """``neuroshard export`` without ``--compute-device`` places shards on GPUs, on any machine."""
+    from neuroshard.plan import Shard
+    from neuroshard.tables import Table
+    plan = Plan([Table("t", 100, 8, 1.0)], [Shard("t", 0, 100, 0, 8, 1)], 2, 10**6)
+    plan.write(tmp_path / "plan.json")
+    assert main(["export", str(tmp_path / "plan.json"), "-o", str(tmp_path / "x.json")]) == 0
+    document = json.loads((tmp_path / "x.json").read_text())
+    assert document["compute_device"] == "cuda"
+    assert document["tables"]["t"]["sharding_spec"][0]["placement"] == "rank:1/cuda:1"
+    assert main(["export", str(tmp_path / "plan.json"), "--compute-device", "cpu", "-o",
+                 str(tmp_path / "y.json")]) == 0
+    assert json.loads((tmp_path / "y.json").read_text())["tables"]["t"]["sharding_spec"][0]["placement"] == \
+        "rank:1/cpu"
