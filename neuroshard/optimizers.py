@@ -1,13 +1,19 @@
 """Embedding optimizers: their names, the memory their state takes, and fbgemm's fused kinds.
 
-A shard's memory is its weights plus its optimizer state, counted as TorchRec's storage
-estimator counts it (``calculate_shard_storages``) and as fbgemm's TBE allocates it:
+A shard's memory is its weights plus its optimizer state, counted as fbgemm's TBE allocates
+it: the state in fp32 whatever the weights' precision (``STATE_BYTES``; TBE's ``momentum1``
+and ``momentum2``):
 
 * ``sgd``: no state;
-* ``adagrad``: one accumulator per weight (1x the weights);
+* ``adagrad``: one fp32 accumulator per weight;
 * ``rowwise-adagrad``: one fp32 accumulator per row (``rows x 4`` bytes; TorchRec spreads
   the same ``rows x 4`` over a table's column shards, TBE keeps it per shard);
-* ``adam``: two moments per weight (2x the weights).
+* ``adam``: two fp32 moments per weight.
+
+With fp32 weights this is TorchRec's storage estimate (``calculate_shard_storages``); with
+fp16 or int8 weights TorchRec counts the state at the weights' precision, below what TBE
+allocates (an fp16 table trained with adagrad holds 1.5x TorchRec's count; the runtime's
+memory check, ``runtime.memory``, measures it).
 
 Every memory check (search, plan validation, ``plan show``) goes through ``shard_bytes``.
 """
@@ -29,6 +35,8 @@ FBGEMM_OPTIMIZERS = {"sgd": "EXACT_SGD", "adagrad": "EXACT_ADAGRAD", "rowwise-ad
 CPU_OPTIMIZERS = ("sgd", "adagrad", "rowwise-adagrad")
 #: bytes of the row-wise adagrad accumulator per row (fp32)
 ROWWISE_STATE_BYTES = 4
+#: bytes of each element of a per-weight optimizer state (adagrad's sum, adam's moments): fp32
+STATE_BYTES = 4
 
 
 def check_optimizer(name: object, where: str = "optimizer") -> str:
@@ -40,17 +48,17 @@ def check_optimizer(name: object, where: str = "optimizer") -> str:
 
 
 def row_bytes(num_cols: int, bytes_per_element: int, optimizer: str = DEFAULT_OPTIMIZER) -> int:
-    """Bytes one row of a shard of ``num_cols`` columns takes: weights plus optimizer state
-    (``num_cols`` may be a numpy array)."""
+    """Bytes one row of a shard of ``num_cols`` columns takes: weights plus optimizer state,
+    the state in fp32 (``num_cols`` may be a numpy array)."""
     weights = num_cols * bytes_per_element
     if optimizer == "sgd":
         return weights
     if optimizer == "adagrad":
-        return 2 * weights
+        return weights + num_cols * STATE_BYTES
     if optimizer == "rowwise-adagrad":
         return weights + ROWWISE_STATE_BYTES
     if optimizer == "adam":
-        return 3 * weights
+        return weights + 2 * num_cols * STATE_BYTES
     raise NeuroShardError(f"unknown optimizer {optimizer!r} (choose from {', '.join(OPTIMIZERS)})")
 
 

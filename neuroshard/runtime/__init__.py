@@ -10,7 +10,9 @@
   baselines' together here (``search --refine N --judge runtime``);
 - ``model.train_reference``: the same model unsharded in one process;
 - ``cached``: shards whose rows live in host memory or on SSD train on a bounded device
-  cache (LRU), their miss rates and miss-path time measured (``RunResult.cache``).
+  cache (LRU), their miss rates and miss-path time measured (``RunResult.cache``);
+- ``memory``: the embedding storage each rank holds, measured, beside the plan's estimate
+  for it (``RunResult.memory``, printed by ``neuroshard train``).
 
 The modules import torch; this package's ``__init__`` does not, so the CLI stays fast.
 """

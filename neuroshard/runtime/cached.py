@@ -55,6 +55,7 @@ from ..kernels import weights_dtype
 from ..optimizers import check_optimizer
 from ..plan import Plan, Shard
 from ..tables import Table
+from .memory import HeldMemory, storage_bytes
 from .model import init_rows
 
 log = logging.getLogger(__name__)
@@ -220,6 +221,22 @@ class CachedShards:
 
     def weights(self) -> list[np.ndarray]:
         return [cs.weights() for cs in self.shards]
+
+    def held(self) -> HeldMemory:
+        """The storage these shards hold (``runtime.memory``): on the device each cache's slots
+        and its slot map (the row each slot holds), the slots beyond its capacity apart; the
+        backing stores by tier; the rest of the caches' state, indexed by all of a shard's rows
+        (its slot, its LRU order), as the cache index."""
+        out = HeldMemory()
+        for cs in self.shards:
+            on_device = storage_bytes([cs.cache.slots, cs.cache.slot_row])
+            slots = cs.cache.slots.shape[0]
+            store = storage_bytes([cs.backing])
+            out.device_bytes += on_device
+            out.excess_slot_bytes += on_device * max(slots - cs.capacity, 0) // slots
+            out.backing_bytes[cs.shard.tier.memory] = out.backing_bytes.get(cs.shard.tier.memory, 0) + store
+            out.cache_index_bytes += storage_bytes([cs.cache, cs.backing]) - on_device - store
+        return out
 
     def close(self) -> None:
         for cs in self.shards:

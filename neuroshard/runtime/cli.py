@@ -17,6 +17,10 @@ from ..validate import batch_size_int, device_count, float_in, nonneg_int, posit
 
 log = logging.getLogger(__name__)
 
+#: a global batch above this, trained on CPU processes, makes every step take seconds (the tables
+#: files' usual 65,536 took 6.6 s a step on 2 cores): ``train`` and ``evaluate`` say so once
+CPU_QUICK_BATCH = 16_384
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     add_input(p, "plan", "plan file (neuroshard.plan/v1)", metavar="PLAN.json")
@@ -61,11 +65,24 @@ def _load(args: argparse.Namespace):
     return plan, tables, devices, options
 
 
+def _warn_slow_cpu_batch(args: argparse.Namespace, batch_size: int) -> None:
+    """One warning (rank 0 under torchrun) when the tables file's batch, not one asked for with
+    ``--batch-size``, runs on CPU processes and is above ``CPU_QUICK_BATCH``."""
+    from ..launch import torchrun_env
+    from .trainer import _device_kind
+    env = torchrun_env()
+    if args.batch_size is None and batch_size > CPU_QUICK_BATCH and _device_kind(args.dist_backend) == "cpu" \
+            and (env is None or env[0] == 0):
+        log.warning("batch %s on CPU: a step takes seconds; --batch-size %s for a quicker run", f"{batch_size:,}",
+                    f"{CPU_QUICK_BATCH // 4:,}")
+
+
 def _train(args: argparse.Namespace) -> int:
     from .trainer import RunConfig, check_run, run
     plan, tables, devices, options = _load(args)
     check_run(plan, tables, devices)
     batch_size = args.batch_size if args.batch_size is not None else tables.batch_size
+    _warn_slow_cpu_batch(args, batch_size)
     result = run(RunConfig(plan, list(tables), devices, steps=args.steps, batch_size=batch_size, **options))
     if result is None:  # not rank 0 under torchrun
         return 0
@@ -81,6 +98,8 @@ def _train(args: argparse.Namespace) -> int:
     if result.cache:
         from .cached import format_cache
         print(format_cache(result.cache))
+    from .memory import format_memory
+    print(format_memory(result.memory))
     return 0
 
 
@@ -90,6 +109,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     if args.json:  # checked before the run: a finished measurement is never lost to a bad path
         check_output(args.json, [args.plan, args.tables], "measurement file")
     plan, tables, devices, options = _load(args)
+    _warn_slow_cpu_batch(args, args.batch_size if args.batch_size is not None else tables.batch_size)
     measurement = evaluate(plan, tables, devices, iterations=args.iterations, warmup=args.warmup,
                            batch_size=args.batch_size, **options)
     if measurement is None:

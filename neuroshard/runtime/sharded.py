@@ -30,6 +30,7 @@ from ..kernels import DEFAULT_MAX_ROWS, FusedEmbedding, FusedInputs, local_looku
 from ..plan import Plan, Shard
 from ..tables import Table
 from .cached import CachedShards
+from .memory import HeldMemory, storage_bytes
 from .model import init_rows
 from .replicated import ReplicatedTables
 
@@ -247,6 +248,15 @@ class ShardedEmbeddings:
             for i, w in zip(self._off_device, self.cached.weights()):
                 weights[i] = w
         return [(ls.shard, w) for ls, w in zip(self.shards, weights)] + replicas
+
+    def memory_held(self) -> HeldMemory:
+        """The embedding storage this rank holds (``runtime.memory``): the fused kernel's
+        weights and optimizer state, the replicas, the caches and their bookkeeping; the cached
+        shards' backing stores apart."""
+        held = self.cached.held() if self.cached is not None else HeldMemory()
+        held.device_bytes += storage_bytes([self.fused, self.replicated])
+        held.kernels = (self.fused is not None) + (self.replicated is not None)
+        return held
 
     def close(self) -> None:
         """Release what outlives the process otherwise: the SSD backing stores' files."""

@@ -90,6 +90,7 @@ from ..plan import Plan
 from ..tables import Table, TableSet
 from ..validate import MAX_STEPS, check_batch_size, check_devices, check_int, check_number, check_seed
 from .cached import cache_summary, check_cached_plan
+from .memory import RankMemory, process_peak, with_estimates
 from .model import local_slice, loss_sum, make_batch
 from .sharded import PhaseTimes, ShardedEmbeddings, capped_shards, row_cap_line, synchronize
 
@@ -138,7 +139,10 @@ class RunResult:
     (``records[rank][step]``, milliseconds), the fused kernel and the clock compute was
     timed with, the trained tables when asked for, and per cached table of the plan its
     cache's counts over the second half of the steps (``cached.cache_summary``: unique rows
-    looked up, misses, miss rate, miss-path ms per step measured on this CPU)."""
+    looked up, misses, miss rate, miss-path ms per step measured on this CPU). ``memory``:
+    per rank the embedding memory the plan's shards held (``runtime.memory.RankMemory``:
+    measured after the last step, the plan's estimate beside it, the process's peak apart; with
+    alternates, every plan's, ``RankMemory.plan`` saying which)."""
 
     losses: list[float]
     records: list[list[dict]]
@@ -148,6 +152,7 @@ class RunResult:
     clock: str = ""
     weights: dict[str, np.ndarray] = field(default_factory=dict)
     cache: dict[str, dict] = field(default_factory=dict)
+    memory: list[RankMemory] = field(default_factory=list)
 
 
 def check_run(plan: Plan, tables: TableSet, devices: int) -> None:
@@ -390,8 +395,11 @@ def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: t
     wctx.heartbeat(step_progress(config.steps))
 
     weights = embs[0].shard_weights() if config.collect_weights else []
+    peak, what = process_peak(device)  # storage only grows: held after the last step is each plan's peak
+    memory = [RankMemory(**vars(emb.memory_held()), rank=rank, process_peak_bytes=peak, process_peak=what, plan=i)
+              for i, emb in enumerate(embs)]
     gathered = [None] * world if rank == 0 else None
-    dist.gather_object((records, weights, shares), gathered, dst=0)
+    dist.gather_object((records, weights, shares, memory), gathered, dst=0)
     if rank != 0:
         return None
     losses = [sum(g[2][step] for g in gathered) for step in range(config.steps)]  # the shares, in rank order
@@ -399,6 +407,7 @@ def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: t
         log.info("step %d loss %.6f", step, loss)
     result = RunResult(losses, [g[0] for g in gathered], world, backend, kernel, clock_name)
     result.cache = cache_summary(config.plan, result.records)
+    result.memory = with_estimates(config.plans, [m for g in gathered for m in g[3]])
     if config.collect_weights:
         result.weights = _assemble(tables, [g[1] for g in gathered])
     return result
