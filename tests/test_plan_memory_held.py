@@ -70,10 +70,12 @@ def test_each_rank_holds_at_most_its_estimate_and_within_10_percent(plans):
         assert m.device_bytes - m.excess_slot_bytes - m.estimate_bytes <= KERNEL_METADATA_BYTES * m.kernels, (
             names[m.plan], m)
         assert m.estimate_bytes <= 1.10 * counted, (names[m.plan], m)
-        assert m.process_peak_bytes > m.device_bytes and m.process_peak == "process peak RSS"
+        assert m.process_peak_bytes > m.device_bytes
+        assert m.process_peak == ("CUDA allocator peak" if torch.cuda.is_available() else "process peak RSS")
     cached = [m for m in result.memory if names[m.plan] == "cached-fp16"]
     for m in cached:  # the backing stores in host memory: what the plan counts for them
-        assert m.backing_bytes["host"] == m.backing_estimate_bytes["host"] > 0 and m.cache_index_bytes > 0
+        assert m.backing_bytes.get("host", 0) == m.backing_estimate_bytes.get("host", 0)
+    assert sum(m.backing_bytes.get("host", 0) for m in cached) > 0 and sum(m.cache_index_bytes for m in cached) > 0
     # t1 has no cache: the runtime's one slot for it (and a batch's rows) is beyond any capacity
     assert sum(m.excess_slot_bytes for m in cached) > 0
 
