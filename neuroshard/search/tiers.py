@@ -18,7 +18,9 @@ to tables by cacheability x lookups in the same spirit; here the saving is the m
 Which tables live in host memory and which on SSD is decided between two such passes:
 host memory goes to the tables whose SSD traffic would cost most per byte, up to
 ``TIER_PACKING_HEADROOM`` of the hosts' memory; the rest go to SSD; the second pass
-re-chooses caches with those costs. The sum is a proxy for the slowest device: the
+re-chooses caches with those costs (and when it moves tables off the devices whose rows
+then overflow the hosts, a third pass runs with every table's memory decided first:
+``_within_host``). The sum is a proxy for the slowest device: the
 placement balances what it leaves.
 """
 from __future__ import annotations
@@ -89,6 +91,8 @@ def choose_tiers(sim: Simulator, memory_bytes) -> tuple[list[Tier] | None, dict]
             backing[i] = "host" if full[i] <= left else "ssd"
             left -= full[i] if backing[i] == "host" else 0
         chosen = _knapsack(sim, sharded, backing, budget)
+        if _backed_bytes(sim, chosen, "host") > host_room:
+            chosen = _within_host(sim, sharded, chosen, backing, budget, host_room)
     _check_backing(sim, chosen, host_room, ssd_room)
     tiers = [chosen.get(i, IN_DEVICE_MEMORY) for i in range(len(names))]
     counts: dict[str, int] = {}
@@ -163,9 +167,35 @@ def _knapsack(sim: Simulator, tables: list[int], backing: dict[int, str], budget
     return {i: levels[i][at[i]] for i in tables}
 
 
+def _backed_bytes(sim: Simulator, chosen: dict[int, Tier], memory: str) -> int:
+    """Bytes the tables of ``chosen`` keep in ``memory`` (host or ssd)."""
+    return sum(_full_bytes(sim, i) for i, tier in chosen.items() if tier.memory == memory)
+
+
+def _within_host(sim: Simulator, tables: list[int], chosen: dict[int, Tier], backing: dict[int, str],
+                 budget: float, host_room: float) -> dict[int, Tier]:
+    """The knapsack again when its second pass moved tables off the devices whose rows then
+    overflow the hosts (they kept the host backing of the first pass): this time every table's
+    backing is set before it, host memory up to ``TIER_PACKING_HEADROOM`` of the hosts' for the
+    tables off the devices first (the SSD would slow them most per byte), then for those on the
+    devices (the same order), the rest on SSD, so no choice overflows the hosts."""
+    full = {i: _full_bytes(sim, i) for i in tables}
+
+    def worse(i: int) -> float:
+        tier = chosen[i] if not chosen[i].on_device else Tier("host")
+        return (_cost(sim, i, Tier("ssd", tier.cache_fraction)) - _cost(sim, i, tier)) / full[i]
+
+    backing = dict(backing)
+    left = TIER_PACKING_HEADROOM * host_room
+    for i in sorted(tables, key=lambda i: (chosen[i].on_device, -worse(i))):
+        backing[i] = "host" if full[i] <= left else "ssd"
+        left -= full[i] if backing[i] == "host" else 0
+    return _knapsack(sim, tables, backing, budget)
+
+
 def _check_backing(sim: Simulator, chosen: dict[int, Tier], host_room: float, ssd_room: float) -> None:
     for memory, room, flag in (("host", host_room, "--host-memory"), ("ssd", ssd_room, "--ssd")):
-        used = sum(_full_bytes(sim, i) for i, tier in chosen.items() if tier.memory == memory)
+        used = _backed_bytes(sim, chosen, memory)
         if used > room:
             raise InfeasibleError(f"tables '{sim.tables.name}' need {format_bytes(used)} in "
                                   f"{'host memory' if memory == 'host' else 'SSD'}, the hosts hold "
