@@ -1,5 +1,5 @@
 """The dense part of the DLRM as torch modules, and the operators one training step runs
-through it (issue 31).
+through it.
 
 ``DenseArch`` is what the runtime trains (``runtime.model`` builds it from a
 ``model_spec.ModelSpec``); ``dense_operators`` lists, for a spec, the tables' widths and a

@@ -1,7 +1,7 @@
 """The dense part of the DLRM being trained: the ``neuroshard.model/v1`` file.
 
 Users decide with iteration time, and the dense layers share the step with the
-embeddings (issue 31). A model file says what the dense part is; without one, the
+embeddings. A model file says what the dense part is; without one, the
 runtime trains today's default DLRM (13 dense features, bottom MLP 64, dot interaction,
 top MLP 64):
 

@@ -1,4 +1,4 @@
-"""Operator cost models: the dense part of a training step and its overheads (issue 31).
+"""Operator cost models: the dense part of a training step and its overheads.
 
 Lin et al. predict a DLRM step from per-operator performance models plus overheads; this
 module holds the operator models of the included runtime's step, fitted on samples that

@@ -1,4 +1,4 @@
-"""Overheads of the included runtime, measured in real runs (issue 31, item 3).
+"""Overheads of the included runtime, measured in real runs.
 
 Operators timed alone (``collect dense``) miss what a training step adds around them: the
 framework's dispatch and DDP's hooks around the dense operators, each collective's latency

@@ -1,5 +1,5 @@
 """The iteration-time model: what one training step of a plan takes, end to end, on the
-critical path (issue 31; Lin et al., "Building a Performance Model for Deep Learning
+critical path (Lin et al., "Building a Performance Model for Deep Learning
 Recommendation Model Training on GPUs").
 
 Each rank runs the included runtime's step (``runtime.trainer``) as a chain of operators,
@@ -61,7 +61,7 @@ from .simulator import Simulator
 DDP_BUCKET_BYTES = 25 * 2**20
 #: the terms that take the period's stretch, each rank's in proportion to their size: the dense part
 #: and the collectives, which the measured steps show slowed in real runs (the embeddings' and data
-#: loading's own overheads already carry theirs). Until session 40 the stretch went to the dense
+#: loading's own overheads already carry theirs). Until 2026-12-05 the stretch went to the dense
 #: all-reduce alone (it was waiting, in runs whose steps alternated between plans; formats revision
 #: 32). On the runs in turns (experiments/results/iteration_turns; chosen on the turns and
 #: two-process suites, checked on embedding-heavy and turns-two), per-term GMAE charged to the
@@ -193,7 +193,7 @@ def shared_cores_note(ranks: int, hardware: dict) -> str | None:
     """What an estimate of ``ranks`` processes on the machine of ``hardware`` (an operator file's)
     cannot see when it has fewer cores than ranks, or None. The overheads fitted there carry the
     sharing as an average, so the step is predicted about as well (3 ranks on 2 cores: GMAE 3.0-4.3%,
-    docs/results.md, session 40), but the ranks then train at about the pace of their summed work and
+    docs/decisions.md#turns-of-three-steps), but the ranks then train at about the pace of their summed work and
     the critical path ranks plans poorly (the plan predicted fastest measured 2.5% over the fastest on
     average, at 2 processes 1.2%)."""
     cores = hardware.get("cpu_count")
@@ -201,7 +201,7 @@ def shared_cores_note(ranks: int, hardware: dict) -> str | None:
         return None
     return (f"{ranks} ranks on the {cores} cores the operator costs were measured on: the ranks share cores, "
             f"which the critical path does not model; the step is predicted, comparisons of plans are less "
-            f"sure (docs/results.md, session 40)")
+            f"sure (docs/decisions.md#turns-of-three-steps)")
 
 
 def spread_stretch(row: dict[str, float], stretch: float, terms: Sequence[str]) -> None:

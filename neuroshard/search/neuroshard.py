@@ -20,7 +20,7 @@ Two levels, both judged by the simulator (the pre-trained cost models):
   simulator says the plan gets cheaper.
 * **Splits must pay by a margin** (not in the paper; ``split_margin``, default 5%; a
   negative margin keeps the best split state even when simulated dearer, for measurement
-  to decide: ``experiments/forced_split.py``). A
+  to decide: docs/decisions.md#split-margin). A
   split adds a shard, and every shard costs the fused kernel a pass over the batch's
   bags: measured on this project's CPU, plans that split tables for a simulated gain
   under 1% did 23% more total work (criteo-terabyte, 4 devices) and the demo's plan
@@ -123,8 +123,7 @@ def search(sim: Simulator, memory_bytes: int, params: NeuroShardParams | None = 
         # three of them near the top keep their devices the slowest whatever one split does, and the
         # beam (one split a step) stops before the splits that pay together (criteo-terabyte at 8
         # devices, seed 169: three pooling-100 tables, each about the mean device alone: lookups x
-        # columns 12,800 against a mean device's 10,660; experiments/forced_split.py, docs/results.md
-        # session 31). Each state is tried when it splits more than the one before it.
+        # columns 12,800 against a mean device's 10,660; docs/decisions.md#split-margin). Each state is tried when it splits more than the one before it.
         fewer = start
         for name, share in (("heavy-split", 1.0), ("half-heavy-split", HALF_HEAVY_SHARE)):
             state = split_heaviest(sim, start, params, bound=share * mean_device)
@@ -352,7 +351,7 @@ def split_heaviest(sim: Simulator, pieces: list[Piece], params: NeuroShardParams
 def rows_only(sim: Simulator, params: NeuroShardParams) -> bool:
     """Whether the search splits tables for balance by rows only: with ``row_blocks="any"``
     a table's two row halves cost about its work whole, and its column halves more (each does
-    all of the table's lookups). Measured (experiments/split_work.py, AMD EPYC; extra total
+    all of the table's lookups). Measured (a study in the git history, AMD EPYC; extra total
     work of column halves against row halves): criteo-terabyte's pooling-100 table +8.1 against
     +0.4 ms, pooling 27 +1.3 against -1.3; dlrm-2021's four hottest +14.4/+3.7, +8.0/+1.0,
     +4.1/+0.6, +1.4/+0.2; only a cold table (pooling 3) cost less in columns (-2.2 against -1.2).

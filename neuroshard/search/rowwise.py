@@ -142,10 +142,10 @@ def join_column_strips(placed: Sequence[tuple[Piece, int]]) -> list[tuple[Piece,
     are cut into the same row blocks and each block pair is on one device: a table's two
     column halves on one device become the whole table there.
 
-    The decision (issue 25): joining is unconditional, not left to the cost model. It
+    The decision: joining is unconditional, not left to the cost model. It
     changes neither a device's memory nor its pooled output, and the fused kernel on the
     CPU measured a hot table's column halves on one device 19-26% dearer than the table
-    whole (docs/results.md, session 12); the pre-trained model had priced them cheaper,
+    whole (docs/decisions.md#narrow-tables-by-rows); the pre-trained model had priced them cheaper,
     and the search kept both halves of a memory-split table on one device (criteo-terabyte,
     4 devices, seed 137: both tasks)."""
     by_table: dict[int, dict[tuple[int, int], list[tuple[Piece, int]]]] = {}

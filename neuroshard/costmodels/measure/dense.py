@@ -1,5 +1,5 @@
 """Operator benchmark: the dense part of a training step and its overheads, timed on this
-machine for the iteration-time model (issue 31; ``collect dense``).
+machine for the iteration-time model (``collect dense``).
 
 What is timed, each on the modules the runtime trains (``neuroshard.dense``) with one
 thread, as the runtime's processes run:

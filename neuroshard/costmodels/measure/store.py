@@ -78,7 +78,7 @@ def cpu_model() -> str:
 def cpu_generation() -> dict:
     """This CPU's ``cpu family`` and ``model`` numbers (``/proc/cpuinfo``; empty where it has
     none): one model name covers CPUs of different generations ("AMD EPYC": family 25 and
-    26, 37% apart in the included runtime's step, docs/results.md session 23)."""
+    26, 37% apart in the included runtime's step, docs/decisions.md#calibration-cache)."""
     keys = {"cpu family": "cpu_family", "model": "cpu_model_number"}
     out: dict = {}
     try:
@@ -118,7 +118,7 @@ def same_cpu(record: dict) -> bool:
     the record has it, the same cache flush (sized from the last-level cache). Cloud VMs give
     different Xeons one name ("Intel(R) Xeon(R) Processor"): the shipped checkpoint's, with a
     341 MB flush (a 260 MiB cache), was 44-103% off on a VM of that name with a 300 MiB cache
-    (session 18), which the name alone called the same CPU."""
+    (on the project's VMs), which the name alone called the same CPU."""
     hardware, config = record.get("hardware") or {}, record.get("config") or {}
     if hardware.get("cpu_model") != cpu_model():
         return False

@@ -13,17 +13,17 @@ interruption. Every pass, the first included, runs that many: a device's first r
 after its kernel is built are slow (criteo-kaggle's 3-5 ms devices: the first timed
 single run 1.3-1.6x the later ones, the first pass of 9 runs 1.04x), and calibration,
 which times each set in one pass, measured them 1.2-1.5x what ``measure`` (the fastest
-of 5 passes) gives the same sets until the first pass was sized too (session 15).
+of 5 passes) gives the same sets until the first pass was sized too (docs/decisions.md#timing-passes).
 
 Comparing on a shared, noisy machine: the devices take turns round-robin, the order
 rotated every pass (after one untimed warm-up run of each kernel, and optional warm-up
 passes). A neighbour on a shared machine only ever adds time, so a device's fastest pass
-is its own cost with the least of that noise (``experiments/timing_noise.py``: the max
+is its own cost with the least of that noise (a study in the git history: the max
 device of a copy of a plan differed from another copy's by 0.4-0.8% on average with the
 fastest of 5 passes, 1-3.6% with their median). But the machine's speed also moves in
 phases longer than a pass (a neighbour's job on the other core, frequency), which the
 fastest pass escapes only if every device had one quiet turn: the A/A of the max device of
-two copies of a plan in one run reached 1.10-1.16 at 16 devices (session 16). So, by
+two copies of a plan in one run reached 1.10-1.16 at 16 devices. So, by
 default (``TIMING_REFERENCE``, two or more devices), a reference device (a kernel of its
 own on the shards of the device of median work) runs a short turn
 (``TIMING_REFERENCE_SHARE`` of the runs of its own passes) right before every device's turn, each pass is
@@ -32,7 +32,7 @@ in ms at the run's quietest speed), and a device's figure is the median of those
 (``device_time(passes, "median")``; ``config["figure"]`` says which figure a run's passes
 call for): ``experiments/reference_timing.py``, criteo-kaggle at 8 devices, 4 runs, mean
 |log A/A| of the max device 9.9% with the fastest raw pass, 2.5% relative to the
-reference (AMD EPYC, session 16); 5.0% and 1.5% on an Intel Xeon (3 runs, session 17).
+reference (AMD EPYC); 5.0% and 1.5% on an Intel Xeon (3 runs; docs/decisions.md#reference-device).
 ``time_devices`` is the ``types.DeviceTimer`` the measured loop uses.
 
 Memory: on CPU the devices share one weights buffer the size of the largest device
