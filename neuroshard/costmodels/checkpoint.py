@@ -14,8 +14,9 @@ Every file written carries ``checksum``: ``sha256:`` and the SHA-256 of the rest
 dict in a canonical form (``state_checksum``: each tensor's name, dtype, shape and bytes in
 key order, then the JSON of everything else), computed the same way on save and on load. A
 file whose contents no longer match is refused as damaged (a zeroed block, overwritten
-weights: they would otherwise load and move every estimate); a file written before
-checksums loads with a note, once per file in a process.
+weights: they would otherwise load and move every estimate), once its contents have passed
+their own checks (a malformed field, or models predicting NaN, is the more useful line); a
+file written before checksums loads with a note, once per file in a process.
 
 Model classes register themselves under their class name, the name checkpoints store
 (``register_model``, a class decorator, also in ``base``): the package's classes where
@@ -209,7 +210,7 @@ def check_checksum(payload: dict, path: str | Path) -> None:
         if key not in _NOTED_UNCHECKED:
             _NOTED_UNCHECKED.add(key)
             log.warning("%s: this checkpoint carries no checksum (written before checksums), so damage to it "
-                        "would go unnoticed; saving it again adds one", path)
+                        "would go unnoticed; saving it again adds one (CostModels.load(path).save(path))", path)
         return
     try:
         computed = state_checksum(payload)
