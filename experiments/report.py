@@ -395,7 +395,7 @@ def iteration_model() -> list[str]:
             f"predicted order:", "",
             *table(["predicted apart", "pairs", "trained in that order"], pairs), "",
             "Under 3% apart the order is little better than a coin: `search --objective iteration` lists those "
-            "candidates as ties ([decisions](decisions.md#tie-margin)). " + made(sources(folder / "ceiling")), ""]
+            "candidates as ties ([decisions](decisions.md#iteration-tie-margin)). " + made(sources(folder / "ceiling")), ""]
     text = (folder / "alone_vs_together.txt").read_text().split("\n## ")
     body = []
     for block, label in zip(text[1:], ("together, steps alternating", "together, turns of 3 steps")):
