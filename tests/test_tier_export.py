@@ -146,3 +146,25 @@ def test_export_defaults_to_cuda(tmp_path, capsys):
                  str(tmp_path / "y.json")]) == 0
     assert json.loads((tmp_path / "y.json").read_text())["tables"]["t"]["sharding_spec"][0]["placement"] == \
         "rank:1/cpu"
+
+
+def test_host_memory_and_ssd_together_hold_what_the_ssd_can():
+    """Host memory too small for every table off the devices, and SSD beside it: the tables
+    the second pass moves off the devices go where there is room, never over the hosts."""
+    from neuroshard.costmodels.loading import analytic_cost_models
+    from neuroshard.optimizers import shard_bytes
+    from neuroshard.search.simulator import Simulator
+    from neuroshard.search.tiers import choose_tiers
+    from neuroshard.tables import Table, TableSet
+    from neuroshard.topology import make_topology
+
+    tables = TableSet("big-model", [Table(f"t{i}", 50_000 * (1 + i % 3), 128, 2.0 + i % 4,
+                                          {"zipf_alpha": 0.8 + 0.1 * (i % 5)}) for i in range(12)], 16384)
+    host = 16 * 2**30 // 100
+    sim = Simulator(tables, 4, analytic_cost_models(),
+                    topology=make_topology(4, host_memory_bytes=host, ssd_bytes=2**40))
+    tiers, record = choose_tiers(sim, 8 * 2**30 // 100)  # the first two passes put 21.5 GiB/100 in host memory
+    in_host = sum(shard_bytes(t.num_embeddings, t.embedding_dim, 4, sim.optimizer)
+                  for t, tier in zip(tables, tiers) if tier.memory == "host")
+    assert 0 < in_host <= host
+    assert any(tier.memory == "ssd" for tier in tiers) and set(record["tables"]) >= {"host+cache", "ssd+cache"}
