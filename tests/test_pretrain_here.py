@@ -49,7 +49,7 @@ def test_the_machine_folder_holds_data_model_operator_costs_and_report(machine):
     for name in ("model.pt", "operators.json", "report.txt", "machine.json"):
         assert (folder / name).is_file(), name
     models = CostModels.load(folder / "model.pt")
-    assert models.hardware["machine"]["id"] == folder.name
+    assert models.hardware["machine"]["id"] == folder.name and store.pretrained_here(models.hardware)
     assert CostModels.load(copy).hardware["machine"]["id"] == folder.name  # -o: the same checkpoint elsewhere
     data = folder / "data" / "tiny"
     compute = sum(n for name, n in _lines(data).items() if name.endswith("compute.jsonl"))
@@ -119,11 +119,13 @@ def test_search_estimate_and_shard_use_the_machine_models_by_themselves(machine,
 @pytest.mark.timing
 @pytest.mark.gloo
 def test_a_machine_with_another_fingerprint_gets_the_shipped_models(machine, monkeypatch, tmp_path, tables_file):
+    folder, _, _ = machine
     real = store.machine_fingerprint
     monkeypatch.setattr(store, "machine_fingerprint", lambda backend="cpu": {**real(backend), "llc_bytes": 1 << 20})
     assert store.this_machine_file(store.MACHINE_MODEL_FILE) is None
     models = load_cost_models()
     assert models.path == DEFAULT_CHECKPOINT and not models.name.startswith("this machine")
+    assert not store.pretrained_here(CostModels.load(folder / "model.pt").hardware)
     assert load_operator_models().hardware_ == json.loads(SHIPPED_OPERATOR_COSTS.read_text())["hardware"]
     plan = tmp_path / "plan.json"
     assert main(["search", str(tables_file), "-d", "2", "--memory", "1GiB", "-o", str(plan)]) == 0

@@ -270,9 +270,10 @@ def write_pools(folder: Path, profile: Profile) -> None:
 class Progress:
     """One stage's progress: a tqdm bar on a terminal (``mode="bar"``), a plain line at most
     every ``LINE_EVERY_S`` in a log (``"lines"``), nothing (``"quiet"``). ``total`` counts
-    ``unit``s; ``deadline`` (``time.monotonic``) is when the stage's share of the budget ends."""
+    ``unit``s (None: as many as the time allows); ``deadline`` (``time.monotonic``) is when the
+    stage's share of the budget ends."""
 
-    def __init__(self, mode: str, desc: str, total: int, initial: int = 0, unit: str = "set",
+    def __init__(self, mode: str, desc: str, total: int | None, initial: int = 0, unit: str = "set",
                  deadline: float | None = None, run_deadline: float | None = None) -> None:
         self.mode, self.desc, self.total, self.n, self.unit = mode, desc, total, initial, unit
         self.deadline, self.run_deadline = deadline, run_deadline
@@ -284,6 +285,9 @@ class Progress:
             self._bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True,
                              mininterval=1.0, file=sys.stderr)
         self._line(force=True)
+
+    def _count(self) -> str:
+        return f"{self.n} {self.unit}s" + (f" of {self.total}" if self.total is not None else "")
 
     def _left(self) -> str:
         now = time.monotonic()
@@ -302,7 +306,7 @@ class Progress:
             return
         self._last_line = now
         left = self._left()
-        print(f"pretrain --here: {self.desc}: {self.n} of {self.total} {self.unit}s"
+        print(f"pretrain --here: {self.desc}: {self._count()}"
               + (f" ({note})" if note else "") + (f"; {left}" if left else ""), file=sys.stderr, flush=True)
 
     def update(self, n: int, note: str = "") -> None:
@@ -322,7 +326,7 @@ class Progress:
                 self._bar.close()
                 self._bar = None
             if self.mode == "lines":
-                print(f"pretrain --here: {self.desc}: " + (summary or f"{self.n} of {self.total} {self.unit}s"),
+                print(f"pretrain --here: {self.desc}: " + (summary or self._count()),
                       file=sys.stderr, flush=True)
 
     def __enter__(self) -> "Progress":
@@ -495,7 +499,7 @@ def pretrain_here(minutes: float = DEFAULT_MINUTES, *, size: str = "default", ba
             key, out_dir, store.COMPUTE_FILE, target, budget, state, spend, progress, run_deadline, "set",
             lambda n, max_minutes, c=collection, o=out_dir: collect_compute(
                 tables_dir / c.tables, n, o, sets=c.sets, seed=0, backend=backend, progress=False,
-                max_minutes=max_minutes, **c.options))
+                max_minutes=max_minutes, **c.options), open_ended=compute_sets is None)
     result.measured_now["compute"] = measured
     result.in_all["compute"] = sum(_count(f, store.COMPUTE_FILE) for f in compute_folders)
     result.seconds["compute"] = time.monotonic() - stage_started
@@ -513,7 +517,8 @@ def pretrain_here(minutes: float = DEFAULT_MINUTES, *, size: str = "default", ba
             f"comm/{devices}", out_dir, store.COMM_FILE, target, share("comm") / len(counts), state, spend, progress,
             run_deadline, "sample",
             lambda n, max_minutes, d=devices, o=out_dir: collect_comm(
-                d, n, o, backend=backend, progress=False, max_minutes=max_minutes, seed=0, **profile.comm))
+                d, n, o, backend=backend, progress=False, max_minutes=max_minutes, seed=0, **profile.comm),
+            open_ended=comm_samples is None)
     if not counts:
         log.warning("this machine runs fewer than 2 processes at once: no exchange is timed (the checkpoint carries "
                     "the analytic communication model)")
@@ -636,16 +641,18 @@ def _count(folder: Path, filename: str) -> int:
 
 def _run_collection(key: str, out_dir: Path, filename: str, target: int, budget_s: float, state: dict,
                     spend: Callable[[str, float], None], mode: str, run_deadline: float, unit: str,
-                    collect: Callable[[int, float], int]) -> int:
-    """One resumable collection: up to ``target`` samples in all, in what is left of its
-    ``budget_s`` (the seconds spent by earlier runs are in ``state``); returns samples timed now."""
+                    collect: Callable[[int, float], int], open_ended: bool = False) -> int:
+    """One resumable collection: up to ``target`` samples in all (``open_ended``: a ceiling, not
+    a count asked for), in what is left of its ``budget_s`` (the seconds spent by earlier runs
+    are in ``state``); returns samples timed now."""
     done = _count(out_dir, filename)
     left = budget_s - float(state["spent_s"].get(key, 0.0))
     if done >= target or left < 1.0:
         log.info("%s: %d %ss on disk, %.0f s of its share left: nothing to do", key, done, unit, max(left, 0.0))
         return 0
     started = time.monotonic()
-    bar = Progress(mode, key, target, done, unit=unit, deadline=started + left, run_deadline=run_deadline)
+    bar = Progress(mode, key, None if open_ended else target, done, unit=unit, deadline=started + left,
+                   run_deadline=run_deadline)
     try:
         with _Watch(out_dir / filename, bar, done):
             return collect(target, left / 60.0)
