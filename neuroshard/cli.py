@@ -14,7 +14,7 @@ import os
 import sys
 
 from . import __version__
-from .cli_options import add_input, add_output, add_verbose, missing_input
+from .cli_options import add_budget, add_input, add_output, add_quiet, add_verbose, missing_input
 from .constants import MAX_CALIBRATION_SETS
 from .errors import NeuroShardError, os_reason
 from .launch import torchrun_env
@@ -185,6 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NeuroShard's plan with ROUNDS refine rounds, as `search --refine ROUNDS --judge runtime`: "
                         "its plans and the baselines' timed on this machine, then trained together on the runtime, "
                         "the cheapest there kept (0: the search alone; default: 1)")
+    from .measured.config import DEMO_BUDGET_S
+    add_budget(p, f"the measured loop's wall clock, its calibration included: seconds or 90s, 5m (none: "
+                  f"unbounded; default {DEMO_BUDGET_S:.0f} s, which leaves the runtime comparison time for the "
+                  f"demo to end within about 5 minutes on 2 cores)")
+    add_quiet(p, "no progress lines (the demo's report is still printed)")
     p.set_defaults(func=_demo)
     add_verbose(parser)  # before or after the subcommand
     return parser

@@ -5,6 +5,8 @@
 * What a command writes is ``-o/--output`` (older spellings kept as aliases): ``add_output``;
   ``-o -`` writes to standard output where a command writes one file (``write_output``).
 * ``-v/--verbose`` is accepted before or after the subcommand: ``add_verbose``.
+* ``-q/--quiet`` silences progress (errors and results stay): ``add_quiet``.
+* ``--budget`` bounds the measured loop's wall clock (``300``, ``90s``, ``5m``, ``none``): ``add_budget``.
 """
 from __future__ import annotations
 
@@ -160,3 +162,31 @@ def model_option(args: argparse.Namespace):
     """The ``--model`` file read (a one-line FormatError when it is wrong), or the default DLRM."""
     from .model_spec import DEFAULT_MODEL, ModelSpec
     return ModelSpec.read(args.model) if getattr(args, "model", None) is not None else DEFAULT_MODEL
+
+
+def add_quiet(p: argparse.ArgumentParser, what: str = "no progress line (errors and results are still printed)"
+              ) -> None:
+    """``-q/--quiet``: no progress (``progress_mode`` reads it back)."""
+    p.add_argument("-q", "--quiet", action="store_true", help=what)
+
+
+def progress_mode(args: argparse.Namespace) -> str:
+    """The measured loop's progress mode (``measured.progress``) for ``-q``: quiet, else auto (a line
+    updated in place on a terminal, plain lines in a log)."""
+    return "quiet" if getattr(args, "quiet", False) else "auto"
+
+
+def budget_seconds(text: str) -> float:
+    """An argparse type: a budget in seconds (``measured.budget.parse_budget``: ``300``, ``90s``,
+    ``5m``, ``1h``; ``none``: unbounded)."""
+    from .errors import NeuroShardError
+    from .measured.budget import parse_budget
+    try:
+        return parse_budget(text)
+    except NeuroShardError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_budget(p: argparse.ArgumentParser, help: str) -> None:
+    """``--budget``: the measured loop's wall clock (``budget_seconds``; None when not given)."""
+    p.add_argument("--budget", type=budget_seconds, default=None, metavar="SECONDS", help=help)

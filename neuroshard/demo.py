@@ -12,12 +12,19 @@ plans and the baselines' on this machine (the kernel alone, caches flushed), pol
 cheapest, then trains them all together on the runtime (compute and all-to-all, warm) and
 keeps the one measured cheapest there. A fresh run then measures our plan beside every
 distinct baseline plan; the best baseline is the one measured fastest in it.
+
+The measured loop, its calibration included, runs within ``--budget`` (default
+``DEMO_BUDGET_S``): stages that do not fit are skipped and the plan says which; the rest of the
+demo (the searches, the runtime comparison) takes a few minutes more on 2 cores. The last line
+says whether NeuroShard's plan measured faster than the best baseline outside the A/A noise band.
+Progress is one line on a terminal (plain lines in a log; ``-q``: none).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 from .constants import TURN_STEPS
@@ -25,9 +32,13 @@ from .costmodels import load_cost_models
 from .costmodels.measure.store import cpu_model, same_cpu
 from .datasets.synthetic import generate
 from .errors import NeuroShardError
+from .cli_options import progress_mode
 from .measured.api import shard
+from .measured.budget import Budget, format_budget, stop_on_sigterm
 from .measured.calibrate import calibrated_models, start_calibration
+from .measured.config import DEMO_BUDGET_S
 from .measured.judge import geometric_mean
+from .measured.progress import Progress
 from .measured.refine import format_judgement
 from .runtime.evaluate import measure_alternating, paired_improvement
 from .runtime.judge import RuntimeJudge
@@ -44,7 +55,7 @@ def _improvement(best_baseline: float, ours: float) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-
+    started = time.monotonic()
     if args.devices is None:
         # A runtime device is a process running one thread: with more processes than cores they
         # time-share the cores and the measured comparison stops meaning "D parallel devices".
@@ -76,17 +87,23 @@ def run_demo(args: argparse.Namespace) -> int:
         here += " (another last-level cache)"
     sets = (0 if same else DEMO_CALIBRATION_SETS) if args.calibrate is None else args.calibrate
     calibration = None
+    # the measured loop's budget starts before its calibration: it bounds both
+    budget = (Budget.for_task(args.devices, DEMO_BUDGET_S if args.budget is None else args.budget,
+                              progress_mode(args)) if args.refine else None)
     if sets or args.refine:
         if sets:
             print(f"\n== 1b. calibrate: the checkpoint was measured on {measured_on}, this is {here}: timing the "
                   f"tables here and correcting the cost models" + ("" if args.refine else " (cached for the next run)"))
         if args.refine:
             # one calibration serves the baselines' models and the refine rounds (timed once, not twice)
-            calibration = start_calibration(tables, pretrained, devices=args.devices, seed=args.seed,
-                                            sets=sets or DEMO_CALIBRATION_SETS)
-            if sets:
+            with stop_on_sigterm():
+                calibration = start_calibration(tables, pretrained, devices=args.devices, seed=args.seed,
+                                                sets=sets or DEMO_CALIBRATION_SETS, budget=budget)
+            if sets and calibration.fittable:
                 models, report = calibration.fit()
                 print(report.format())
+            elif sets:
+                print("   calibration did not fit the budget: the baselines are searched with the pre-trained models")
         else:
             models = calibrated_models(tables, models, devices=args.devices, sets=sets)
     print(f"\n== 2. search with cost models '{models.name}' (measured at batch {models.batch_size} on "
@@ -101,9 +118,10 @@ def run_demo(args: argparse.Namespace) -> int:
             # --refine (the measured loop): our searched plans timed on this machine with the
             # baselines' (measured-greedy's too), the kernel's choice polished, then all of them
             # trained together on the runtime, the one measured cheapest there kept
-            refined = shard(tables, devices=args.devices, memory=memory, algorithm=algorithm,
-                            cost_models=pretrained, seed=args.seed, refine=args.refine,
-                            calibration=calibration, judge=judge)
+            with stop_on_sigterm():
+                refined = shard(tables, devices=args.devices, memory=memory, algorithm=algorithm,
+                                cost_models=pretrained, seed=args.seed, refine=args.refine,
+                                calibration=calibration, judge=judge, budget_s=budget)
             # estimated by the models the baselines are, so that the simulated costs compare
             plans[algorithm] = score_plan(refined, tables, models)
         else:
@@ -121,6 +139,7 @@ def run_demo(args: argparse.Namespace) -> int:
               f"cheapest: {refine_record['chosen']}")
         if "judge" in refine_record:
             print(f"   {format_judgement(refine_record['judge'])}")
+        print(f"   {format_budget(refine_record)}")
     print(f"\n-- NeuroShard plan ({out / 'plan-neuroshard.json'})\n{plans['neuroshard'].format_summary()}")
 
     # every distinct baseline plan runs beside ours; the best baseline is the one measured fastest
@@ -136,8 +155,7 @@ def run_demo(args: argparse.Namespace) -> int:
           f"{models.batch_size}, {args.runs} runs, each with {len(runnable) - 1} distinct plans taking turns of "
           f"{TURN_STEPS} steps (ours and the baselines'), {args.iterations} measured iterations each; ours runs twice (an A/A control: the noise "
           f"of one comparison)")
-    runs = measure_alternating(runnable, tables, runs=args.runs, iterations=args.iterations, devices=args.devices,
-                               batch_size=models.batch_size)
+    runs = _compare_on_runtime(runnable, tables, args, models.batch_size)
     costs = {a: [m.max_device_cost_ms for m in runs[measured_as.get(a, a)]] for a in (*measured_as, control)}
     baseline = min(GREEDY_ALGORITHMS, key=lambda a: geometric_mean(costs[a]))
     print("   measured, geometric mean of the runs' slowest device: " + "; ".join(
@@ -178,8 +196,43 @@ def run_demo(args: argparse.Namespace) -> int:
                "aa_geomean": aa_mean, "aa_runs": aa_runs,
                "refine": {"rounds": args.refine, "chosen": refine_record["chosen"]} if refine_record else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"\n== done: plans, measurements and {figure} are in {out}/")
+    print(f"\n   plans, measurements and {figure} are in {out}/")
+    took = time.monotonic() - started
+    print(f"== done in {took // 60:.0f} min {took % 60:.0f} s: " + _last_word(gain, noise, baseline, same))
     return 0
+
+
+def _last_word(gain: float, noise: float, baseline: str, same: bool) -> str:
+    """The demo's last line: was NeuroShard's plan measured faster than the best baseline, outside
+    the A/A noise band (``gain``: the paired improvement; ``noise``: the band)?"""
+    if same:
+        return f"NeuroShard wrote {baseline}'s own plan: nothing to tell apart"
+    if abs(gain) <= noise:
+        return (f"NeuroShard's plan was not measured faster than {baseline}'s: {100 * gain:+.1f}%, inside the A/A "
+                f"noise band of {100 * noise:.1f}%")
+    return (f"NeuroShard's plan was measured {'faster' if gain > 0 else 'slower'} than {baseline}'s: "
+            f"{100 * gain:+.1f}%, outside the A/A noise band of {100 * noise:.1f}%")
+
+
+def _compare_on_runtime(runnable: dict, tables, args: argparse.Namespace, batch_size: int) -> dict:
+    """``measure_alternating``'s runs of the ``runnable`` plans one at a time (each run's order rotated
+    as it rotates them), a progress line saying which run is going."""
+    progress = Progress(progress_mode(args), prefix="demo")
+    names = list(runnable)
+    runs: dict = {name: [] for name in names}
+    try:
+        for index in range(args.runs):
+            progress.update(stage="the runtime comparison", what=f"{len(names)} plans trained together, run",
+                            done=index + 1, total=args.runs)
+            shift = index % len(names)
+            order = {name: runnable[name] for name in names[shift:] + names[:shift]}
+            measured = measure_alternating(order, tables, runs=1, iterations=args.iterations, devices=args.devices,
+                                           batch_size=batch_size)
+            for name in names:
+                runs[name] += measured[name]
+    finally:
+        progress.close()
+    return runs
 
 
 def _median(results) -> float:

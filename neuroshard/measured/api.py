@@ -24,9 +24,13 @@ from ..plan import Plan
 from ..search.api import Task, check_task, search_task
 from ..tables import Table, TableSet
 from ..types import DeviceTimer
+from ..search.api import shard as plain_search
+from .budget import Budget, stop_reason
 from .calibrate import DEFAULT_SETS, Calibration, calibrated_models, start_calibration
-from .judge import PlanJudge
+from .candidates import COMPARE, PRETRAINED_SUFFIX
 from .choice import measured_choice
+from .judge import PlanJudge
+from .refine import expect_stages
 from .refine import refine as refine_rounds
 from .rounds import check_refine
 
@@ -139,10 +143,39 @@ def calibrated_search(task: Task, models: Any, calibrated: Any, timer: DeviceTim
     return chosen
 
 
+def refine_task(task: Task, memory: Any, models: Any, rounds: int, sets: int, budget: Budget,
+                calibration: Calibration | None = None, judge: PlanJudge | None = None) -> Plan:
+    """``shard``'s measured loop within ``budget``: the plain search's plan first (seconds, nothing
+    timed: what is written if nothing else fits or the loop is stopped), then calibration with
+    ``sets`` random sets (unless ``calibration`` is given), then refine's ``rounds`` and stages.
+    The plan's ``search_time_s`` is the whole wall time of the loop."""
+    algorithm = task.algorithm
+    options = {"bytes_per_element": task.bytes_per_element, "seed": task.seed, **task.options}
+    expect_stages(budget, len(task.tables), task.devices, rounds, COMPARE)
+    with budget.stage("search"):
+        fallback = plain_search(task.tables, task.devices, memory, algorithm=algorithm, cost_models=models, **options)
+    budget.keep(fallback, f"{algorithm}{PRETRAINED_SUFFIX}")
+    try:
+        if calibration is None:
+            calibration = start_calibration(task.tables, models, devices=task.devices, seed=task.seed, budget=budget,
+                                            **calibration_options(task, sets))
+    except KeyboardInterrupt as exc:  # stopped while calibrating: the plain search's plan is written
+        budget.stop(stop_reason(exc))
+        budget.progress.close()
+        fallback.provenance["refine"] = {"rounds": [], "chosen_round": None, "chosen": budget.best_name,
+                                         "compared": [], **budget.record()}
+        fallback.provenance["search_time_s"] = round(budget.elapsed(), 4)
+        return fallback
+    plan = refine_rounds(task.tables, task.devices, memory, calibration, rounds, algorithm=algorithm, judge=judge,
+                         budget=budget, fallback=fallback, **options)
+    plan.provenance["search_time_s"] = round(budget.elapsed(), 4)
+    return plan
+
+
 def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list | None, algorithm: str = "neuroshard",
           cost_models: Any = None, bytes_per_element: int = FP32_BYTES, seed: int = 0, calibrate: int = 0, *,
           refine: int = 0, tier_costs: Any = "analytic", calibration: Calibration | None = None,
-          judge: PlanJudge | None = None, **options: Any) -> Plan:
+          judge: PlanJudge | None = None, budget_s: Any = None, progress: str = "auto", **options: Any) -> Plan:
     """Search a sharding plan (``search.api.shard``: its arguments and ``options``), with
     the measured loop when asked: ``calibrate=SETS`` (e.g. 200) first calibrates the cost
     models on this machine and these tables with that many random sets
@@ -159,8 +192,18 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
     already timed (``start_calibration``), refined on instead of timing ``calibrate`` sets
     afresh (the demo calibrates once for its baselines and its refine rounds). ``judge`` (with
     ``refine`` only): a ``measured.judge.PlanJudge`` that makes refine's final choice, e.g.
-    ``runtime.judge.RuntimeJudge()`` (the plans trained on the included runtime)."""
+    ``runtime.judge.RuntimeJudge()`` (the plans trained on the included runtime).
+
+    ``budget_s`` (with ``refine`` only): the measured loop's wall clock, calibration included
+    (seconds, or ``"5m"``-style, ``measured.budget.parse_budget``; None: ``RefineConfig``'s default,
+    300 s up to 8 devices and in proportion above; ``math.inf``: unbounded), or a ``Budget`` already
+    started (the demo starts one before its calibration). ``progress``: what the loop says while it
+    runs (``measured.progress.Progress``'s modes: ``"auto"``, ``"bar"``, ``"lines"``, ``"quiet"``).
+    The plan's ``provenance.search_time_s`` is then the loop's whole wall time, and
+    ``provenance.refine`` records the budget (``measured.refine.refine``)."""
     sets = check_calibrate(calibrate)
+    if not refine and budget_s is not None:
+        raise NeuroShardError("budget_s= bounds the measured loop: it needs refine=N")
     if judge is not None and (not refine or not isinstance(judge, PlanJudge)):
         raise NeuroShardError("judge= takes a PlanJudge (e.g. neuroshard.runtime.judge.RuntimeJudge()), and only with "
                               "refine" if refine else "judge= makes refine's final choice: it needs refine=N")
@@ -175,12 +218,9 @@ def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list
         task = with_measured_tier_costs(task)
     models = resolve_cost_models(cost_models)
     if refine:
-        rounds = check_refine(algorithm, refine)
-        if calibration is None:
-            calibration = start_calibration(task.tables, models, devices=task.devices, seed=task.seed,
-                                            **calibration_options(task, sets or DEFAULT_SETS))
-        return refine_rounds(task.tables, task.devices, memory, calibration, rounds, algorithm=algorithm, judge=judge,
-                             bytes_per_element=task.bytes_per_element, seed=task.seed, **task.options)
+        budget = budget_s if isinstance(budget_s, Budget) else Budget.for_task(task.devices, budget_s, progress)
+        return refine_task(task, memory, models, check_refine(algorithm, refine), sets or DEFAULT_SETS, budget,
+                           calibration, judge)
     warn_device_kind(models, task)
     if sets:
         return calibrated_search(task, models, calibrated_models(task.tables, models, devices=task.devices,

@@ -71,6 +71,13 @@ DEFAULT_SETS = CALIBRATION_SETS
 CALIBRATION_RECIPE = 5
 #: most weight bytes (rows capped) one measured set may take
 MAX_SET_BYTES = 3 << 30
+#: a random calibration set's weights (rows capped) at most this many times a device's share of the
+#: task's (and at least its largest table): a timing run allocates its largest set's weights, and sets
+#: far above a device's share are not sets a plan makes (2 devices x 24 dlrm-2021 tables: 2.4 GB before)
+SET_BYTES_OF_A_DEVICE = 1.25
+#: the lookups of one calibration run at most (bytes, estimated): a run keeps every set's batch for all
+#: its passes, so calibration times its sets in runs of about this much (224 sets in one run: 4 GB)
+RUN_LOOKUP_BYTES = 256 << 20
 
 
 #: what the progress bar says while each kind of set is timed
@@ -106,9 +113,13 @@ def _random_sets(tables: TableSet, devices: int, count: int, row_cap: int, rng: 
     """``count`` random sets of pieces (Simulator ``Piece``s): about tables/devices pieces
     each, some halved by columns or cut into row halves, within ``MAX_SET_BYTES`` and within
     what the device timer may allocate now (``MEMORY_SHARE`` of the memory available, less a
-    fifth for its buffers): a busy machine gets smaller sets, not a refusal mid-calibration."""
+    fifth for its buffers): a busy machine gets smaller sets, not a refusal mid-calibration; and
+    within ``SET_BYTES_OF_A_DEVICE`` times a device's share of the tables' weights (or the largest
+    table's), what plans put on a device."""
     per_device = max(1, round(len(tables) / devices))
-    budget = min(MAX_SET_BYTES, int(0.8 * MEMORY_SHARE * available_memory_bytes()))
+    capped = [min(t.num_embeddings, row_cap) * t.embedding_dim * FP32_BYTES for t in tables]
+    device_share = max(max(capped), int(SET_BYTES_OF_A_DEVICE * sum(capped) / max(devices, 1)))
+    budget = min(MAX_SET_BYTES, device_share, int(0.8 * MEMORY_SHARE * available_memory_bytes()))
     sets = []
     for _ in range(count):
         size = int(rng.integers(max(1, per_device // 2), 3 * per_device + 1))
@@ -162,6 +173,13 @@ class Calibration:
         self.seconds = 0.0
         self.held_out: tuple[np.ndarray, np.ndarray] | None = None  # (test, validation) set numbers, first fit
         self.report: CalibrationReport | None = None  # of the last fit
+        self.budget: Any = None  # a ``measured.budget.Budget``: learns the timing rate, shows the progress
+        self.timing_seconds, self.timed_units = 0.0, 0  # the timer's seconds and units (sets x (passes + 1))
+
+    @property
+    def fittable(self) -> bool:
+        """Whether enough random sets are measured for ``fit`` (``MIN_CALIBRATION_SETS``)."""
+        return self.kinds.count("random") >= MIN_CALIBRATION_SETS
 
     def time(self, sets: list, passes: int = 1, what: str = "timing device sets", repeats: int = 1) -> np.ndarray:
         """Time ``sets`` (lists of pieces; empty ones are skipped) on this machine in one
@@ -169,16 +187,40 @@ class Calibration:
         (``timing.device_figures``; ms); ``what`` labels the progress bar on a terminal."""
         start = time.perf_counter()
         shard_lists = [self.sim.to_shards(s, np.zeros(len(s), dtype=np.int64)) for s in sets if len(s)]
+        if self.budget is not None:  # its progress line says what is timed (the timer's own bar stays off)
+            self.budget.say(f"{what.split(': ', 1)[-1]} ({len(shard_lists)} sets)")
         times, self.config = self.timer(shard_lists, self.tables, passes=passes, repeats=repeats,
                                           batch_size=self.models.batch_size, row_cap=self.row_cap, kernel=self.kernel,
-                                          progress=what, weights_precision=self.weights_precision)
-        self.seconds += time.perf_counter() - start
+                                          progress=what if self.budget is None else False,
+                                          weights_precision=self.weights_precision)
+        took = time.perf_counter() - start
+        self.seconds += took
+        self.timing_seconds += took
+        self.timed_units += len(shard_lists) * (passes + 1)
+        if self.budget is not None:
+            self.budget.timed(len(shard_lists), passes, took)
         return np.array(device_figures(times, self.config))
 
+    def lookup_bytes(self, pieces: list) -> float:
+        """The estimated bytes of one batch of a set's lookups (indices and their fused copy)."""
+        batch = self.models.batch_size
+        return sum(2 * 8 * batch * self.tables[p.table].pooling_factor * p.num_rows
+                   / max(self.tables[p.table].num_embeddings, 1) for p in pieces)
+
     def add(self, sets: list, kind: str, passes: int = 1) -> np.ndarray:
-        """``time`` the sets and keep them for ``fit``. Returns their times (ms)."""
+        """``time`` the sets and keep them for ``fit``, in runs of at most ``RUN_LOOKUP_BYTES`` of
+        lookups (a run holds every set's batch). Returns their times (ms)."""
         sets = [list(s) for s in sets if len(s)]
-        costs = self.time(sets, passes, TIMING_LABELS.get(kind, f"timing {kind} sets"))
+        runs, size = [[]], 0.0
+        for pieces in sets:
+            need = self.lookup_bytes(pieces)
+            if runs[-1] and size + need > RUN_LOOKUP_BYTES:
+                runs.append([])
+                size = 0.0
+            runs[-1].append(pieces)
+            size += need
+        label = TIMING_LABELS.get(kind, f"timing {kind} sets")
+        costs = np.concatenate([self.time(run, passes, label) for run in runs if run] or [np.zeros(0)])
         self.sets += sets
         self.features += [self.sim.features_of(self.sim.piece_ids(s)) for s in sets]
         self.costs += costs.tolist()
@@ -211,8 +253,11 @@ class Calibration:
         before = gmae(self.models.compute.predict([features[i] for i in test]), costs[test])
         compute = copy.deepcopy(self.models.compute)
         if fine_tune:
+            tuning = time.perf_counter()
             compute.fine_tune([features[i] for i in train], costs[train], [features[i] for i in val], costs[val],
                               epochs=self.epochs)
+            if self.budget is not None:  # what the next round's fine-tuning is estimated by
+                self.budget.fine_tune_s_per_set = (time.perf_counter() - tuning) / max(len(features), 1)
         singles = [i for i in train if len(features[i]) == 1]  # the tables alone, above all
         if singles and hasattr(compute, "fit_shard_correction"):  # each table's own error (``ensemble``)
             compute.fit_shard_correction(np.concatenate([features[i] for i in singles]), costs[singles],
@@ -248,18 +293,73 @@ class Calibration:
 
 
 def start_calibration(tables: TableSet, models: CostModels, devices: int = 8, sets: int = DEFAULT_SETS,
-                      seed: int = 0, **options: Any) -> Calibration:
+                      seed: int = 0, budget: Any = None, **options: Any) -> Calibration:
     """A ``Calibration`` with the task's tables alone and ``sets`` random device-sized sets
-    measured (``options``: ``Calibration``'s row_cap, kernel, epochs, weights_precision)."""
+    measured (``options``: ``Calibration``'s row_cap, kernel, epochs, weights_precision). With a
+    bounded ``budget`` (``measured.budget.Budget``) the sets are timed in runs of
+    ``calibration_chunk`` within ``calibration_share`` of it (``_within_budget``): fewer random sets
+    when they do not fit, none when fewer than ``MIN_CALIBRATION_SETS`` do (``Calibration.fittable``
+    then says so); the budget records what was skipped."""
     if not isinstance(sets, int) or isinstance(sets, bool) or sets < MIN_CALIBRATION_SETS:
         raise NeuroShardError(f"calibration needs at least {MIN_CALIBRATION_SETS} random sets, got {sets!r}")
     calibration = Calibration(tables, models, seed, **options)
+    calibration.budget = budget
     singles = [[Piece(i, 0, t.num_embeddings, 0, t.embedding_dim)] for i, t in enumerate(tables)]
+    if budget is not None and budget.bounded:
+        with budget.stage("calibrate"):
+            _within_budget(calibration, singles, devices, sets, budget)
+        return calibration
     randoms = _random_sets(tables, devices, sets, calibration.row_cap, calibration.rng)
     log.info("calibration: timing %d tables alone and %d random sets on this machine", len(singles), len(randoms))
     calibration.add(singles, "table")
     calibration.add(randoms, "random")
     return calibration
+
+
+def _within_budget(calibration: Calibration, singles: list, devices: int, sets: int, budget: Any) -> None:
+    """``start_calibration`` under a bounded budget: the tables alone, then as many of ``sets`` random
+    sets as the rate measured on the tables says fit in ``calibration_share`` of the budget (and in
+    what the stages of more worth leave, ``Budget.room``), timed in runs of ``calibration_chunk``,
+    the deadline checked before every run; the first run is short (its rate is guessed)."""
+    config = budget.config
+    end = budget.clock() + config.calibration_share * budget.seconds
+
+    def room() -> float:
+        return min(end - budget.clock(), budget.room("calibrate"))
+
+    def timed(todo: list, kind: str, what: str) -> int:
+        done, first = 0, min(4, config.calibration_chunk)
+        while done < len(todo):
+            part = todo[done:done + (first if done == 0 else config.calibration_chunk)]
+            if budget.timing_s(len(part), 1) > room():
+                break
+            budget.say(what, done, len(todo))
+            calibration.add(part, kind)
+            done += len(part)
+        return done
+
+    tables_done = timed(singles, "table", "each table alone")
+    if tables_done < len(singles):
+        budget.skip("calibrate", f"{len(singles) - tables_done} of {len(singles)} tables alone and every random "
+                                 f"set: {config.calibration_share:.0%} of the budget, less what is held for stages of "
+                                 f"more worth, did not fit them; the pre-trained models plan")
+        return
+    fit = int(room() // max(budget.timing_s(1, 1), 1e-9))
+    count = min(sets, fit)
+    if count < MIN_CALIBRATION_SETS:
+        budget.skip("calibrate", f"every random set: {fit} fit in what is left for calibration, it needs "
+                                 f"{MIN_CALIBRATION_SETS}; the pre-trained models plan")
+        return
+    randoms = _random_sets(calibration.tables, devices, count, calibration.row_cap, calibration.rng)
+    log.info("calibration: timing %d tables alone and %d random sets on this machine (budget)", len(singles),
+             len(randoms))
+    done = timed(randoms, "random", "random sets")
+    if done < MIN_CALIBRATION_SETS:
+        budget.skip("calibrate", f"random sets: {done} timed before the calibration's time ran out, fewer than "
+                                 f"{MIN_CALIBRATION_SETS}; the pre-trained models plan")
+    elif done < sets:
+        budget.skip("calibrate", f"{sets - done} of {sets} random sets: the budget's {config.calibration_share:.0%} "
+                                 f"for calibration fits {done}")
 
 
 def calibrate(tables: TableSet, models: CostModels, devices: int = 8, sets: int = DEFAULT_SETS, seed: int = 0,

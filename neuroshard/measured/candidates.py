@@ -16,7 +16,7 @@ from ..costmodels.ensemble import work_cost_models
 from ..errors import NeuroShardError
 from ..plan import Plan
 from ..search.api import shard
-from ..search.registry import with_trait
+from ..search.registry import get_trait, with_trait
 from ..tables import TableSet
 
 log = logging.getLogger("neuroshard.measured.refine")  # the loop's stages log as refine
@@ -42,15 +42,19 @@ HOW_KEPT = (REBALANCED, REPACKED, REPACKED_EVEN, SPLIT, SPLIT_REPACKED)
 
 
 def other_plans(tables: TableSet, devices: int, memory: Any, calibration: Any, models: Any, algorithm: str,
-                compare: tuple[str, ...], search_options: dict) -> tuple[list[Plan], list[dict]]:
+                compare: tuple[str, ...], search_options: dict, budget: Any = None,
+                pretrained: Plan | None = None) -> tuple[list[Plan], list[dict]]:
     """The plans compared with the rounds', and their records (``provenance.refine.compared``: a
     baseline that found no plan has ``failed`` and no plan): the same search against the pre-trained
-    models and against the calibration's work model alone, then the ``compare`` algorithms'."""
+    models (``pretrained`` when it was searched already) and against the calibration's work model
+    alone, then the ``compare`` algorithms'. With a ``budget``, a baseline that times this machine
+    (measured-greedy: its units alone) runs only when its estimate fits (stage ``measured-greedy``);
+    else its record has ``skipped`` and no plan."""
     plans, compared = [], []
     # the same search against the pre-trained models: fine-tuned on a few hundred sets, a model
     # can be worse where the search goes (docs/decisions.md#refine-loop)
-    plans.append(shard(tables, devices, memory, algorithm=algorithm, cost_models=calibration.models,
-                       **search_options))
+    plans.append(pretrained if pretrained is not None else
+                 shard(tables, devices, memory, algorithm=algorithm, cost_models=calibration.models, **search_options))
     compared.append({"algorithm": f"{algorithm}{PRETRAINED_SUFFIX}"})
     # the same search against the calibration's work model alone: a plan the members' errors did not
     # steer (costmodels.ensemble)
@@ -60,8 +64,23 @@ def other_plans(tables: TableSet, devices: int, memory: Any, calibration: Any, m
         compared.append({"algorithm": f"{algorithm}{WORK_SUFFIX}"})
     options = {k: v for k, v in search_options.items() if k in PLAN_OPTIONS}
     for name in (c for c in compare if c != algorithm):
+        timed = get_trait(name, "needs_hardware")
+        if timed and budget is not None:
+            cost = budget.timing_s(len(tables), 1)  # its units alone, about one per table, one pass each
+            if not budget.fits("measured-greedy", cost):
+                why = budget.out_of_time("measured-greedy", "timing its units alone", cost)
+                budget.skip(name, why)
+                compared.append({"algorithm": name, "skipped": why})
+                continue
+            budget.say(f"{name}: timing its units alone")
         try:
-            plans.append(shard(tables, devices, memory, algorithm=name, cost_models=models, **options))
+            if timed and budget is not None:
+                with budget.stage(name):
+                    started = budget.clock()
+                    plans.append(shard(tables, devices, memory, algorithm=name, cost_models=models, **options))
+                    budget.timed(len(tables), 1, budget.clock() - started)  # what the next estimates learn from
+            else:
+                plans.append(shard(tables, devices, memory, algorithm=name, cost_models=models, **options))
             compared.append({"algorithm": name})
         except NeuroShardError as exc:  # e.g. no plan fits, or tables only data_parallel may hold
             log.warning("refine: %s found no plan to compare with: %s", name, exc)
@@ -69,4 +88,9 @@ def other_plans(tables: TableSet, devices: int, memory: Any, calibration: Any, m
     return plans, compared
 
 
-__all__ = ["COMPARE", "PRETRAINED_SUFFIX", "WORK_SUFFIX", "PLAN_OPTIONS", "HOW_KEPT", "other_plans"]
+def timed_entries(compared: list[dict]) -> list[dict]:
+    """The records of ``compared`` that have a plan (not ``failed``, not ``skipped``), in order."""
+    return [c for c in compared if "failed" not in c and "skipped" not in c]
+
+
+__all__ = ["COMPARE", "PRETRAINED_SUFFIX", "WORK_SUFFIX", "PLAN_OPTIONS", "HOW_KEPT", "other_plans", "timed_entries"]

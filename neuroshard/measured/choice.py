@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -48,22 +48,43 @@ class Choice:
 
 
 def compare_plans(plans: list[Plan], entries: list[dict], tables: TableSet, calibration: Any, models: Any,
-                  config: RefineConfig = DEFAULT_CONFIG) -> Choice:
+                  config: RefineConfig = DEFAULT_CONFIG, budget: Any = None, first: int = 0,
+                  keep: Callable[[int], None] | None = None) -> Choice | None:
     """Every distinct plan timed in ONE interleaved run (``time_plans``), the finalists (``pick_finalists``)
     timed ``finalist_runs`` times in all and chosen by the cost of each device's median over the runs, a
     tie within ``tie_margin`` going to less total work, each cost priced for work beyond ``work_allowance``
-    over the finalists' least (``less_work_wins``). Writes each plan's figures into its ``entries`` record."""
+    over the finalists' least (``less_work_wins``). Writes each plan's figures into its ``entries`` record.
+    With a ``budget``: only the plans whose run fits are timed (``within_budget``: ``plans[first]``, the
+    plain search's, and the others the models estimate cheapest; the rest's records say ``skipped``), the
+    finalists' runs only when they fit (stage ``finalists``; else the first run decides), and None when
+    fewer than two plans fit (nothing timed). ``keep(i)``: told the cheapest plan of the first run."""
     batch = calibration.models.batch_size
     passes, repeats = config.compare_passes, config.compare_repeats
     distinct = {p.layout_key(): i for i, p in reversed(list(enumerate(plans)))}  # the first of each plan
-    finals = time_plans(plans, sorted(distinct.values()), tables, calibration, models, passes, repeats)
+    which = sorted(distinct.values())
+    if budget is not None:
+        which = within_budget(plans, which, entries, first, calibration, models, budget)
+        if not which:
+            return None
+        budget.say(f"timing {len(which)} plans together")
+    finals = time_plans(plans, which, tables, calibration, models, passes, repeats)
     timed = [finals]
     for cost, i, _ in finals:
         entries[i]["final_measured_cost_ms"] = round(cost, 4)
+    if keep is not None:
+        keep(min(finals, key=lambda f: (f[0], f[1]))[1])
     # the cheapest of ~10 plans timed once is partly the luckiest: the finalists are timed finalist_runs
     # times in all, together, and chosen by the cost of each device's median over the runs (one slow run
     # of a device does not decide)
     finalists = pick_finalists(finals, config.finalist_margin, config.min_finalists, config.max_finalists)
+    if len(finalists) > 1 and budget is not None:
+        cost = budget.timing_s(len(finalists) * plans[which[0]].num_devices, passes, config.finalist_runs - 1)
+        if not budget.fits("finalists", cost):
+            budget.skip("finalists", budget.out_of_time("finalists", f"{len(finalists)} finalists' "
+                                                        f"{config.finalist_runs - 1} more runs", cost)
+                        + "; the first run decides")
+            return _chosen(plans, finals, finalists, timed, tables, models, config)
+        budget.say(f"timing {len(finalists)} finalists again")
     if len(finalists) > 1:
         which = [f[1] for f in finalists]
         runs = [{i: (c, comp) for c, i, comp in finals if i in which}]
@@ -81,6 +102,12 @@ def compare_plans(plans: list[Plan], entries: list[dict], tables: TableSet, cali
                                                                    batch), 4)
             entries[i]["final_median_cost_ms"] = round(finalists[-1][0], 4)
             entries[i]["final_median_total_compute_ms"] = round(float(np.sum(median)), 4)
+    return _chosen(plans, finals, finalists, timed, tables, models, config)
+
+
+def _chosen(plans: list[Plan], finals: list, finalists: list, timed: list, tables: TableSet, models: Any,
+            config: RefineConfig) -> Choice:
+    """The ``Choice`` among ``finalists`` (``(cost, index, compute)``), ``finals`` being the comparison run."""
     cheapest = min(finalists, key=lambda f: (f[0], f[1]))[1]
     best = less_work_wins([(c, i, float(np.sum(comp))) for c, i, comp in finalists], config.tie_margin,
                           config.work_allowance)
@@ -90,6 +117,40 @@ def compare_plans(plans: list[Plan], entries: list[dict], tables: TableSet, cali
     return Choice(best=best, cheapest=cheapest, compute=compute,
                   lean=lean_candidate(finals, best, config.lean_margin, config.lean_saving), first=first,
                   latest_ms=first | {i: comp for _, i, comp in finalists}, timed=timed, least_work=least_work)
+
+
+def within_budget(plans: list[Plan], which: list[int], entries: list[dict], first: int, calibration: Any,
+                  models: Any, budget: Any) -> list[int]:
+    """Of the distinct plans ``which``, those the comparison run times within ``budget`` (stage ``compare``):
+    all when they fit; else ``first`` (the plain search's plan, what is written without timing) and the
+    others of least estimated slowest device (``models``' compute on their devices), as many as fit; the
+    records of the others say ``skipped``. Empty (the stage skipped) when fewer than two fit."""
+    if not budget.bounded:
+        return which
+    devices = plans[which[0]].num_devices
+    per_plan = max(budget.timing_s(devices), 1e-9)
+    # the comparison's first budget_compare_plans plans come first of all stages; more of them only
+    # when the rebalance's estimate still fits beside them (``Budget.reserved``)
+    fit = min(int(budget.room("compare") // per_plan),
+              max(budget.config.budget_compare_plans, int(budget.room("polish") // per_plan)))
+    if fit >= len(which):
+        return which
+    if fit < 2:
+        budget.skip("compare", budget.out_of_time("compare", "timing two plans together", budget.timing_s(2 * devices))
+                    + "; the plain search's plan is written untimed")
+        return []
+
+    def estimate(i: int) -> float:
+        used = [s for s in calibration.sim.device_sets(plans[i]) if s]
+        return float(np.max(calibration.predict(used, models))) if used else 0.0
+
+    ranked = sorted((i for i in which if i != first), key=lambda i: (estimate(i), i))
+    kept = sorted(([first] if first in which else []) + ranked[:fit - (first in which)])
+    for i in set(which) - set(kept):
+        entries[i]["skipped"] = "not timed: the budget fits the plans the models estimate cheapest"
+    budget.skip("compare", f"{len(which) - len(kept)} of {len(which)} plans not timed: {fit} fit in the "
+                           f"{budget.room('compare'):.0f} s left for the comparison")
+    return kept
 
 
 def pick_finalists(finals: list[tuple[float, int, np.ndarray]], margin: float = DEFAULT_CONFIG.finalist_margin,
@@ -187,5 +248,5 @@ def final_check(started: Plan, polished: Plan, tables: TableSet, calibration: An
                                              "polished_cost_ms": round(after, 4), "kept": kept}
 
 
-__all__ = ["Choice", "compare_plans", "pick_finalists", "lean_candidate", "saves_enough", "work_priced",
+__all__ = ["Choice", "compare_plans", "within_budget", "pick_finalists", "lean_candidate", "saves_enough", "work_priced",
            "less_work_wins", "measured_choice", "final_check"]

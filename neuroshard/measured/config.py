@@ -92,8 +92,46 @@ class RefineConfig:
     #: polish's objective: the mean of the slowest this many devices (docs/decisions.md#polish-slowest-device)
     polish_top: int = 1
 
+    # ------------------------------------------------------------ the budget (measured.budget)
+    #: the whole measured loop's wall-clock seconds when none are given, calibration included, up to ...
+    budget_s: float = 300.0
+    #: ... this many devices; above, budget_s x devices / budget_devices (docs/decisions.md#refine-budget)
+    budget_devices: int = 8
+    #: calibration's share of the budget at most: its random sets are as many as fit in it
+    calibration_share: float = 0.3
+    #: sets timed in one calibration run under a budget (the deadline is checked between runs)
+    calibration_chunk: int = 16
+    #: seconds one set timed in one pass is guessed to take (build and sizing included) before any is timed
+    unit_prior_s: float = 0.5
+    #: seconds fine-tuning takes per measured set, guessed before one is timed (2-core CPU: 0.2-0.3)
+    fine_tune_prior_s: float = 0.3
+    #: seconds one plan takes in one run of a judge of whole plans (the runtime's), guessed before it runs
+    judge_plan_run_s: float = 6.0
+    #: plans the comparison's estimate counts on (more are timed when the rebalance's estimate fits beside them)
+    budget_compare_plans: int = 4
+    #: rebalanced plans the rebalance's estimate counts on (a round times more when they fit)
+    budget_rebalance_plans: int = 4
+    #: polish steps the polish's and the lean plan's estimates count on (more are timed while they fit)
+    budget_polish_steps: int = 4
+    #: the stages by measured gain per second, first the most: a stage runs only when its estimated
+    #: cost leaves the estimates of the stages before it in this order (docs/decisions.md#refine-budget)
+    stage_priority: tuple[str, ...] = ("compare", "rebalance", "calibrate", "polish", "measured-greedy", "lean",
+                                       "rebalance-more", "finalists", "rounds")
+
 
 #: the configuration the package runs with
 DEFAULT_CONFIG = RefineConfig()
 
-__all__ = ["RefineConfig", "DEFAULT_CONFIG"]
+
+#: the demo's measured loop, calibration included (s): with its runtime comparison after it, the demo
+#: ends within about 5 minutes on 2 cores
+DEMO_BUDGET_S = 120.0
+
+
+def default_budget_s(devices: int, config: RefineConfig = DEFAULT_CONFIG) -> float:
+    """The measured loop's default budget (s) for a task of ``devices``: ``budget_s`` up to
+    ``budget_devices`` devices, growing in proportion with the devices above."""
+    return config.budget_s * max(1.0, devices / config.budget_devices)
+
+
+__all__ = ["RefineConfig", "DEFAULT_CONFIG", "DEMO_BUDGET_S", "default_budget_s"]

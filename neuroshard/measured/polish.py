@@ -255,7 +255,7 @@ class _Polish:
 def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured_ms: np.ndarray,
            steps: int | None = None, timing_passes: int | None = None, timing_repeats: int | None = None,
            top: int | None = None, check: bool = True, row_blocks: str | None = None,
-           config: RefineConfig = DEFAULT_CONFIG) -> tuple[Plan, dict]:
+           config: RefineConfig = DEFAULT_CONFIG, budget: Any = None, stage: str = "polish") -> tuple[Plan, dict]:
     """A measured local search from ``plan`` whose devices measured ``measured_ms`` (at the
     models' batch size): each step proposes the change off the slowest device that the
     models predict best (each device's prediction scaled by its measured/predicted ratio):
@@ -278,7 +278,10 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     record's ``end`` says which (``"steps"``, ``"no predicted gain"``, ``"nothing to try"``,
     ``"stopped"``: timing failed) and ``top_gap`` the measured gap between the two slowest
     devices then. ``timing_passes`` and ``timing_repeats`` (None: ``compare_passes``,
-    ``compare_repeats``) time each change and the final check."""
+    ``compare_repeats``) time each change and the final check. With a ``budget``
+    (``measured.budget.Budget``), a step is taken only while it and the final check fit (``end``:
+    ``"budget"`` when not; the budget's stage ``stage``), and the plan comes back unpolished when the
+    final check no longer fits (``final_check.skipped``)."""
     steps = config.polish_steps if steps is None else steps
     passes = config.compare_passes if timing_passes is None else timing_passes
     repeats = config.compare_repeats if timing_repeats is None else timing_repeats
@@ -289,7 +292,16 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
     state = _Polish(plan, tables, calibration, models, measured_ms, config.polish_top if top is None else top,
                     row_blocks, config.polish_min_gain, record)
     record["end"] = "steps"  # why polish stopped (provenance.refine.polish.end)
-    for _ in range(steps):
+    check_s = 0.0 if budget is None else budget.timing_s(2 * plan.num_devices, passes, config.final_check_runs)
+    for k in range(steps):
+        if budget is not None:
+            step_s = budget.timing_s(4, passes, 2)  # two devices before and after, in up to two runs
+            if not budget.fits(stage, step_s + check_s):
+                record["end"] = "budget"
+                budget.skip(stage, budget.out_of_time(stage, f"steps {k + 1}-{steps} and the final check",
+                                                      step_s + check_s))
+                break
+            budget.say("timing a change off the slowest device", k + 1, steps)
         if not state.step(passes, repeats):
             break
     state.finish()
@@ -297,6 +309,10 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
         return plan, record
 
     def timed_against_start(polished: Plan) -> tuple[Plan, dict]:
+        if budget is not None and not budget.fits(stage, check_s):
+            why = budget.out_of_time(stage, "the final check", check_s)
+            budget.skip(stage, f"the final check ({why}); the plan stays unpolished")
+            return plan, {"skipped": why}
         return final_check(plan, polished, tables, calibration, models, passes, repeats, config.final_check_runs)
 
     return state.polished(plan, timed_against_start if check else None), record
@@ -305,25 +321,52 @@ def polish(plan: Plan, tables: TableSet, calibration: Any, models: Any, measured
 def polish_and_lean(plans: list[Plan], best: int, lean: int | None, compute: np.ndarray, choice: Choice,
                     polish_steps: int, row_blocks: Any, tables: TableSet, calibration: Any, models: Any,
                     record: dict, name: Callable[[int], str], history: list[dict],
-                    config: RefineConfig = DEFAULT_CONFIG) -> tuple[Plan, int]:
+                    config: RefineConfig = DEFAULT_CONFIG, budget: Any = None) -> tuple[Plan, int]:
     """``plans[best]`` polished (its devices measured ``compute``), and when there is a ``lean`` plan,
     that one polished too and the two timed together (``measured_choice``, a tie within ``tie_margin``
     going to less total work). Writes ``polish`` and ``lean`` into ``record`` (and ``chosen``,
     ``chosen_round`` when the lean plan is kept). Returns the plan and the index of the plan it
-    started from."""
+    started from. With a ``budget``, the lean plan is polished (stage ``lean``) only when its polish's
+    first steps and the two runs after fit."""
     chosen, start = plans[best], best
     if not polish_steps:
         return chosen, start
     chosen, record["polish"] = polish(chosen, tables, calibration, models, compute, polish_steps,
-                                      row_blocks=row_blocks, config=config)
+                                      row_blocks=row_blocks, config=config, budget=budget)
     if lean is None:
         return chosen, start
+    if budget is not None:
+        cost = budget.timing_s(4 * config.budget_polish_steps + 4 * chosen.num_devices, config.compare_passes,
+                               config.final_check_runs)
+        if not budget.fits("lean", cost):
+            budget.skip("lean", budget.out_of_time("lean", f"polishing {name(lean)}'s plan too", cost))
+            return chosen, start
+        with budget.stage("lean"):
+            return _lean_too(plans, best, lean, chosen, start, choice, polish_steps, row_blocks, tables, calibration,
+                             models, record, name, history, config, budget)
+    return _lean_too(plans, best, lean, chosen, start, choice, polish_steps, row_blocks, tables, calibration, models,
+                     record, name, history, config, budget)
+
+
+def _lean_too(plans: list[Plan], best: int, lean: int, chosen: Plan, start: int, choice: Choice, polish_steps: int,
+              row_blocks: Any, tables: TableSet, calibration: Any, models: Any, record: dict,
+              name: Callable[[int], str], history: list[dict], config: RefineConfig,
+              budget: Any) -> tuple[Plan, int]:
+    """``polish_and_lean``'s second half: the lean plan polished, then timed against ``chosen`` (polished)."""
     lean_plan, lean_record = polish(plans[lean], tables, calibration, models, choice.latest_ms[lean], polish_steps,
-                                    row_blocks=row_blocks, config=config)
+                                    row_blocks=row_blocks, config=config, budget=budget, stage="lean")
     # the lean plan saves work against the plan the comparison and finalist runs chose
     record["lean"] = {"plan": name(lean), "total_compute_ms": round(float(np.sum(choice.first[lean])), 4),
                       "chosen_total_compute_ms": round(float(np.sum(choice.first[choice.best])), 4),
                       "polish": lean_record}
+    if budget is not None:
+        cost = budget.timing_s(2 * chosen.num_devices, config.compare_passes, config.final_check_runs)
+        if not budget.fits("lean", cost):
+            why = budget.out_of_time("lean", "timing the two polished plans together", cost)
+            budget.skip("lean", f"{why}; the chosen plan stays")
+            record["lean"]["skipped"] = why
+            return chosen, start
+        budget.say(f"timing {name(lean)}'s polished plan against the chosen one")
     try:
         kept, costs, totals = measured_choice([(name(best), chosen), (name(lean), lean_plan)], tables,
                                               calibration, models, config.compare_passes, config.compare_repeats,

@@ -92,6 +92,7 @@ class _Rebalancing:
     reference_name: str
     evidence: _Evidence
     record: dict = field(default_factory=lambda: {"plans": [], "kept": None})
+    budget: Any = None
 
     def __post_init__(self) -> None:
         self.known = {p.layout_key() for p in self.plans}
@@ -190,11 +191,49 @@ class _Rebalancing:
                  ", ".join(f"{c:.2f}" for c in cost[1:chosen_from]), cost[0], kept_label)
         return k, means, runs
 
+    def run_s(self, plans: int) -> float:
+        """The estimated seconds of timing ``plans`` plans (and the least-work reference) together."""
+        devices = self.plans[0].num_devices
+        return self.budget.timing_s((plans + 1) * devices, self.config.compare_passes, self.config.final_check_runs)
+
+    def within_budget(self, round_: int, candidates: list[tuple], kept_plan: Plan) -> list[tuple]:
+        """The ``candidates`` a round times within the budget (all without one): as many as fit with the plan
+        kept so far, leaving the confirmation's runs, those whose estimate drops most first; the others are
+        recorded as skipped."""
+        if self.budget is None or not candidates:
+            return candidates
+        confirm = self.run_s(2)
+        worth = "rebalance" if round_ == 1 else "rebalance-more"  # later rounds gained less per second
+        fit = max((k for k in range(len(candidates) + 1) if self.budget.fits(worth, self.run_s(k + 1) + confirm)),
+                  default=0)
+        if fit >= len(candidates):
+            self.budget.say(f"round {round_}: timing {len(candidates)} rebalanced plans", round_,
+                            self.config.rebalance_rounds)
+            return candidates
+        why = self.budget.out_of_time(worth, f"round {round_}'s {len(candidates)} plans",
+                                      self.run_s(len(candidates) + 1) + confirm)
+        ranked = sorted(candidates, key=lambda c: c[2]["estimated_cost_after_ms"]
+                        / max(c[2]["estimated_cost_before_ms"], 1e-9))[:fit]
+        self.budget.skip(worth, f"{len(candidates) - fit} of round {round_}'s plans ({why}; the {fit} "
+                                      f"estimated to gain most timed)" if fit else f"round {round_} on ({why})")
+        for c in candidates:
+            if not any(c is k for k in ranked):
+                c[2]["skipped"] = "not timed: the budget"
+        return [c for c in candidates if any(c is k for k in ranked)]
+
     def confirm(self, chosen: Plan, kept_plan: Plan, kept_label: str) -> tuple[bool, list[np.ndarray] | None]:
         """The rounds kept the cheapest of several plans in the runs that chose it: part of its lead there is
         those runs' noise (the winner's curse). Fresh runs of it beside ``chosen`` (the plan chosen before)
         confirm it, by the same rule. Returns whether it stays, and the devices' means of (chosen, kept)
-        (None when they could not be timed now: the rounds' choice stays)."""
+        (None when they could not be timed now: the rounds' choice stays). With a budget that no longer
+        fits them, it does not stay (unconfirmed)."""
+        if self.budget is not None and not self.budget.fits("rebalance", self.run_s(2)):
+            why = self.budget.out_of_time("rebalance", "the confirmation", self.run_s(2))
+            self.budget.skip("rebalance", f"the confirmation of {kept_label} ({why}); the chosen plan stays")
+            self.record["confirm"] = {"skipped": why}
+            return False, None
+        if self.budget is not None:
+            self.budget.say(f"confirming {kept_label} in fresh runs")
         try:
             cost, means, _ = self.timed([chosen, kept_plan] + self.reference_to(chosen))
         except NeuroShardError as exc:  # e.g. no memory to time them now: the rounds' choice stays
@@ -215,7 +254,7 @@ class _Rebalancing:
 
 def rebalance_chosen(plans: list[Plan], entries: list[dict], starts: list[int], choice: Choice, tables: TableSet,
                      calibration: Any, models: Any, names: list[str], row_blocks: str | None = None,
-                     reference_name: str = "", config: RefineConfig = DEFAULT_CONFIG
+                     reference_name: str = "", config: RefineConfig = DEFAULT_CONFIG, budget: Any = None
                      ) -> tuple[int, int, np.ndarray, dict]:
     """``starts[0]`` (the plan chosen, its devices measured ``choice.compute``) or a plan made from the
     ``starts`` (named ``names``; each anchored at its devices' ``choice.latest_ms``), whichever measures
@@ -226,10 +265,13 @@ def rebalance_chosen(plans: list[Plan], entries: list[dict], starts: list[int], 
     against the least total in the run, ``plans[choice.least_work]`` timed in every run for that); the rounds
     stop when it is the one kept before or nothing changes. The plan the rounds kept is then confirmed in
     fresh runs (``_Rebalancing.confirm``), and appended to ``plans`` and ``entries`` when it stays. Returns
-    the index of the plan kept, the start it came from, its devices' measured compute, and the record."""
+    the index of the plan kept, the start it came from, its devices' measured compute, and the record.
+    With a ``budget``, a round times only the plans whose runs fit beside the confirmation's
+    (``_Rebalancing.within_budget``: those estimated to gain most), and a plan kept unconfirmed for want
+    of time is not kept."""
     best = starts[0]
     stage = _Rebalancing(plans, tables, calibration, models, config, row_blocks, choice.least_work, reference_name,
-                         _Evidence(calibration, plans, choice.timed))
+                         _Evidence(calibration, plans, choice.timed), budget=budget)
     record = stage.record
     kept_plan, kept_ms, kept_label, origin = plans[best], choice.compute, names[0], best
     froms = [(i, label, plans[i], choice.latest_ms[i], stage.evidence.runs_of.get(i, 1))
@@ -239,6 +281,7 @@ def rebalance_chosen(plans: list[Plan], entries: list[dict], starts: list[int], 
         candidates = stage.candidates(round_, froms, costs, noise)
         log.info("refine: rebalance round %d: marginal costs fitted to %d timed devices (%.1f%% off them); %d "
                  "rebalanced plan(s) to time", round_, costs.sets_, 100 * costs.fit_error_, len(candidates))
+        candidates = stage.within_budget(round_, candidates, kept_plan)
         if not candidates:
             break
         timed = stage.time_round(round_, kept_plan, kept_label, candidates)
@@ -261,7 +304,7 @@ def rebalance_chosen(plans: list[Plan], entries: list[dict], starts: list[int], 
     confirmed, means = stage.confirm(plans[best], kept_plan, kept_label)
     if not confirmed:
         record["kept"] = None
-        return best, best, means[0], record
+        return best, best, (choice.compute if means is None else means[0]), record
     if means is not None:
         kept_ms = means[1]
     plans.append(kept_plan)

@@ -184,15 +184,20 @@ def _say_refine(say, refine: dict) -> None:
             f"timing runs both show it cheaper); the plan's measured cost "
             f"{polish.get('measured_cost_before_ms', float('nan')):.2f} ms when chosen, "
             f"{polish.get('measured_cost_after_ms', float('nan')):.2f} ms in the last run"
-            + ("" if polish["accepted"] else " (the same plan: the difference is this machine's drift)"))
+            + ("" if polish["accepted"] else " (the same plan: the difference is this machine's drift)")
+            + ("; the budget ended it" if polish.get("end") == "budget" else ""))
         check = polish.get("final_check")
-        if check:
+        if check and "polished_cost_ms" not in check:
+            say(f"polish: the final check was not timed ({check.get('skipped') or check.get('stopped')})"
+                + ("; the chosen plan written, unpolished" if "skipped" in check else ""))
+        elif check:
             say(f"polish: the polished plan {check['polished_cost_ms']:.2f} ms against {check['started_cost_ms']:.2f} "
                 f"for the chosen one, timed together ({check['runs']} runs): "
                 + ("polished plan written" if check["kept"] else "the chosen plan written, unpolished"))
     lean = refine.get("lean")
     if lean:
-        timed = ("both could not be timed (" + lean["stopped"] + "): the chosen plan written" if "stopped" in lean else
+        timed = ("both could not be timed (" + (lean.get("stopped") or lean["skipped"]) + "): the chosen plan written"
+                 if "stopped" in lean or "skipped" in lean else
                  f"both polished plans timed together: {lean['measured_cost_ms'][1]:.2f} ms against "
                  f"{lean['measured_cost_ms'][0]:.2f} for the chosen"
                  + (f" (total compute {lean['measured_total_compute_ms'][1]:.1f} against "
