@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -47,6 +47,9 @@ from ..constants import MIN_COLUMN_SHARD_DIM, block_counts, default_local_world_
 from ..errors import InfeasibleError
 from ..types import Footprint, Piece, split_rows
 from ..units import format_bytes
+
+if TYPE_CHECKING:
+    from .simulator import Simulator
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +184,67 @@ def strip_groups(pieces: Sequence[Piece]) -> np.ndarray:
         if counts[key] > 1:
             out[j] = ids.setdefault(key, len(ids))
     return out
+
+
+class RowBlockRule:
+    """The row-block layouts TorchRec runs, kept while a tiered search places: the row blocks
+    of one column strip on distinct devices, and a strip of one host's ``L`` blocks
+    (``Simulator.local_world_size``) on that host, the rule the placer keeps where memory
+    allows (``placer.greedy_place``'s groups) and the layouts TorchRec runs once
+    ``align_row_blocks`` puts them in rank order (every strip of ``W`` blocks on ranks
+    0..W-1, joined into one strip: row-wise; ``L`` blocks on one host's ranks: table-row-wise
+    or a grid). ``allows``: a move keeps the rule; ``keeps``: a placement does.
+
+    Without tiers the search places freely and ``rowwise.runnable_row_splits`` re-cuts
+    what breaks the rule before the plan is written, in the room the devices have left.
+    The tier search fills the devices with caches (``TIER_PACKING_HEADROOM``), so that
+    re-cut seldom fits: with ``row_blocks="torchrec"`` and tables outside device memory,
+    the search keeps the rule as it places. Otherwise (``active`` false) every move and
+    placement is allowed."""
+
+    def __init__(self, sim: "Simulator", pieces: Sequence[Piece]):
+        keep = sim.row_blocks != "any" and sim.tiers is not None
+        self.groups = strip_groups(pieces) if keep else np.full(len(pieces), -1)
+        self.active = bool((self.groups >= 0).any())
+        self.local = sim.local_world_size if sim.local_world_size < sim.num_devices else None
+        self.size = np.bincount(self.groups[self.groups >= 0]) if self.active else np.zeros(0, dtype=np.int64)
+        self.where: dict[int, set[int]] = {}
+
+    def update(self, devices: np.ndarray) -> None:
+        """The devices each strip's blocks are on now."""
+        if not self.active:
+            return
+        self.where = {}
+        for piece in np.flatnonzero(self.groups >= 0).tolist():
+            self.where.setdefault(int(self.groups[piece]), set()).add(int(devices[piece]))
+
+    def allows(self, piece: int, target: int) -> bool:
+        """Whether ``piece`` may move to device ``target`` (its strip's other blocks where they are)."""
+        group = int(self.groups[piece]) if self.active else -1
+        if group < 0:
+            return True
+        taken = self.where[group]
+        if target in taken:
+            return False
+        if self.local is not None and self.size[group] == self.local:
+            hosts = {d // self.local for d in taken}
+            return len(hosts) > 1 or target // self.local in hosts
+        return True
+
+    def allows_all(self, pieces: np.ndarray, target: int) -> np.ndarray:
+        return np.array([self.allows(int(p), target) for p in pieces], dtype=bool)
+
+    def keeps(self, devices: np.ndarray) -> bool:
+        """Whether every strip's blocks are on distinct devices, one host's when there are ``L``."""
+        if not self.active:
+            return True
+        self.update(devices)
+        for group, taken in self.where.items():
+            if len(taken) < self.size[group]:
+                return False
+            if self.local is not None and self.size[group] == self.local and len({d // self.local for d in taken}) > 1:
+                return False
+        return True
 
 
 def fits_memory(devices: np.ndarray, sizes: np.ndarray, memory_bytes: int | np.ndarray) -> bool:
