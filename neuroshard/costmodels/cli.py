@@ -205,7 +205,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "before and after.")
     add_input(p, "tables", "tables file (neuroshard.tables/v1) of the task")
     p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
-                   help="pre-trained checkpoint (default: this machine's own from pretrain --here, else the shipped one)")
+                   help="pre-trained checkpoint (default: this machine's own from pretrain --here, else the "
+                        "shipped one)")
     p.add_argument("-d", "--devices", type=int_in(1, 1024, "a device count"), default=8,
                    help="devices the plans will use: random sets hold about tables/devices shards (default: 8)")
     p.add_argument("--sets", type=int_in(MIN_CALIBRATION_SETS, MAX_CALIBRATION_SETS, "a set count"), default=CALIBRATION_SETS,

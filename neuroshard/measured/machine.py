@@ -169,7 +169,8 @@ PROFILES: dict[str, Profile] = {
                      plans={"memory_bytes": 64 << 30, "warmup": 1, "repeats": 1, "max_repeats": 1}),
         comm={"warmup": 1, "repeats": 3}, compute_sets=18, comm_samples=MIN_COMM_SAMPLES,
         dense={"layers": {"count": 12, "rounds": 1, "min_ms": 0.5}, "optimizer": {"count": 6, "rounds": 1},
-               "input": {"count": 6, "rounds": 1}, "collectives": {"ranks": (2,), "rounds": 1, "sizes": [4096, 1 << 20]},
+               "input": {"count": 6, "rounds": 1},
+               "collectives": {"ranks": (2,), "rounds": 1, "sizes": [4096, 1 << 20]},
                "embedding_split": {"count": 2}},
         overhead_configs=1, overhead_iterations=4, epochs=5, ensemble=2),
 }
@@ -410,14 +411,6 @@ class HereResult:
     pace: dict = field(default_factory=dict)           # stage -> machine_pace() when it was sized
     report: str = ""
 
-    @property
-    def model_path(self) -> Path:
-        return self.folder / store.MACHINE_MODEL_FILE
-
-    @property
-    def operators_path(self) -> Path:
-        return self.folder / store.MACHINE_OPERATORS_FILE
-
 
 OverheadsFn = Callable[..., OperatorModels]
 
@@ -444,8 +437,14 @@ def pretrain_here(minutes: float = DEFAULT_MINUTES, *, size: str = "default", ba
         raise NeuroShardError(f"unknown device {backend!r}; choose cpu or cuda")
     check_number(minutes, "minutes", 1.0 / 60, 24 * 60.0)
     profile = PROFILES[size]
-    compute_sets = profile.compute_sets if compute_sets is None else check_int(compute_sets, "compute sets", MIN_COMPUTE_SETS, 10**6)
-    comm_samples = profile.comm_samples if comm_samples is None else check_int(comm_samples, "comm samples", MIN_COMM_SAMPLES, 10**6)
+    if compute_sets is None:
+        compute_sets = profile.compute_sets
+    else:
+        check_int(compute_sets, "compute sets", MIN_COMPUTE_SETS, 10**6)
+    if comm_samples is None:
+        comm_samples = profile.comm_samples
+    else:
+        check_int(comm_samples, "comm samples", MIN_COMM_SAMPLES, 10**6)
     epochs = profile.epochs if epochs is None else epochs
     ensemble = profile.ensemble if ensemble is None else ensemble
     if progress == "auto":
@@ -457,208 +456,246 @@ def pretrain_here(minutes: float = DEFAULT_MINUTES, *, size: str = "default", ba
         if not torch.cuda.is_available():
             raise NeuroShardError("--device cuda asked for, but torch sees no CUDA device")
 
-    started = time.monotonic()
-    run_deadline = started + 60.0 * minutes
-    fingerprint = store.machine_fingerprint(backend)
     folder = store.machine_dir(backend)
-    folder.mkdir(parents=True, exist_ok=True)
-    state = read_state(folder)
-    recorded = state.get("fingerprint")
-    if recorded is not None and store.fingerprint_id(recorded) != folder.name:
-        raise NeuroShardError(f"{folder / STATE_FILE} records another machine's fingerprint; move the folder away")
-    state["fingerprint"] = fingerprint
-    state["id"] = folder.name
-    write_state(folder, state)
-    data = folder / "data" / profile.name
-    tables_dir = data / "tables"
-    write_pools(tables_dir, profile)
-    result = HereResult(folder, fingerprint)
-    say = (lambda text: None) if progress == "quiet" else (lambda text: print(text, file=sys.stderr, flush=True))
-    say(f"pretrain --here: {store.describe_fingerprint(fingerprint)}; folder {folder}; budget {minutes:g} minutes")
-
-    def share(stage: str) -> float:
-        return 60.0 * minutes * SHARES[stage]
-
-    def spend(key: str, seconds: float) -> None:
-        state["spent_s"][key] = round(float(state["spent_s"].get(key, 0.0)) + seconds, 3)
-        write_state(folder, state)
-
-    # 1. compute
-    weights = [c.weight for c in profile.collections]
-    targets = (split_count(compute_sets, weights) if compute_sets is not None
-               else [CEILING_COMPUTE_SETS] * len(profile.collections))
-    compute_folders = []
-    stage_started = time.monotonic()
-    measured = 0
-    for collection, target in zip(profile.collections, targets):
-        key = f"compute/{collection.name}"
-        budget = share("compute") * collection.weight / sum(weights)
-        out_dir = data / collection.name
-        compute_folders.append(out_dir)
-        measured += _run_collection(
-            key, out_dir, store.COMPUTE_FILE, target, budget, state, spend, progress, run_deadline, "set",
-            lambda n, max_minutes, c=collection, o=out_dir: collect_compute(
-                tables_dir / c.tables, n, o, sets=c.sets, seed=0, backend=backend, progress=False,
-                max_minutes=max_minutes, **c.options), open_ended=compute_sets is None)
-    result.measured_now["compute"] = measured
-    result.in_all["compute"] = sum(_count(f, store.COMPUTE_FILE) for f in compute_folders)
-    result.seconds["compute"] = time.monotonic() - stage_started
-
-    # 2. comm
-    counts = comm_device_counts(backend)
-    comm_folders = []
-    stage_started = time.monotonic()
-    measured = 0
-    for devices in counts:
-        out_dir = data / "comm" / f"comm{devices}"
-        comm_folders.append(out_dir)
-        target = comm_samples if comm_samples is not None else CEILING_COMM_SAMPLES
-        measured += _run_collection(
-            f"comm/{devices}", out_dir, store.COMM_FILE, target, share("comm") / len(counts), state, spend, progress,
-            run_deadline, "sample",
-            lambda n, max_minutes, d=devices, o=out_dir: collect_comm(
-                d, n, o, backend=backend, progress=False, max_minutes=max_minutes, seed=0, **profile.comm),
-            open_ended=comm_samples is None)
-    if not counts:
-        log.warning("this machine runs fewer than 2 processes at once: no exchange is timed (the checkpoint carries "
-                    "the analytic communication model)")
-    result.measured_now["comm"] = measured
-    result.in_all["comm"] = sum(_count(f, store.COMM_FILE) for f in comm_folders)
-    result.seconds["comm"] = time.monotonic() - stage_started
-
-    # 3. fit
-    compute_folders = [f for f in compute_folders if _count(f, store.COMPUTE_FILE)]
-    sets = sum(_count(f, store.COMPUTE_FILE) for f in compute_folders)
-    if sets < MIN_COMPUTE_SETS:
-        raise NeuroShardError(f"{sets} shard sets measured, {MIN_COMPUTE_SETS} needed to fit: give more --minutes "
-                              f"(a rerun continues where this one stopped)")
-    for f in [f for f in comm_folders if _count(f, store.COMM_FILE) < MIN_COMM_SAMPLES]:
-        log.warning("%s: %d exchange samples, fewer than the %d a fit needs: not fitted (give more --minutes; a "
-                    "rerun continues)", f, _count(f, store.COMM_FILE), MIN_COMM_SAMPLES)
-    comm_folders = [f for f in comm_folders if _count(f, store.COMM_FILE) >= MIN_COMM_SAMPLES]
-    signature = {"profile": profile.name, "epochs": epochs, "ensemble": ensemble, "test_tables": test_tables,
-                 "tune": tune, "seed": seed,
-                 "compute": {f.name: _count(f, store.COMPUTE_FILE) for f in compute_folders},
-                 "comm": {f.name: _count(f, store.COMM_FILE) for f in comm_folders}}
-    model_path = folder / store.MACHINE_MODEL_FILE
-    stage_started = time.monotonic()
-    if model_path.exists() and (state.get("fit") or {}).get("signature") == signature:
-        result.skipped.append("fit")
-        models = CostModels.load(model_path)
-    else:
-        with Progress(progress, "fit: neural, tree and analytic models, held out", 1, unit="fit",
-                      run_deadline=run_deadline) as bar:
-            models, fit_record = _fit(compute_folders, comm_folders, folder, fingerprint, epochs=epochs,
-                                      ensemble=ensemble, test_tables=test_tables, tune=tune, seed=seed)
-            bar.update(1)
-        state["fit"] = {"signature": signature, **fit_record}
-        spend("fit", time.monotonic() - stage_started)
-    result.seconds["fit"] = time.monotonic() - stage_started
+    run = _Run(folder, store.machine_fingerprint(backend), PROFILES[size], minutes, backend, progress)
+    run.say(f"pretrain --here: {store.describe_fingerprint(run.result.fingerprint)}; folder {folder}; budget "
+            f"{minutes:g} minutes")
+    compute_folders = run.compute(compute_sets)
+    comm_folders = run.comm(comm_samples)
+    models, signature = run.fit(compute_folders, comm_folders, epochs=epochs, ensemble=ensemble,
+                                test_tables=test_tables, tune=tune, seed=seed)
     if out is not None:
         models.save(out)
+    operators = run.dense()
+    run.overheads(models, operators, signature, overheads, overhead_configs)
+    return run.finish()
 
-    # 4. dense
-    dense_path = data / "operators-dense.json"
-    stage_started = time.monotonic()
-    done_parts = _dense_parts(dense_path)
-    if set(DENSE_PARTS) <= done_parts:
-        result.skipped.append("dense")
-    else:
-        size_dict = profile.dense
-        if size_dict is None:
-            result.pace["dense"] = machine_pace()
-            size_dict = dense_size(share("dense") / result.pace["dense"])
-        with Progress(progress, "dense: the operators of a training step", len(DENSE_PARTS), len(done_parts),
-                      unit="part", deadline=time.monotonic() + share("dense"), run_deadline=run_deadline) as bar:
-            timed: list[str] = []
 
-            def on_part(part: str) -> None:  # called as each part starts: the ones before are done
-                bar.update(len(done_parts) + len(timed), note=f"timing {part}")
-                timed.append(part)
+class _Run:
+    """One run of ``pretrain_here``: the machine's folder and state, the budget, and a method
+    per stage (each skips what is up to date and records the seconds it spent)."""
+
+    def __init__(self, folder: Path, fingerprint: dict, profile: Profile, minutes: float, backend: str,
+                 progress: str) -> None:
+        self.folder, self.profile, self.minutes, self.backend, self.mode = folder, profile, minutes, backend, progress
+        self.started = time.monotonic()
+        self.deadline = self.started + 60.0 * minutes
+        folder.mkdir(parents=True, exist_ok=True)
+        self.state = read_state(folder)
+        recorded = self.state.get("fingerprint")
+        if recorded is not None and store.fingerprint_id(recorded) != folder.name:
+            raise NeuroShardError(f"{folder / STATE_FILE} records another machine's fingerprint; move the folder "
+                                  f"away")
+        self.state.update(fingerprint=fingerprint, id=folder.name)
+        write_state(folder, self.state)
+        self.data = folder / "data" / profile.name
+        self.tables = self.data / "tables"
+        write_pools(self.tables, profile)
+        self.result = HereResult(folder, fingerprint)
+
+    def say(self, text: str) -> None:
+        if self.mode != "quiet":
+            print(text, file=sys.stderr, flush=True)
+
+    def share(self, stage: str) -> float:
+        """The stage's share of the budget, in seconds."""
+        return 60.0 * self.minutes * SHARES[stage]
+
+    def spend(self, key: str, seconds: float) -> None:
+        self.state["spent_s"][key] = round(float(self.state["spent_s"].get(key, 0.0)) + seconds, 3)
+        write_state(self.folder, self.state)
+
+    def progress(self, desc: str, total: int | None, initial: int = 0, unit: str = "set",
+                 share_s: float | None = None) -> Progress:
+        return Progress(self.mode, desc, total, initial, unit=unit, run_deadline=self.deadline,
+                        deadline=None if share_s is None else time.monotonic() + share_s)
+
+    def compute(self, compute_sets: int | None) -> list[Path]:
+        """Stage 1: every collection of the profile, in its share of the compute share."""
+        collections = self.profile.collections
+        weights = [c.weight for c in collections]
+        targets = (split_count(compute_sets, weights) if compute_sets is not None
+                   else [CEILING_COMPUTE_SETS] * len(collections))
+        started, measured, folders = time.monotonic(), 0, []
+        for collection, target in zip(collections, targets):
+            out = self.data / collection.name
+            folders.append(out)
+            measured += self._collect(
+                f"compute/{collection.name}", out, store.COMPUTE_FILE, target, compute_sets is None,
+                self.share("compute") * collection.weight / sum(weights), "set",
+                lambda n, max_minutes, c=collection, o=out: collect_compute(
+                    self.tables / c.tables, n, o, sets=c.sets, seed=0, backend=self.backend, progress=False,
+                    max_minutes=max_minutes, **c.options))
+        self._ran("compute", started, measured, sum(_count(f, store.COMPUTE_FILE) for f in folders))
+        return folders
+
+    def comm(self, comm_samples: int | None) -> list[Path]:
+        """Stage 2: the exchange at every device count this machine runs."""
+        counts = comm_device_counts(self.backend)
+        if not counts:
+            log.warning("this machine runs fewer than 2 processes at once: no exchange is timed (the checkpoint "
+                        "carries the analytic communication model)")
+        started, measured, folders = time.monotonic(), 0, []
+        for devices in counts:
+            out = self.data / "comm" / f"comm{devices}"
+            folders.append(out)
+            measured += self._collect(
+                f"comm/{devices}", out, store.COMM_FILE, comm_samples or CEILING_COMM_SAMPLES, comm_samples is None,
+                self.share("comm") / len(counts), "sample",
+                lambda n, max_minutes, d=devices, o=out: collect_comm(
+                    d, n, o, backend=self.backend, progress=False, max_minutes=max_minutes, seed=0,
+                    **self.profile.comm))
+        self._ran("comm", started, measured, sum(_count(f, store.COMM_FILE) for f in folders))
+        return folders
+
+    def _collect(self, key: str, out: Path, filename: str, target: int, open_ended: bool, budget_s: float,
+                 unit: str, collect: Callable[[int, float], int]) -> int:
+        """One resumable collection: up to ``target`` samples in all (``open_ended``: a ceiling, not
+        a count asked for), in what is left of its ``budget_s`` (earlier runs' seconds are in the
+        state); returns the samples timed now."""
+        done = _count(out, filename)
+        left = budget_s - float(self.state["spent_s"].get(key, 0.0))
+        if done >= target or left < 1.0:
+            log.info("%s: %d %ss on disk, %.0f s of its share left: nothing to do", key, done, unit, max(left, 0.0))
+            return 0
+        started = time.monotonic()
+        bar = self.progress(key, None if open_ended else target, done, unit, share_s=left)
+        try:
+            with _Watch(out / filename, bar, done):
+                return collect(target, left / 60.0)
+        finally:
+            self.spend(key, time.monotonic() - started)
+            bar.close(f"{_count(out, filename)} {unit}s on disk ({time.monotonic() - started:.0f} s now)")
+
+    def _ran(self, stage: str, started: float, measured: int, in_all: int) -> None:
+        self.result.measured_now[stage] = measured
+        self.result.in_all[stage] = in_all
+        self.result.seconds[stage] = time.monotonic() - started
+
+    def fit(self, compute_folders: Sequence[Path], comm_folders: Sequence[Path], **options: Any
+            ) -> tuple[CostModels, dict]:
+        """Stage 3: the models fitted on every folder that has enough (unless the checkpoint was
+        fitted on exactly these counts with these options); (models, what they were fitted on)."""
+        compute_folders = [f for f in compute_folders if _count(f, store.COMPUTE_FILE)]
+        sets = sum(_count(f, store.COMPUTE_FILE) for f in compute_folders)
+        if sets < MIN_COMPUTE_SETS:
+            raise NeuroShardError(f"{sets} shard sets measured, {MIN_COMPUTE_SETS} needed to fit: give more "
+                                  f"--minutes (a rerun continues where this one stopped)")
+        for f in comm_folders:
+            if 0 < _count(f, store.COMM_FILE) < MIN_COMM_SAMPLES:
+                log.warning("%s: %d exchange samples, fewer than the %d a fit needs: not fitted (give more "
+                            "--minutes; a rerun continues)", f, _count(f, store.COMM_FILE), MIN_COMM_SAMPLES)
+        comm_folders = [f for f in comm_folders if _count(f, store.COMM_FILE) >= MIN_COMM_SAMPLES]
+        signature = {"profile": self.profile.name, **options,
+                     "compute": {f.name: _count(f, store.COMPUTE_FILE) for f in compute_folders},
+                     "comm": {f.name: _count(f, store.COMM_FILE) for f in comm_folders}}
+        path = self.folder / store.MACHINE_MODEL_FILE
+        started = time.monotonic()
+        if path.exists() and (self.state.get("fit") or {}).get("signature") == signature:
+            self.result.skipped.append("fit")
+            models = CostModels.load(path)
+        else:
             try:
-                collect_dense(dense_path, size_dict, progress=on_part)
+                with self.progress("fit: neural, tree and analytic models, held out", 1, unit="fit") as bar:
+                    models, record = _fit(compute_folders, comm_folders, self.folder, self.result.fingerprint,
+                                          **options)
+                    bar.update(1)
+                self.state["fit"] = {"signature": signature, **record}
             finally:
-                spend("dense", time.monotonic() - stage_started)
-            bar.update(len(DENSE_PARTS))
-    result.seconds["dense"] = time.monotonic() - stage_started
-    operators = OperatorModels.read(dense_path)
+                self.spend("fit", time.monotonic() - started)
+        self.result.seconds["fit"] = time.monotonic() - started
+        return models, signature
 
-    # 5. overheads: as many configurations as the share buys at this pace, and no more than the run has left
-    operators_path = folder / store.MACHINE_OPERATORS_FILE
-    overhead_signature = {"model": signature, "dense_samples": len(operators.samples_),
-                          "iterations": profile.overhead_iterations}
-    up_to_date = operators_path.exists() and (state.get("overheads") or {}).get("signature") == overhead_signature
-    configs: list[tuple] = []
-    if overheads is not None and not up_to_date:
-        room = min(share("overheads"),
-                   run_deadline - time.monotonic() - 60.0 * minutes * (1.0 - sum(SHARES.values())))
-        if profile.overhead_configs is None:
-            result.pace["overheads"] = machine_pace()
-            room /= result.pace["overheads"]
-        configs = choose_overhead_configs(overhead_configs, profile, room)
-    stage_started = time.monotonic()
-    if overheads is None or (not up_to_date and not configs):
-        operators.save(operators_path)
-        state["overheads"] = {"signature": None}
-        result.skipped.append("overheads")
-    elif up_to_date:
-        result.skipped.append("overheads")
-    else:
-        with Progress(progress, "overheads: real training runs", len(configs), unit="run",
-                      deadline=time.monotonic() + share("overheads"), run_deadline=run_deadline) as bar:
+    def dense(self) -> OperatorModels:
+        """Stage 4: the operator benchmark, the parts its file lacks, sized to the share at this pace."""
+        path = self.data / "operators-dense.json"
+        started = time.monotonic()
+        done = _dense_parts(path)
+        if set(DENSE_PARTS) <= done:
+            self.result.skipped.append("dense")
+        else:
+            size = self.profile.dense
+            if size is None:
+                self.result.pace["dense"] = machine_pace()
+                size = dense_size(self.share("dense") / self.result.pace["dense"])
+            with self.progress("dense: the operators of a training step", len(DENSE_PARTS), len(done), "part",
+                               share_s=self.share("dense")) as bar:
+                timed: list[str] = []
+
+                def on_part(part: str) -> None:  # called as each part starts: the ones before are done
+                    bar.update(len(done) + len(timed), note=f"timing {part}")
+                    timed.append(part)
+                try:
+                    collect_dense(path, size, progress=on_part)
+                finally:
+                    self.spend("dense", time.monotonic() - started)
+                bar.update(len(DENSE_PARTS))
+        self.result.seconds["dense"] = time.monotonic() - started
+        return OperatorModels.read(path)
+
+    def overheads(self, models: CostModels, operators: OperatorModels, fitted_on: dict,
+                  calibrate: OverheadsFn | None, configs: Sequence[tuple]) -> None:
+        """Stage 5: the overheads of real runs (``calibrate``: ``calibrate_overheads``), as many
+        configurations as the share buys at this pace and the run has left; the machine's
+        operator costs written (without overheads when ``calibrate`` is None)."""
+        path = self.folder / store.MACHINE_OPERATORS_FILE
+        signature = {"model": fitted_on, "dense_samples": len(operators.samples_),
+                     "iterations": self.profile.overhead_iterations}
+        started = time.monotonic()
+        recorded = (self.state.get("overheads") or {}).get("signature")
+        if calibrate is not None and path.exists() and recorded == signature:
+            self.result.skipped.append("overheads")
+            return
+        chosen: list[tuple] = []
+        if calibrate is not None:
+            room = min(self.share("overheads"),
+                       self.deadline - time.monotonic() - 60.0 * self.minutes * (1.0 - sum(SHARES.values())))
+            if self.profile.overhead_configs is None:
+                self.result.pace["overheads"] = machine_pace()
+                room /= self.result.pace["overheads"]
+            chosen = choose_overhead_configs(configs, self.profile, room)
+        if not chosen:
+            operators.save(path)
+            self.state["overheads"] = {"signature": None}
+            write_state(self.folder, self.state)
+            self.result.skipped.append("overheads")
+            return
+        with self.progress("overheads: real training runs", len(chosen), unit="run",
+                           share_s=self.share("overheads")) as bar:
             runs: list[tuple] = []
 
             def on_config(config: tuple) -> None:
                 runs.append(config)
                 bar.update(len(runs) - 1, note=f"{config[0]}, {config[1]} tables, {config[5]} processes")
             try:
-                fitted = overheads(models, operators, configs, iterations=profile.overhead_iterations,
+                fitted = calibrate(models, operators, chosen, iterations=self.profile.overhead_iterations,
                                    progress=on_config)
             finally:
-                spend("overheads", time.monotonic() - stage_started)
-            bar.update(len(configs))
-        fitted.save(operators_path)
-        state["overheads"] = {"signature": overhead_signature, "runs": len(configs),
-                              "configs": [f"{c[0]}, {c[1]} tables, {c[5]} processes" for c in configs]}
-    write_state(folder, state)
-    result.seconds["overheads"] = time.monotonic() - stage_started
+                self.spend("overheads", time.monotonic() - started)
+            bar.update(len(chosen))
+        fitted.save(path)
+        self.state["overheads"] = {"signature": signature, "runs": len(chosen),
+                                   "configs": [f"{c[0]}, {c[1]} tables, {c[5]} processes" for c in chosen]}
+        write_state(self.folder, self.state)
+        self.result.seconds["overheads"] = time.monotonic() - started
 
-    # 6. report
-    state["last_run"] = {"seconds": {k: round(v, 1) for k, v in result.seconds.items()},
-                         "pace": {k: round(v, 2) for k, v in result.pace.items()},
-                         "wall_s": round(time.monotonic() - started, 1), "minutes": minutes,
-                         "measured_now": result.measured_now, "skipped": result.skipped,
-                         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    write_state(folder, state)
-    result.report = format_report(state, folder, OperatorModels.read(operators_path))
-    atomic_write_text(folder / store.MACHINE_REPORT_FILE, result.report)
-    return result
+    def finish(self) -> HereResult:
+        """The report, written and returned with the result."""
+        result = self.result
+        self.state["last_run"] = {"seconds": {k: round(v, 1) for k, v in result.seconds.items()},
+                                  "pace": {k: round(v, 2) for k, v in result.pace.items()},
+                                  "wall_s": round(time.monotonic() - self.started, 1), "minutes": self.minutes,
+                                  "measured_now": result.measured_now, "skipped": result.skipped,
+                                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        write_state(self.folder, self.state)
+        result.report = format_report(self.state, self.folder,
+                                      OperatorModels.read(self.folder / store.MACHINE_OPERATORS_FILE))
+        atomic_write_text(self.folder / store.MACHINE_REPORT_FILE, result.report)
+        return result
 
 
 def _count(folder: Path, filename: str) -> int:
     return len(store.done_samples(folder, filename)) if folder.is_dir() else 0
-
-
-def _run_collection(key: str, out_dir: Path, filename: str, target: int, budget_s: float, state: dict,
-                    spend: Callable[[str, float], None], mode: str, run_deadline: float, unit: str,
-                    collect: Callable[[int, float], int], open_ended: bool = False) -> int:
-    """One resumable collection: up to ``target`` samples in all (``open_ended``: a ceiling, not
-    a count asked for), in what is left of its ``budget_s`` (the seconds spent by earlier runs
-    are in ``state``); returns samples timed now."""
-    done = _count(out_dir, filename)
-    left = budget_s - float(state["spent_s"].get(key, 0.0))
-    if done >= target or left < 1.0:
-        log.info("%s: %d %ss on disk, %.0f s of its share left: nothing to do", key, done, unit, max(left, 0.0))
-        return 0
-    started = time.monotonic()
-    bar = Progress(mode, key, None if open_ended else target, done, unit=unit, deadline=started + left,
-                   run_deadline=run_deadline)
-    try:
-        with _Watch(out_dir / filename, bar, done):
-            return collect(target, left / 60.0)
-    finally:
-        spend(key, time.monotonic() - started)
-        bar.close(f"{_count(out_dir, filename)} {unit}s on disk ({time.monotonic() - started:.0f} s now)")
 
 
 def _dense_parts(path: Path) -> set:
@@ -768,9 +805,10 @@ def format_report(state: dict, folder: Path, operators: OperatorModels) -> str:
              f"benchmark that judges the model uses them): {', '.join(HELD_OUT_FAMILIES)} (the operator benchmark "
              f"times a rank's data loading on its own mix of tables, these among them)", ""]
     if summary:
+        low, high = summary.get("cost_ms_range", [0.0, 0.0])
         lines.append(f"compute: {summary.get('shard_sets')} shard sets over {summary.get('source_tables')} tables "
                      f"({summary.get('shards_per_set_mean', 0):.1f} shards a set on average, "
-                     f"{summary.get('cost_ms_range', [0, 0])[0]:.2f}-{summary.get('cost_ms_range', [0, 0])[1]:.1f} ms); "
+                     f"{low:.2f}-{high:.1f} ms); "
                      f"held out: {summary.get('test_sets')} sets, split {summary.get('split')}")
     comm = fit.get("comm_summary") or {}
     if comm.get("samples"):
