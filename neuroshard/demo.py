@@ -34,7 +34,7 @@ from .datasets.synthetic import generate
 from .errors import NeuroShardError
 from .cli_options import progress_mode
 from .measured.api import shard
-from .measured.budget import Budget, format_budget, stop_on_sigterm
+from .measured.budget import EXIT_STOPPED, Budget, format_budget, stop_on_sigterm
 from .measured.calibrate import calibrated_models, start_calibration
 from .measured.config import DEMO_BUDGET_S
 from .measured.judge import geometric_mean
@@ -122,6 +122,12 @@ def run_demo(args: argparse.Namespace) -> int:
                 refined = shard(tables, devices=args.devices, memory=memory, algorithm=algorithm,
                                 cost_models=pretrained, seed=args.seed, refine=args.refine,
                                 calibration=calibration, judge=judge, budget_s=budget)
+            stopped = refined.provenance["refine"].get("stopped")
+            if stopped:  # Ctrl-C or SIGTERM: the best plan so far is written, and the demo ends there
+                refined.write(out / "plan-neuroshard.json")
+                print(f"   {format_budget(refined.provenance['refine'])}\n== stopped: the best plan so far is "
+                      f"{out / 'plan-neuroshard.json'}")
+                return EXIT_STOPPED[stopped]
             # estimated by the models the baselines are, so that the simulated costs compare
             plans[algorithm] = score_plan(refined, tables, models)
         else:

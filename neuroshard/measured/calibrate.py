@@ -72,9 +72,12 @@ CALIBRATION_RECIPE = 5
 #: most weight bytes (rows capped) one measured set may take
 MAX_SET_BYTES = 3 << 30
 #: a random calibration set's weights (rows capped) at most this many times a device's share of the
-#: task's (and at least its largest table): a timing run allocates its largest set's weights, and sets
-#: far above a device's share are not sets a plan makes (2 devices x 24 dlrm-2021 tables: 2.4 GB before)
+#: task's (and at least its largest table, or SET_BYTES_FLOOR): a timing run allocates its largest
+#: set's weights, and sets far above a device's share are not sets a plan makes (2 devices x 24
+#: dlrm-2021 tables: a 2.4 GB buffer before)
 SET_BYTES_OF_A_DEVICE = 1.25
+#: ... sets of fewer weight bytes than this are never cut short (small tasks draw the sets they drew)
+SET_BYTES_FLOOR = 512 << 20
 #: the lookups of one calibration run at most (bytes, estimated): a run keeps every set's batch for all
 #: its passes, so calibration times its sets in runs of about this much (224 sets in one run: 4 GB)
 RUN_LOOKUP_BYTES = 256 << 20
@@ -118,7 +121,7 @@ def _random_sets(tables: TableSet, devices: int, count: int, row_cap: int, rng: 
     table's), what plans put on a device."""
     per_device = max(1, round(len(tables) / devices))
     capped = [min(t.num_embeddings, row_cap) * t.embedding_dim * FP32_BYTES for t in tables]
-    device_share = max(max(capped), int(SET_BYTES_OF_A_DEVICE * sum(capped) / max(devices, 1)))
+    device_share = max(max(capped), SET_BYTES_FLOOR, int(SET_BYTES_OF_A_DEVICE * sum(capped) / max(devices, 1)))
     budget = min(MAX_SET_BYTES, device_share, int(0.8 * MEMORY_SHARE * available_memory_bytes()))
     sets = []
     for _ in range(count):
@@ -328,10 +331,11 @@ def _within_budget(calibration: Calibration, singles: list, devices: int, sets: 
         return min(end - budget.clock(), budget.room("calibrate"))
 
     def timed(todo: list, kind: str, what: str) -> int:
-        done, first = 0, min(4, config.calibration_chunk)
+        done, first = 0, min(4, config.calibration_chunk)  # a short first run: its rate is guessed
         while done < len(todo):
-            part = todo[done:done + (first if done == 0 else config.calibration_chunk)]
-            if budget.timing_s(len(part), 1) > room():
+            fit = int(room() // max(budget.timing_s(1, 1), 1e-9))
+            part = todo[done:done + min(first if done == 0 else config.calibration_chunk, fit)]
+            if not part:
                 break
             budget.say(what, done, len(todo))
             calibration.add(part, kind)

@@ -215,7 +215,8 @@ class _Rebalancing:
         ranked = sorted(candidates, key=lambda c: c[2]["estimated_cost_after_ms"]
                         / max(c[2]["estimated_cost_before_ms"], 1e-9))[:fit]
         self.budget.skip(worth, f"{len(candidates) - fit} of round {round_}'s plans ({why}; the {fit} "
-                                      f"estimated to gain most timed)" if fit else f"round {round_} on ({why})")
+                                f"estimated to gain most timed)" if fit else
+                         f"rounds {round_}-{self.config.rebalance_rounds} ({why})")
         for c in candidates:
             if not any(c is k for k in ranked):
                 c[2]["skipped"] = "not timed: the budget"
