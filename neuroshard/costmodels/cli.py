@@ -25,6 +25,8 @@ def _pretrain(args: argparse.Namespace) -> int:
                         ("--comm-sets", args.comm_sets), ("--device", args.device)):
         if given is not None:
             raise NeuroShardError(f"{flag} is an option of pretrain --here (it collects on this machine)")
+    if args.quiet:
+        raise NeuroShardError("-q/--quiet is an option of pretrain --here (it collects on this machine)")
     check_output(args.out, [], "checkpoint")
     check_output(args.out.with_suffix(".parity.png"), [], "parity plot")
     result = pretrain(args.data, args.comm_data or (), args.out, tune=args.tune, epochs=args.epochs or DATA_EPOCHS,
@@ -168,14 +170,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tune", type=int_in(0, 10000, "a trial count"), default=0, metavar="N",
                    help="optuna trials over width/depth/lr/weight decay")
     p.add_argument("--epochs", type=int_in(1, 100000, "an epoch count"), default=None,
-                   help=f"maximum epochs (early stopping on validation; default {DATA_EPOCHS}, with --here 80)")
+                   help=f"maximum epochs (early stopping on validation; default {DATA_EPOCHS}, with --here 80, "
+                        f"--size tiny 5)")
     p.add_argument("--test-tables", type=float_in(0.0, 1.0, low_open=True, what="a fraction"), default=0.25,
                    help="share of source tables held out (default 0.25)")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--ensemble", type=int_in(0, 64, "a member count (0, or 2 and up)"), default=None, metavar="K",
                    help="also fit K neural compute models on bootstrap resamples and ship them as an ensemble: the "
                         "search then charges each device set its members' spread (default 0: one model; with "
-                        "--here 3)")
+                        "--here 3, --size tiny 2)")
     p.add_argument("--no-refit", action="store_true",
                    help="save the models trained on the training tables only (default: retrain the same recipe "
                         "on all data after the held-out evaluation)")

@@ -288,7 +288,7 @@ class Progress:
         self._line(force=True)
 
     def _count(self) -> str:
-        return f"{self.n} {self.unit}s" + (f" of {self.total}" if self.total is not None else "")
+        return f"{self.n} of {self.total} {self.unit}s" if self.total is not None else f"{self.n} {self.unit}s"
 
     def _left(self) -> str:
         now = time.monotonic()
@@ -340,6 +340,14 @@ class Progress:
 def _clock(seconds: float) -> str:
     seconds = max(0, int(round(seconds)))
     return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class _ShareSpent(logging.Filter):
+    """Drops collect's "time limit reached ...; rerun to continue": here a collection stops when
+    its share of the budget is spent, as planned (the closing progress line says how many)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "time limit reached" not in record.getMessage()
 
 
 class _Watch:
@@ -560,10 +568,14 @@ class _Run:
             return 0
         started = time.monotonic()
         bar = self.progress(key, None if open_ended else target, done, unit, share_s=left)
+        quiet_limit = _ShareSpent()
+        collect_log = logging.getLogger(collect_comm.__module__)
+        collect_log.addFilter(quiet_limit)
         try:
             with _Watch(out / filename, bar, done):
                 return collect(target, left / 60.0)
         finally:
+            collect_log.removeFilter(quiet_limit)
             self.spend(key, time.monotonic() - started)
             bar.close(f"{_count(out, filename)} {unit}s on disk ({time.monotonic() - started:.0f} s now)")
 
@@ -595,14 +607,14 @@ class _Run:
             self.result.skipped.append("fit")
             models = CostModels.load(path)
         else:
+            self.say(f"pretrain --here: fit: neural, tree and analytic models on {sets} shard sets, held out and "
+                     f"compared; {_clock(self.deadline - started)} of the run left")
             try:
-                with self.progress("fit: neural, tree and analytic models, held out", 1, unit="fit") as bar:
-                    models, record = _fit(compute_folders, comm_folders, self.folder, self.result.fingerprint,
-                                          **options)
-                    bar.update(1)
+                models, record = _fit(compute_folders, comm_folders, self.folder, self.result.fingerprint, **options)
                 self.state["fit"] = {"signature": signature, **record}
             finally:
                 self.spend("fit", time.monotonic() - started)
+            self.say(f"pretrain --here: fit: done in {time.monotonic() - started:.0f} s")
         self.result.seconds["fit"] = time.monotonic() - started
         return models, signature
 
