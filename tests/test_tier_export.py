@@ -168,3 +168,24 @@ def test_host_memory_and_ssd_together_hold_what_the_ssd_can():
                   for t, tier in zip(tables, tiers) if tier.memory == "host")
     assert 0 < in_host <= host
     assert any(tier.memory == "ssd" for tier in tiers) and set(record["tables"]) >= {"host+cache", "ssd+cache"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices,per_host,memory_mib", [(3, 3, 20), (6, 6, 10), (8, 2, 10), (12, 4, 5), (16, 8, 4)])
+def test_tiered_plans_export_on_any_device_count_and_host_layout(devices, per_host, memory_mib):
+    """The README's tables (rows / 100) on devices too small for them, hosts of ``per_host``:
+    the tiered plan's row-split tables are laid out as TorchRec runs them."""
+    from neuroshard import shard
+    from neuroshard.costmodels.loading import analytic_cost_models
+    from neuroshard.tables import Table, TableSet
+    from neuroshard.topology import make_topology
+    from neuroshard.torchrec.export import torchrec_sharding
+
+    tables = TableSet("my-model", [Table("user_id", 200_000, 128, 1.0, {"zipf_alpha": 1.05}),
+                                   Table("item_history", 50_000, 64, 30.0, {"zipf_alpha": 1.2}),
+                                   Table("country", 250, 16, 1.0)], 16384)
+    plan = shard(tables, devices, memory_mib * 2**20, cost_models=analytic_cost_models(),
+                 topology=make_topology(devices, per_host, host_memory_bytes=2**30))
+    document = torchrec_sharding(plan)  # raises, naming the table, for a layout TorchRec cannot run
+    assert _check_kernels(f"{devices} devices, {per_host} per host", plan, document) >= 1
+    assert any(r["sharding_type"] in ("row_wise", "table_row_wise", "grid_shard") for r in document["tables"].values())

@@ -53,7 +53,8 @@ from ..types import Piece, Placement
 from .baselines import GREEDY_KEYS, best_packing_greedy, greedy_by_key
 from .params import NeuroShardParams
 from .placer import greedy_place
-from .rowwise import RowBlockRule, halve_strip_cols, place_with_splits, split_table_rows, strip_groups
+from .rowwise import (RowBlockRule, halve_strip_cols, place_with_splits, runnable_row_splits, split_table_rows,
+                      strip_groups)
 from .simulator import Simulator
 
 log = logging.getLogger(__name__)
@@ -330,24 +331,40 @@ def place_many(sim: Simulator, states: list[list[Piece]], memory_bytes: int,
     """The best greedy placement over the cap grid of each state (None where the greedy
     cannot pack the state into memory); one simulator call for all of them."""
     caps = width_caps(sim, params)
-    candidates, owners = [], []
+    candidates, owners = [], []  # (ids, devices, pieces) and the state each is for
     for s, pieces in enumerate(states):
         ids = sim.piece_ids(pieces)
         devices = greedy_place(sim.single_costs_ms(ids), sim.bytes_of(ids), sim.num_devices, memory_bytes,
                                widths=sim.cols_of(ids), caps=caps, groups=strip_groups(pieces),
                                host_size=sim.host_size, **sim.placement_rules(pieces))
+        distinct = {row.tobytes(): row for row in devices if row[0] >= 0}  # identical placements once
         blocks = RowBlockRule(sim, pieces)  # the placer keeps row blocks apart only where memory allows
-        distinct = {row.tobytes(): row for row in devices if row[0] >= 0 and blocks.keeps(row)}  # each once
-        candidates += [(ids, row) for row in distinct.values()]
-        owners += [s] * len(distinct)
+        kept = [(ids, row, pieces) for row in distinct.values() if blocks.keeps(row)]
+        if not kept and blocks.active:  # none does: each laid out as TorchRec runs it, where memory allows
+            kept = [placed for row in distinct.values() if (placed := _runnable(sim, pieces, row, memory_bytes))]
+        candidates += kept
+        owners += [s] * len(kept)
     out: list[Placement | None] = [None] * len(states)
     if not candidates:
         return out
-    costs = sim.evaluate_ids(candidates).max_ms
-    for (_, row), s, cost in zip(candidates, owners, costs):
+    costs = sim.evaluate_ids([(ids, row) for ids, row, _ in candidates]).max_ms
+    for (_, row, pieces), s, cost in zip(candidates, owners, costs):
         if out[s] is None or cost < out[s].cost_ms:
-            out[s] = Placement(list(states[s]), row, float(cost))
+            out[s] = Placement(list(pieces), row, float(cost))
     return out
+
+
+def _runnable(sim: Simulator, pieces: list[Piece], devices: np.ndarray,
+              memory_bytes: int) -> tuple[np.ndarray, np.ndarray, list[Piece]] | None:
+    """A placement whose row blocks break ``RowBlockRule`` re-laid out as the plan is before it is
+    written (``rowwise.runnable_row_splits``), as (ids, devices, pieces); None when it still breaks it."""
+    pieces, devices = runnable_row_splits(pieces, devices, sim.num_devices, sim.footprint, memory_bytes,
+                                          lambda p, d: float(sim.evaluate(p, d[None, :]).max_ms[0]),
+                                          local_world_size=sim.local_world_size, allowed=sim.allows_placement,
+                                          quiet=True)
+    if not RowBlockRule(sim, pieces).keeps(devices):
+        return None
+    return sim.piece_ids(pieces), devices, list(pieces)
 
 
 class NeuroShardSearch:

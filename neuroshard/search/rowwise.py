@@ -273,16 +273,17 @@ def _runnable(strips: dict[tuple[int, int], list[tuple[Piece, int]]], num_device
 def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_devices: int, footprint: Footprint,
                         memory_bytes: int, cost: Callable[[list[Piece], np.ndarray], float],
                         local_world_size: int | None = None,
-                        allowed: Callable[[list[Piece], np.ndarray], bool] | None = None
+                        allowed: Callable[[list[Piece], np.ndarray], bool] | None = None, quiet: bool = False
                         ) -> tuple[list[Piece], np.ndarray]:
     """Pieces and devices where every row-split table is laid out as TorchRec runs it.
     After ``align_row_blocks``, a table that is still not (blocks of one strip on
     repeated devices or on ranks TorchRec does not use, strips cut differently) gets the
     cheapest (by ``cost``) that fits memory of: its strips re-cut into one host's ``L``
     blocks on that host's ranks in order (every host), into ``W`` blocks on all ranks,
-    or joined (each strip on the device holding most of it). When none fits it stays
-    as it is, and the exporter refuses it. ``allowed`` (per-table constraints) refuses
-    layouts and devices as the search did."""
+    or joined (each strip on the device holding most of it); when none fits, the same with
+    whole tables moved off the full devices (``make_room``). When none fits even so it stays
+    as it is, and the exporter refuses it (a warning says so unless ``quiet``). ``allowed``
+    (per-table constraints) refuses layouts and devices as the search did."""
     aligned = align_row_blocks(pieces, devices, footprint, memory_bytes)
     if allowed is None or allowed(*aligned):  # joining a strip may leave too few shards
         pieces, devices = aligned
@@ -354,7 +355,7 @@ def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_device
         if options:
             _, pieces, devices = min(options, key=lambda o: o[0])
             index = None
-        else:
+        elif not quiet:
             log.warning("table #%d: its row blocks are on ranks TorchRec does not run them on, and no layout it "
                         "runs fits the devices' memory: the plan does not export to TorchRec", table)
     return list(pieces), np.asarray(devices, dtype=np.int64)
