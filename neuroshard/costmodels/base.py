@@ -297,7 +297,12 @@ class CostModels:
         """Read a checkpoint written by ``save`` (``payload``: its dict, already read with
         ``checkpoint.read_checkpoint``); refuses another feature schema version, and models
         whose predictions are not finite and non-negative (``check_predictions``)."""
-        return cls(**checkpoint.load_parts(path, payload)).check_predictions()
+        payload = checkpoint.read_checkpoint(path) if payload is None else payload
+        models = cls(**checkpoint.load_parts(path, payload)).check_predictions()
+        # The checksum is the last word: what is wrong in the contents, when something is (a
+        # field, models predicting NaN), is the more useful line; else the damage.
+        checkpoint.check_checksum(payload, checkpoint.shipped_checkpoint(path))
+        return models
 
     def check_predictions(self) -> "CostModels":
         """``self``, after predicting a few ordinary shard sets (1-6 tables) and exchanges

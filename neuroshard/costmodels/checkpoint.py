@@ -327,9 +327,9 @@ def read_checkpoint(path: str | Path) -> dict:
 
 def load_parts(path: str | Path, payload: dict | None = None) -> dict:
     """The keyword arguments of ``CostModels`` read from a checkpoint written by
-    ``save_cost_models`` (``CostModels.load`` builds the bundle from them); ``payload``:
-    ``read_checkpoint(path)``'s dict when the caller has read it already. NeuroShardError
-    when the file's checksum is not its contents' (``check_checksum``)."""
+    ``save_cost_models`` (``CostModels.load`` builds the bundle from them, checks its
+    predictions, then the file's checksum: ``check_checksum``); ``payload``:
+    ``read_checkpoint(path)``'s dict when the caller has read it already."""
     payload = read_checkpoint(path) if payload is None else payload
     fmt = payload["format"]
     parts = dict(compute=model_from_entry(payload["compute"], str(path), fmt),
@@ -337,12 +337,4 @@ def load_parts(path: str | Path, payload: dict | None = None) -> dict:
                  batch_size=int(payload["batch_size"]), hardware=payload.get("hardware", {}),
                  name=payload.get("name", Path(path).stem), metrics=payload.get("metrics", {}),
                  data_summary=payload.get("data_summary", {}), path=Path(path))
-    try:
-        check_checksum(payload, shipped_checkpoint(path))
-    except NeuroShardError:
-        # The checksum is the last word: what is wrong in the contents, when something is
-        # (a field above, models predicting NaN), is the more useful line; else the damage.
-        from .base import CostModels
-        CostModels(**parts).check_predictions()
-        raise
     return parts
