@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from ..cli_options import add_input, add_output, add_weights_precision
+from ..cli_options import add_input, add_output, add_quiet, add_weights_precision
 from ..validate import float_in, int_in, seed_int
 
 #: maximum epochs of ``pretrain --data`` (early stopping on validation)
@@ -42,11 +42,9 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 
 def _pretrain_here(args: argparse.Namespace) -> int:
-    import logging
-    import signal
-    import threading
-
+    from ..cli_options import progress_mode
     from ..errors import NeuroShardError
+    from ..measured.budget import Terminated, stop_on_sigterm
     from ..measured.machine import DEFAULT_MINUTES, pretrain_here
     from ..runtime.overheads import CALIBRATION_CONFIGS, calibrate_overheads
     from ..validate import check_output
@@ -56,31 +54,22 @@ def _pretrain_here(args: argparse.Namespace) -> int:
         raise NeuroShardError("--no-refit is not an option of --here (its checkpoint is refitted on all its data)")
     if args.out is not None:
         check_output(args.out, [], "checkpoint")
-    if args.quiet:
-        logging.getLogger("neuroshard").setLevel(logging.ERROR)
-    # SIGTERM ends the run as Ctrl-C does: what was measured is on disk, and a rerun continues
-    previous = (signal.signal(signal.SIGTERM, signal.default_int_handler)
-                if threading.current_thread() is threading.main_thread() else None)
     try:
-        result = pretrain_here(args.minutes or DEFAULT_MINUTES, size=args.size or "default",
-                               backend=args.device or "cpu", compute_sets=args.compute_sets,
-                               comm_samples=args.comm_sets, epochs=args.epochs, ensemble=args.ensemble,
-                               test_tables=args.test_tables, tune=args.tune, seed=args.seed, out=args.out,
-                               overheads=calibrate_overheads, overhead_configs=CALIBRATION_CONFIGS,
-                               progress="quiet" if args.quiet else "auto")
-    except KeyboardInterrupt:
-        if not args.quiet:
-            print("pretrain --here: interrupted; what was measured is kept: rerun the same command to continue",
-                  file=sys.stderr)
-        return 130
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-    if not args.quiet:
-        print(result.report, end="")
-        print(f"wrote {result.folder} (model.pt, operators.json, report.txt)"
-              + (f" and {args.out}" if args.out is not None else "")
-              + "; search, estimate, plan score and shard() use them on this machine by themselves")
+        with stop_on_sigterm():  # SIGTERM ends the run as Ctrl-C does: what was measured is on disk
+            result = pretrain_here(args.minutes or DEFAULT_MINUTES, size=args.size or "default",
+                                   backend=args.device or "cpu", compute_sets=args.compute_sets,
+                                   comm_samples=args.comm_sets, epochs=args.epochs, ensemble=args.ensemble,
+                                   test_tables=args.test_tables, tune=args.tune, seed=args.seed, out=args.out,
+                                   overheads=calibrate_overheads, overhead_configs=CALIBRATION_CONFIGS,
+                                   progress=progress_mode(args))
+    except KeyboardInterrupt as stopped:
+        print("pretrain --here: stopped; what was measured is kept: rerun the same command to continue",
+              file=sys.stderr)
+        return 143 if isinstance(stopped, Terminated) else 130
+    print(result.report, end="")
+    print(f"wrote {result.folder} (model.pt, operators.json, report.txt)"
+          + (f" and {args.out}" if args.out is not None else "")
+          + "; search, estimate, plan score and shard() use them on this machine by themselves")
     return 0
 
 
@@ -197,7 +186,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     here.add_argument("--device", choices=("cpu", "cuda"), default=None,
                       help="where the kernels and the exchange run (default cpu; cuda: the GPU's name joins the "
                            "machine's fingerprint)")
-    here.add_argument("-q", "--quiet", action="store_true", help="no progress and no report (errors only)")
+    add_quiet(here, "no progress lines (the report is still printed)")
     p.set_defaults(func=_pretrain)
 
     from ..constants import CALIBRATION_SETS, MAX_CALIBRATION_SETS, MIN_CALIBRATION_SETS

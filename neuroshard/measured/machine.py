@@ -39,15 +39,15 @@ Every stage resumes: collections continue their folders (``collect`` skips what 
 the operator benchmark measures only the parts its file lacks, and a stage whose outputs are
 up to date is skipped; the seconds each stage spent are kept in ``machine.json``, so a rerun
 after an interruption spends only what is left of each share, and a rerun of a finished
-command times nothing. Progress: a bar per stage on a terminal, plain lines in a log, nothing
-when quiet.
+command times nothing. Progress (``measured.progress``): one line updated in place on a
+terminal, plain lines in a log, nothing when quiet: the stage, what is being timed, how many of
+how many, and the time left of the budget.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -71,6 +71,7 @@ from ..io import atomic_write_text
 from ..tables import Table, TableSet
 from ..validate import check_int, check_number, read_json
 from .collect import collect_comm, collect_compute
+from .progress import PROGRESS_MODES, Progress
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,6 @@ MIN_COMM_SAMPLES = 6
 MIN_COMPUTE_SETS = 18
 #: the most processes the exchange is timed at
 MAX_COMM_DEVICES = 4
-#: a plain progress line in a log at most this often (seconds)
-LINE_EVERY_S = 30.0
 STATE_FILE = "machine.json"
 STATE_FORMAT = "neuroshard.machine/v1"
 #: sets of tables from several families (the hot collection's) are reported under this name
@@ -268,80 +267,6 @@ def write_pools(folder: Path, profile: Profile) -> None:
 
 
 # ------------------------------------------------------------------ progress
-class Progress:
-    """One stage's progress: a tqdm bar on a terminal (``mode="bar"``), a plain line at most
-    every ``LINE_EVERY_S`` in a log (``"lines"``), nothing (``"quiet"``). ``total`` counts
-    ``unit``s (None: as many as the time allows); ``deadline`` (``time.monotonic``) is when the
-    stage's share of the budget ends."""
-
-    def __init__(self, mode: str, desc: str, total: int | None, initial: int = 0, unit: str = "set",
-                 deadline: float | None = None, run_deadline: float | None = None) -> None:
-        self.mode, self.desc, self.total, self.n, self.unit = mode, desc, total, initial, unit
-        self.deadline, self.run_deadline = deadline, run_deadline
-        self._lock = threading.Lock()
-        self._last_line = 0.0
-        self._bar = None
-        if mode == "bar":
-            from tqdm import tqdm
-            self._bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True,
-                             mininterval=1.0, file=sys.stderr)
-        self._line(force=True)
-
-    def _count(self) -> str:
-        return f"{self.n} of {self.total} {self.unit}s" if self.total is not None else f"{self.n} {self.unit}s"
-
-    def _left(self) -> str:
-        now = time.monotonic()
-        parts = []
-        if self.deadline is not None:
-            parts.append(f"{_clock(self.deadline - now)} left of its share")
-        if self.run_deadline is not None:
-            parts.append(f"{_clock(self.run_deadline - now)} of the run")
-        return ", ".join(parts)
-
-    def _line(self, force: bool = False, note: str = "") -> None:
-        if self.mode != "lines":
-            return
-        now = time.monotonic()
-        if not force and now - self._last_line < LINE_EVERY_S:
-            return
-        self._last_line = now
-        left = self._left()
-        print(f"pretrain --here: {self.desc}: {self._count()}"
-              + (f" ({note})" if note else "") + (f"; {left}" if left else ""), file=sys.stderr, flush=True)
-
-    def update(self, n: int, note: str = "") -> None:
-        """``n`` units done in all."""
-        with self._lock:
-            if self._bar is not None:
-                self._bar.update(max(0, n - self.n))
-                left = self._left()
-                if left or note:
-                    self._bar.set_postfix_str(", ".join(x for x in (note, left) if x), refresh=False)
-            self.n = max(self.n, n)
-            self._line(note=note)
-
-    def close(self, summary: str = "") -> None:
-        with self._lock:
-            if self._bar is not None:
-                self._bar.close()
-                self._bar = None
-            if self.mode == "lines":
-                print(f"pretrain --here: {self.desc}: " + (summary or self._count()),
-                      file=sys.stderr, flush=True)
-
-    def __enter__(self) -> "Progress":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def _clock(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
-    return f"{seconds // 60}:{seconds % 60:02d}"
-
-
 class _ShareSpent(logging.Filter):
     """Drops collect's "time limit reached ...; rerun to continue": here a collection stops when
     its share of the budget is spent, as planned (the closing progress line says how many)."""
@@ -352,10 +277,10 @@ class _ShareSpent(logging.Filter):
 
 class _Watch:
     """Counts the records a collection appends to ``path`` (from a thread, every second) and
-    reports them to ``progress``: the collection loop itself is left alone."""
+    hands the count to ``on_count``: the collection loop itself is left alone."""
 
-    def __init__(self, path: Path, progress: Progress, initial: int) -> None:
-        self.path, self.progress, self.count = path, progress, initial
+    def __init__(self, path: Path, on_count: Callable[[int], None], initial: int) -> None:
+        self.path, self.on_count, self.count = path, on_count, initial
         self._offset = path.stat().st_size if path.exists() else 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pretrain-progress", daemon=True)
@@ -374,7 +299,7 @@ class _Watch:
                 handle.seek(self._offset)
                 self.count += handle.read(size - self._offset).count(b"\n")
             self._offset = size
-        self.progress.update(self.count)
+            self.on_count(self.count)
 
     def __enter__(self) -> "_Watch":
         self._thread.start()
@@ -437,8 +362,9 @@ def pretrain_here(minutes: float = DEFAULT_MINUTES, *, size: str = "default", ba
     ``seed``: ``costmodels.pretrain``'s (default: the profile's); ``out``: also write the
     checkpoint there. ``overheads``: ``runtime.overheads.calibrate_overheads`` (the runtime
     sits above this layer: the caller hands it in, with its ``overhead_configs``); without it
-    the operator costs carry no overheads of real runs. ``progress``: ``auto`` (a bar on a
-    terminal, plain lines otherwise), ``bar``, ``lines`` or ``quiet``."""
+    the operator costs carry no overheads of real runs. ``progress``: a mode of
+    ``measured.progress`` (``auto``: a line updated in place on a terminal, plain lines
+    otherwise; ``quiet``: nothing)."""
     if size not in PROFILES:
         raise NeuroShardError(f"unknown size {size!r}; choose one of {', '.join(PROFILES)}")
     if backend not in ("cpu", "cuda"):
@@ -455,10 +381,8 @@ def pretrain_here(minutes: float = DEFAULT_MINUTES, *, size: str = "default", ba
         check_int(comm_samples, "comm samples", MIN_COMM_SAMPLES, 10**6)
     epochs = profile.epochs if epochs is None else epochs
     ensemble = profile.ensemble if ensemble is None else ensemble
-    if progress == "auto":
-        progress = "bar" if sys.stderr.isatty() else "lines"
-    if progress not in ("bar", "lines", "quiet"):
-        raise NeuroShardError(f"unknown progress mode {progress!r}; choose auto, bar, lines or quiet")
+    if progress not in PROGRESS_MODES:
+        raise NeuroShardError(f"unknown progress mode {progress!r}; choose one of {', '.join(PROGRESS_MODES)}")
     if backend == "cuda":
         import torch
         if not torch.cuda.is_available():
@@ -466,17 +390,19 @@ def pretrain_here(minutes: float = DEFAULT_MINUTES, *, size: str = "default", ba
 
     folder = store.machine_dir(backend)
     run = _Run(folder, store.machine_fingerprint(backend), PROFILES[size], minutes, backend, progress)
-    run.say(f"pretrain --here: {store.describe_fingerprint(run.result.fingerprint)}; folder {folder}; budget "
-            f"{minutes:g} minutes")
-    compute_folders = run.compute(compute_sets)
-    comm_folders = run.comm(comm_samples)
-    models, signature = run.fit(compute_folders, comm_folders, epochs=epochs, ensemble=ensemble,
-                                test_tables=test_tables, tune=tune, seed=seed)
-    if out is not None:
-        models.save(out)
-    operators = run.dense()
-    run.overheads(models, operators, signature, overheads, overhead_configs)
-    return run.finish()
+    try:
+        run.say(f"{store.describe_fingerprint(run.result.fingerprint)}; folder {folder}; budget {minutes:g} minutes")
+        compute_folders = run.compute(compute_sets)
+        comm_folders = run.comm(comm_samples)
+        models, signature = run.fit(compute_folders, comm_folders, epochs=epochs, ensemble=ensemble,
+                                    test_tables=test_tables, tune=tune, seed=seed)
+        if out is not None:
+            models.save(out)
+        operators = run.dense()
+        run.overheads(models, operators, signature, overheads, overhead_configs)
+        return run.finish()
+    finally:
+        run.bar.close()
 
 
 class _Run:
@@ -485,9 +411,11 @@ class _Run:
 
     def __init__(self, folder: Path, fingerprint: dict, profile: Profile, minutes: float, backend: str,
                  progress: str) -> None:
-        self.folder, self.profile, self.minutes, self.backend, self.mode = folder, profile, minutes, backend, progress
+        self.folder, self.profile, self.minutes, self.backend = folder, profile, minutes, backend
         self.started = time.monotonic()
         self.deadline = self.started + 60.0 * minutes
+        self.bar = Progress(progress, prefix="pretrain --here")
+        self.bar.deadline = self.deadline  # the time left is the run's
         folder.mkdir(parents=True, exist_ok=True)
         self.state = read_state(folder)
         recorded = self.state.get("fingerprint")
@@ -502,8 +430,8 @@ class _Run:
         self.result = HereResult(folder, fingerprint)
 
     def say(self, text: str) -> None:
-        if self.mode != "quiet":
-            print(text, file=sys.stderr, flush=True)
+        """A line of its own (nothing when quiet)."""
+        self.bar.note(text)
 
     def share(self, stage: str) -> float:
         """The stage's share of the budget, in seconds."""
@@ -512,11 +440,6 @@ class _Run:
     def spend(self, key: str, seconds: float) -> None:
         self.state["spent_s"][key] = round(float(self.state["spent_s"].get(key, 0.0)) + seconds, 3)
         write_state(self.folder, self.state)
-
-    def progress(self, desc: str, total: int | None, initial: int = 0, unit: str = "set",
-                 share_s: float | None = None) -> Progress:
-        return Progress(self.mode, desc, total, initial, unit=unit, run_deadline=self.deadline,
-                        deadline=None if share_s is None else time.monotonic() + share_s)
 
     def compute(self, compute_sets: int | None) -> list[Path]:
         """Stage 1: every collection of the profile, in its share of the compute share."""
@@ -530,7 +453,7 @@ class _Run:
             folders.append(out)
             measured += self._collect(
                 f"compute/{collection.name}", out, store.COMPUTE_FILE, target, compute_sets is None,
-                self.share("compute") * collection.weight / sum(weights), "set",
+                self.share("compute") * collection.weight / sum(weights), "shard set",
                 lambda n, max_minutes, c=collection, o=out: collect_compute(
                     self.tables / c.tables, n, o, sets=c.sets, seed=0, backend=self.backend, progress=False,
                     max_minutes=max_minutes, **c.options))
@@ -549,7 +472,7 @@ class _Run:
             folders.append(out)
             measured += self._collect(
                 f"comm/{devices}", out, store.COMM_FILE, comm_samples or CEILING_COMM_SAMPLES, comm_samples is None,
-                self.share("comm") / len(counts), "sample",
+                self.share("comm") / len(counts), "exchange sample",
                 lambda n, max_minutes, d=devices, o=out: collect_comm(
                     d, n, o, backend=self.backend, progress=False, max_minutes=max_minutes, seed=0,
                     **self.profile.comm))
@@ -567,17 +490,25 @@ class _Run:
             log.info("%s: %d %ss on disk, %.0f s of its share left: nothing to do", key, done, unit, max(left, 0.0))
             return 0
         started = time.monotonic()
-        bar = self.progress(key, None if open_ended else target, done, unit, share_s=left)
+        what = f"timing {unit}s"
+
+        def on_count(n: int) -> None:  # open-ended: of as many as the share allows at the pace so far
+            elapsed = time.monotonic() - started
+            total = target if not open_ended else (
+                n + round((n - done) / elapsed * max(0.0, left - elapsed)) if n > done and elapsed > 0 else None)
+            self.bar.update(key, what, done=n, total=total)
+        self.bar.update(key, what, done=done, total=None if open_ended else target)
         quiet_limit = _ShareSpent()
         collect_log = logging.getLogger(collect_comm.__module__)
         collect_log.addFilter(quiet_limit)
         try:
-            with _Watch(out / filename, bar, done):
+            with _Watch(out / filename, on_count, done):
                 return collect(target, left / 60.0)
         finally:
             collect_log.removeFilter(quiet_limit)
             self.spend(key, time.monotonic() - started)
-            bar.close(f"{_count(out, filename)} {unit}s on disk ({time.monotonic() - started:.0f} s now)")
+            self.say(f"{key}: {_count(out, filename)} {unit}s on disk ({time.monotonic() - started:.0f} s now, "
+                     f"{left:.0f} s of its share were left)")
 
     def _ran(self, stage: str, started: float, measured: int, in_all: int) -> None:
         self.result.measured_now[stage] = measured
@@ -607,14 +538,13 @@ class _Run:
             self.result.skipped.append("fit")
             models = CostModels.load(path)
         else:
-            self.say(f"pretrain --here: fit: neural, tree and analytic models on {sets} shard sets, held out and "
-                     f"compared; {_clock(self.deadline - started)} of the run left")
+            self.bar.update("fit", f"neural, tree and analytic models on {sets} shard sets, held out and compared")
             try:
                 models, record = _fit(compute_folders, comm_folders, self.folder, self.result.fingerprint, **options)
                 self.state["fit"] = {"signature": signature, **record}
             finally:
                 self.spend("fit", time.monotonic() - started)
-            self.say(f"pretrain --here: fit: done in {time.monotonic() - started:.0f} s")
+            self.say(f"fit: done in {time.monotonic() - started:.0f} s")
         self.result.seconds["fit"] = time.monotonic() - started
         return models, signature
 
@@ -630,18 +560,17 @@ class _Run:
             if size is None:
                 self.result.pace["dense"] = machine_pace()
                 size = dense_size(self.share("dense") / self.result.pace["dense"])
-            with self.progress("dense: the operators of a training step", len(DENSE_PARTS), len(done), "part",
-                               share_s=self.share("dense")) as bar:
-                timed: list[str] = []
+            timed: list[str] = []
 
-                def on_part(part: str) -> None:  # called as each part starts: the ones before are done
-                    bar.update(len(done) + len(timed), note=f"timing {part}")
-                    timed.append(part)
-                try:
-                    collect_dense(path, size, progress=on_part)
-                finally:
-                    self.spend("dense", time.monotonic() - started)
-                bar.update(len(DENSE_PARTS))
+            def on_part(part: str) -> None:  # called as each part starts: the ones before are done
+                self.bar.update("dense", f"timing the operators of a training step: {part}",
+                                done=len(done) + len(timed), total=len(DENSE_PARTS))
+                timed.append(part)
+            try:
+                collect_dense(path, size, progress=on_part)
+            finally:
+                self.spend("dense", time.monotonic() - started)
+            self.say(f"dense: {len(DENSE_PARTS)} parts timed ({time.monotonic() - started:.0f} s now)")
         self.result.seconds["dense"] = time.monotonic() - started
         return OperatorModels.read(path)
 
@@ -672,19 +601,19 @@ class _Run:
             write_state(self.folder, self.state)
             self.result.skipped.append("overheads")
             return
-        with self.progress("overheads: real training runs", len(chosen), unit="run",
-                           share_s=self.share("overheads")) as bar:
-            runs: list[tuple] = []
+        runs: list[tuple] = []
 
-            def on_config(config: tuple) -> None:
-                runs.append(config)
-                bar.update(len(runs) - 1, note=f"{config[0]}, {config[1]} tables, {config[5]} processes")
-            try:
-                fitted = calibrate(models, operators, chosen, iterations=self.profile.overhead_iterations,
-                                   progress=on_config)
-            finally:
-                self.spend("overheads", time.monotonic() - started)
-            bar.update(len(chosen))
+        def on_config(config: tuple) -> None:
+            self.bar.update("overheads", f"training {config[0]}'s {config[1]} tables on {config[5]} processes",
+                            done=len(runs), total=len(chosen))
+            runs.append(config)
+        try:
+            fitted = calibrate(models, operators, chosen, iterations=self.profile.overhead_iterations,
+                               progress=on_config)
+        finally:
+            self.spend("overheads", time.monotonic() - started)
+        self.say(f"overheads: {len(chosen)} real training run{'s' if len(chosen) != 1 else ''} "
+                 f"({time.monotonic() - started:.0f} s now)")
         fitted.save(path)
         self.state["overheads"] = {"signature": signature, "runs": len(chosen),
                                    "configs": [f"{c[0]}, {c[1]} tables, {c[5]} processes" for c in chosen]}
