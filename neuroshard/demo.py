@@ -139,7 +139,11 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"   {a:<12} simulated max device cost {cost:9.3f} ms   search "
               f"{plans[a].provenance['search_time_s']:.2f} s")
     refine_record = plans["neuroshard"].provenance.get("refine")
-    if refine_record:
+    if refine_record and not any("final_measured_cost_ms" in e for e in refine_record["rounds"]
+                                 + refine_record["compared"]):
+        print(f"   neuroshard --refine {args.refine}: no plans timed together within the budget; written: "
+              f"{refine_record['chosen']}'s plan (the plain search's)")
+    elif refine_record:
         print(f"   neuroshard --refine {args.refine}: its plans and the baselines' timed on this machine "
               f"({refine_record['hardware']}), then trained together on the runtime; kept the one measured "
               f"cheapest: {refine_record['chosen']}")

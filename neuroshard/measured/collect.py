@@ -49,7 +49,7 @@ from ..validate import (
     check_seed,
     read_bounded,
 )
-from .calibrate import MAX_SET_BYTES
+from .calibration_sets import MAX_SET_BYTES
 from .plan_sets import PlanSetSampler
 
 log = logging.getLogger(__name__)

@@ -107,8 +107,9 @@ class RefineConfig:
     fine_tune_prior_s: float = 0.3
     #: seconds one plan takes in one run of a judge of whole plans (the runtime's), guessed before it runs
     judge_plan_run_s: float = 6.0
-    #: plans the comparison's estimate counts on (more are timed when the rebalance's estimate fits beside them)
-    budget_compare_plans: int = 4
+    #: plans the comparison's estimate counts on: the plain search's and one more (more are timed when the
+    #: rebalance's estimate fits beside them)
+    budget_compare_plans: int = 2
     #: rebalanced plans the rebalance's estimate counts on (a round times more when they fit)
     budget_rebalance_plans: int = 4
     #: polish steps the polish's and the lean plan's estimates count on (more are timed while they fit)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..constants import CALIBRATION_SETS
 from ..plan import Plan
 from ..search.api import shard
 from ..search.registry import get_trait
@@ -132,7 +133,7 @@ def expect_stages(budget: Budget, tables: int, devices: int, rounds: int, compar
     budget.expect("rebalance-more", lambda: t((config.budget_rebalance_plans + 1) * d, repeat=runs))
     budget.expect("finalists", lambda: t(config.min_finalists * d, repeat=config.finalist_runs - 1))
     if rounds:
-        budget.expect("rounds", lambda: rounds * (budget.fine_tune_s(tables + config.budget_s) +
+        budget.expect("rounds", lambda: rounds * (budget.fine_tune_s(tables + CALIBRATION_SETS) +
                                                   t(d, config.refine_passes)))
     if any(get_trait(name, "needs_hardware") for name in compare):
         budget.expect("measured-greedy", lambda: t(tables, 1))
@@ -194,8 +195,14 @@ class _Loop:
             choice = compare_plans(self.plans, self.entries, self.tables, self.calibration, models, config, staged,
                                    len(self.history), lambda i: self.keep(self.plans[i], self.name(i)))
         if choice is None:  # nothing timed: the plain search's plan is written
+            if judge is not None:
+                record["judge"] = {"judge": judge.describe(), "skipped": "nothing timed within the budget"}
             return
         best = self.chose(choice)
+        for stage, coming in (("lean", choice.lean is not None), ("rebalance", rebalance_plans),
+                              ("rebalance-more", rebalance_plans), ("finalists", False)):
+            if not coming:  # it holds no time against the stages after it
+                budget.expected.pop(stage, None)
         if rebalance_plans:
             with budget.stage("rebalance"):
                 best = self.rebalance(choice, best, models)
@@ -266,8 +273,9 @@ class _Loop:
             distinct = len({p.layout_key() for p in [self.chosen, *self.plans]})
             cost = distinct * getattr(judge, "runs", 1) * self.config.judge_plan_run_s
             if not budget.fits("judge", cost):
-                budget.skip("judge", budget.out_of_time("judge", f"the {judge.name} judge's runs of {distinct} plans",
-                                                        cost) + "; the kernel's choice written")
+                why = budget.out_of_time("judge", f"the {judge.name} judge's runs of {distinct} plans", cost)
+                budget.skip("judge", why + "; the kernel's choice written")
+                record["judge"] = {"judge": judge.describe(), "skipped": why}
                 return
             budget.say(f"the {judge.name} judge: {distinct} plans")
         with budget.stage("judge"):
