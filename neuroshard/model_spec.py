@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import FormatError
-from .validate import check_name, is_int, read_json
+from .validate import check_format, check_name, is_int, read_json
 
 MODEL_FORMAT = "neuroshard.model/v1"
 INTERACTIONS = ("dot", "cat")
@@ -63,9 +63,7 @@ class ModelSpec:
         """A checked spec; one-line FormatError naming the file and field otherwise."""
         if not isinstance(data, Mapping):
             raise FormatError(f"{source}: a model file must be a JSON object")
-        if data.get("format", MODEL_FORMAT) != MODEL_FORMAT:
-            raise FormatError(f"{source}: field 'format' is {data.get('format')!r}; this version of neuroshard "
-                              f"reads {MODEL_FORMAT!r}")
+        check_format(data, MODEL_FORMAT, source, optional=True)
         unknown = sorted(set(data) - set(_KEYS))
         if unknown:
             raise FormatError(f"{source}: unknown field {unknown[0]!r} (a model file has {', '.join(_KEYS)})")

@@ -26,6 +26,7 @@ from .validate import (
     MAX_DEVICES,
     MAX_MEMORY_BYTES,
     MAX_TABLES,
+    check_format,
     check_name,
     is_int,
     is_number,
@@ -271,9 +272,7 @@ class Plan:
     def from_dict(cls, data: Any, source: str = "<plan>") -> "Plan":
         if not isinstance(data, Mapping):
             raise FormatError(f"{source}: a plan file must be a JSON object")
-        if data.get("format") != PLAN_FORMAT:
-            raise FormatError(f"{source}: field 'format' is {data.get('format')!r}; "
-                              f"this version of neuroshard reads {PLAN_FORMAT!r}")
+        check_format(data, PLAN_FORMAT, source)
         for key, high, limit in (("num_devices", MAX_DEVICES, "MAX_DEVICES"),
                                  ("device_memory_bytes", MAX_MEMORY_BYTES, "MAX_MEMORY_BYTES")):
             if key not in data:

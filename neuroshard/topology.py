@@ -35,7 +35,7 @@ from .constants import (
 )
 from .errors import FormatError, NeuroShardError
 from .units import format_bytes
-from .validate import check_devices, check_memory, check_number, read_json
+from .validate import check_devices, check_format, check_memory, check_number, read_json
 
 TOPOLOGY_FORMAT = "neuroshard.topology/v1"
 #: most GB/s a link may be given (a typo guard: 100 TB/s)
@@ -163,9 +163,7 @@ class Topology:
         command when the object does not say); one-line FormatError naming the field."""
         if not isinstance(data, Mapping):
             raise FormatError(f"{source}: a topology must be a JSON object")
-        if "format" in data and data["format"] != TOPOLOGY_FORMAT:
-            raise FormatError(f"{source}: field 'format' is {data['format']!r}; this version of neuroshard "
-                              f"reads {TOPOLOGY_FORMAT!r}")
+        check_format(data, TOPOLOGY_FORMAT, source, optional=True)
         given = data.get("num_devices")
         if given is not None:
             given = _field(check_devices, given, source, "num_devices")

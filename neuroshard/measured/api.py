@@ -16,6 +16,7 @@ import numpy as np
 from ..constants import FP32_BYTES, GPU_LIKE_MEMORY_BYTES, MAX_CALIBRATION_SETS, MIN_CALIBRATION_SETS
 from ..costmodels import resolve_cost_models
 from ..costmodels.ensemble import work_cost_models
+from ..costmodels.measure.store import pretrained_here
 from ..costmodels.measure.tiers import measure_tier_costs
 from ..costmodels.measure.timing import time_devices
 from ..errors import NeuroShardError
@@ -40,9 +41,10 @@ _warned: set = set()  # the cost models already warned about in this process
 
 def device_kind_mismatch(models: Any, task: Task) -> str | None:
     """Why the task's devices look like GPUs while the models' data was measured on a CPU
-    (None when they do not): GPU-sized memory per device, or hosts and links stated."""
+    (None when they do not): GPU-sized memory per device, or hosts and links stated. Models
+    pre-trained on this very machine (``pretrain --here``) describe the machine the plan is for."""
     machine = (models.hardware or {}).get("hardware") or {}
-    if not machine.get("cpu_model") or machine.get("gpu"):
+    if not machine.get("cpu_model") or machine.get("gpu") or pretrained_here(models.hardware):
         return None
     smallest = float(np.min(task.memory_bytes))
     if smallest >= GPU_LIKE_MEMORY_BYTES:

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from ..constants import FP32_BYTES
-from ..costmodels import load_cost_models
+from ..costmodels import DEFAULT_CHECKPOINT, load_cost_models
 from ..datasets.sampler import shard_table
 from ..errors import InfeasibleError, NeuroShardError
 from ..search.api import shard
@@ -44,7 +44,7 @@ class PlanSetSampler:
 
     @functools.cached_property
     def cost_models(self):
-        return load_cost_models()
+        return load_cost_models(DEFAULT_CHECKPOINT)  # the shipped models: the same sets on every machine
 
     @functools.lru_cache(maxsize=4)
     def plan(self, task: int):
