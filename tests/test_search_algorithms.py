@@ -176,7 +176,7 @@ def test_one_registry_serves_shard_the_cli_and_the_experiments(analytic_models):
     with pytest.raises(NeuroShardError, match="takes no parameters, got x"):
         registry.make_params(registry.get_algorithm("size"), {"x": 1})
     with pytest.raises(NeuroShardError, match=r"unknown parameter\(s\) colour for algorithm 'torchrec' "
-                                              r"\(known: compute_device\)"):
+                                              r"\(known: compute_device, timeout_s\)"):
         registry.make_params(registry.get_algorithm("torchrec"), {"colour": "red"})
     with pytest.raises(NeuroShardError, match="unknown algorithm 'magic' .choose from neuroshard, random"):
         registry.get_algorithm("magic")

@@ -75,7 +75,7 @@ class TierCostModel:
     def curve(self, table: Table, fractions: Sequence[float] = ()) -> tuple[float, dict[float, float]]:
         """(unique rows per batch, {fraction: miss rate}) of ``table``."""
         unique, rates = self._curves.get(table.name, (None, {}))
-        wanted = sorted(set(CACHE_FRACTIONS) | {float(f) for f in fractions} - set(rates))
+        wanted = sorted((set(CACHE_FRACTIONS) | {float(f) for f in fractions}) - set(rates))
         if unique is None or wanted:
             got = predict_miss_rates(table, self.batch_size, wanted or list(CACHE_FRACTIONS), self.algorithm)
             unique, rates = got.unique_per_batch, {**rates, **got.miss_rate}

@@ -77,9 +77,12 @@ class BayesParams:
 class TorchRecParams:
     """``compute_device``: the device kind TorchRec's planner plans for (``cuda``, the
     default: the devices our plans describe, each with ``memory`` of HBM; or ``cpu``, where
-    TorchRec's sharder offers no row-wise layouts, so a table larger than a device has no plan)."""
+    TorchRec's sharder offers no row-wise layouts, so a table larger than a device has no plan).
+    ``timeout_s``: seconds TorchRec's planner proposes at most (its ``timeout_seconds``, whole
+    seconds; 0: no limit); at the limit it keeps its best plan so far and says so in one warning."""
 
     compute_device: str = "cuda"
+    timeout_s: float = 120.0
 
 
 #: algorithm name -> its parameters' dataclass (the algorithms without parameters are absent)
