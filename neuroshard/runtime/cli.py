@@ -131,7 +131,7 @@ def _measure(args: argparse.Namespace) -> int:
     paths = list(args.plans) + list(args.with_plans or [])
     output = check_output(args.output, [*paths, args.tables], "measurement file") if args.output else None
     tables = TableSet.read(args.tables)
-    plans = dict(zip(plan_names(paths), (Plan.read_checked(p, tables) for p in paths)))
+    plans = dict(zip(plan_names(paths), (Plan.read_checked(p) for p in paths)))
     result = measure_plans(plans, tables, passes=args.passes, warmup_passes=args.warmup_passes,
                            repeats=args.repeats, batch_size=args.batch_size, row_cap=args.row_cap,
                            kernel=args.kernel, cost_models=args.cost_model, progress=True,
