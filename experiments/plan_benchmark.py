@@ -90,6 +90,7 @@ CONTROL = "control"  # the A/A control: the measured-greedy plan measured a seco
 UNCORRECTED = "neuroshard-calibrated-uncorrected"  # the calibrated models without the set-size correction
 CALIBRATED = "neuroshard-calibrated"  # with --calibrate: NeuroShard against models calibrated on the task
 REFINED = "neuroshard-refined"  # with --calibrate: then measured refinement (measured.refine) from that calibration
+REFINED_BUDGET = "neuroshard-refine-budget"  # with --refine-budget: `search --refine` as a user runs it
 UNCHECKED = "neuroshard-refined-unchecked"  # with --polish-ab: refine's polished plan without polish's final check
 #: with --row-blocks any: the plain search with TorchRec's layouts too, timed in the same run (a paired comparison)
 TORCHREC_LAYOUTS = "neuroshard-torchrec-layouts"
@@ -222,6 +223,12 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
             # loses can be traced to its choice or to its candidates
             (Path(args.out) / f"refine_{family}_{devices}dev_task{index}.json").write_text(
                 json.dumps(plans[REFINED].provenance["refine"], indent=1, default=str) + "\n")
+    if args.refine_budget is not None:  # `search --refine` as a user runs it: the whole loop inside its budget
+        from neuroshard.measured.api import shard as measured_shard
+        plans[REFINED_BUDGET] = measured_shard(tables, devices, memory, cost_models=models, seed=index, refine=True,
+                                               budget_s=args.refine_budget or None, progress="lines", **ours)
+        (Path(args.out) / f"refine_budget_{family}_{devices}dev_task{index}.json").write_text(
+            json.dumps(plans[REFINED_BUDGET].provenance["refine"], indent=1, default=str) + "\n")
     for algo in algorithms(args.torchrec):
         params = {"n_trials": args.bayes_trials} if algo == "bayes" else {}
         if algo == "measured-greedy":
@@ -406,6 +413,10 @@ def main() -> None:
     parser.add_argument("--refine-rounds", type=int, default=2,
                         help="with --calibrate: also NeuroShard refined on this machine for this many rounds "
                              "(measured.refine, from the same calibration; 0: not) (default: 2)")
+    parser.add_argument("--refine-budget", nargs="?", const="", default=None, metavar="SECONDS",
+                        help="also NeuroShard as `search --refine` writes it: calibration, rounds and stages inside "
+                             "the budget (SECONDS; without a value, search's default: 300 s up to 8 devices, "
+                             "300 x devices / 8 above); its search_time_s is the loop's whole wall time")
     parser.add_argument("--polish-ab", action="store_true",
                         help="with --refine-rounds: polish refine's plan once and time it both as written (after "
                              "polish's final check against the refined plan: 'neuroshard-refined') and as polished "
