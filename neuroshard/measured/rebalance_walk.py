@@ -30,6 +30,17 @@ def whole_rows(pieces: Sequence[Piece], tables: TableSet) -> np.ndarray:
     return np.array([p.row_offset == 0 and p.num_rows == tables[p.table].num_embeddings for p in pieces])
 
 
+def valid_or_rejected(plan: Plan, record: dict) -> tuple[Plan | None, dict]:
+    """``(plan, record)`` when ``plan`` has no problems, else ``(None, record)`` with its first
+    problem as ``record["rejected"]``: a guard, as the changes that made it keep memory and
+    placement rules."""
+    problems = plan.problems()
+    if problems:
+        record["rejected"] = problems[0]
+        return None, record
+    return plan, record
+
+
 def rebalance(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Simulator,
               alone_ms: Callable[[list], np.ndarray], min_gain: float = DEFAULT_CONFIG.rebalance_min_gain,
               steps_per_device: int = DEFAULT_CONFIG.rebalance_steps_per_device,
@@ -87,11 +98,7 @@ class _Walk:
         record["estimated_cost_after_ms"] = round(now, 4)
         moved_plan = replace(self.plan, shards=self.sim.to_shards(self.pieces, where),
                              provenance=self.plan.provenance.to_dict())
-        problems = moved_plan.problems()
-        if problems:  # a guard: the changes keep memory and placement rules
-            record["rejected"] = problems[0]
-            return None, record
-        return moved_plan, record
+        return valid_or_rejected(moved_plan, record)
 
 
 def _walk(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Simulator,

@@ -23,7 +23,7 @@ from ..types import Piece, split_rows
 from ..validate import check_row_blocks
 from .config import DEFAULT_CONFIG
 from .marginal import MarginalCosts, anchored_estimate
-from .rebalance_walk import rebalance, whole_rows
+from .rebalance_walk import rebalance, valid_or_rejected, whole_rows
 
 
 def repack(plan: Plan, costs: MarginalCosts, sim: Simulator, alone_ms: Callable[[list], np.ndarray],
@@ -76,11 +76,7 @@ def repack(plan: Plan, costs: MarginalCosts, sim: Simulator, alone_ms: Callable[
     bar = before * (1 + even_slack) if even else before * (1 - min_gain)
     if out.layout_key() == plan.layout_key() or info["estimated_cost_after_ms"] > bar:
         return None, record  # the same plan, or one the fit does not prefer: nothing to time
-    problems = out.problems()
-    if problems:  # a guard: the placement keeps memory and placement rules
-        record["rejected"] = problems[0]
-        return None, record
-    return out, record
+    return valid_or_rejected(out, record)
 
 
 def split_hot(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Simulator,
@@ -153,9 +149,7 @@ def split_hot(plan: Plan, measured_ms: np.ndarray, costs: MarginalCosts, sim: Si
     split_plan = replace(plan, shards=sim.to_shards(aligned, aligned_where), provenance=plan.provenance.to_dict())
     if mode == "any" and len(blocks) < devices:  # row blocks TorchRec may not run: the exporter names the option
         split_plan.provenance["row_blocks"] = "any"
-    problems = split_plan.problems()
-    if problems:  # a guard: the split keeps memory and placement rules
-        record["rejected"] = problems[0]
+    if valid_or_rejected(split_plan, record)[0] is None:
         return None, record
     moved, info = rebalance(split_plan, load, costs, sim, alone_ms, min_gain, steps_per_device)
     after = info["estimated_cost_before_ms"] if moved is None else info["estimated_cost_after_ms"]
