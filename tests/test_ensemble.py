@@ -11,7 +11,7 @@ from sklearn.base import clone
 from neuroshard import shard
 from neuroshard.costmodels import load_cost_models
 from neuroshard.costmodels.base import CostModels
-from neuroshard.costmodels.ensemble import EnsembleComputeModel, work_cost_models
+from neuroshard.costmodels.ensemble import EnsembleComputeModel, work_cost_models, working_set_log2
 from neuroshard.costmodels.work import WorkComputeModel, work_features
 from neuroshard.errors import NeuroShardError
 from neuroshard.measured.calibrate import calibrate
@@ -114,6 +114,26 @@ def test_set_size_correction_learns_a_crowding_curve_and_survives_a_checkpoint(e
     np.testing.assert_allclose(loaded.predict(sets[:20]), model.predict(sets[:20]), rtol=1e-5)
     model.fine_tune(sets[:40], crowded[:40], sets[40:50], crowded[40:50], epochs=2)
     assert model.set_size_coef_ is None  # new members: the old correction no longer applies
+
+
+def test_set_level_head_learns_the_working_set_beyond_the_cache_and_survives_a_checkpoint(ensemble, data, tmp_path):
+    """Pre-training's set-level head: sets whose weights outgrow the cache cost more than the
+    members predict; the head (set size + working set, no shard correction) learns it from the
+    sets alone, a checkpoint keeps it, and a head without a shard correction is told apart."""
+    sets, _ = data
+    model = copy.deepcopy(ensemble)
+    knee = int(np.median([np.exp2(working_set_log2([s], 1, 1_000_000)[0]) for s in sets]))
+    beyond = working_set_log2(sets, knee, 1_000_000)
+    assert (beyond > 0).any() and (beyond == 0).any()
+    slow = model.predict(sets) * np.exp(0.4 * beyond)  # 1.3x per doubling of the working set past the knee
+    before = np.abs(np.log(model.predict(sets) / slow)).mean()
+    model.fit_set_head(sets, slow, knee, 1_000_000)
+    assert model.shard_refs_ is None and len(model.set_size_coef_) == 5
+    assert np.abs(np.log(model.predict(sets) / slow)).mean() < 0.5 * before
+    bundle = CostModels(model, load_cost_models().comm, 4096, name="with-set-head")
+    loaded = CostModels.load(bundle.save(tmp_path / "h.pt")).compute
+    np.testing.assert_allclose(loaded.predict(sets[:20]), model.predict(sets[:20]), rtol=1e-5)
+    assert loaded.working_set_["without_shards"]
 
 
 def test_shard_correction_gives_each_table_its_own_error_and_survives_a_checkpoint(ensemble, data, tmp_path):

@@ -130,11 +130,23 @@ class EnsembleComputeModel(ComputeCostModel):
         basis = self._set_basis(sets)
         penalty = SET_SIZE_RIDGE * np.eye(basis.shape[1])
         penalty[0, 0] = 0.0  # the level, and (with a shard correction) the share of a table's error it keeps alone
-        if basis.shape[1] > len(SET_SIZE_KNOTS) + 2:
+        if self._shard_log_factors(sets[:1]) is not None and basis.shape[1] > len(SET_SIZE_KNOTS) + 2:
             penalty[len(SET_SIZE_KNOTS) + 2, len(SET_SIZE_KNOTS) + 2] = 0.0
         coef = np.linalg.solve(basis.T @ basis + len(sets) * penalty, basis.T @ residual)
         self.set_size_coef_ = [float(c) for c in coef]
         return self
+
+    def fit_set_head(self, sets: Sequence[np.ndarray], costs_ms: np.ndarray, knee_bytes: int, row_cap: int
+                     ) -> "EnsembleComputeModel":
+        """The set-level head pre-training fits (``costmodels.pretrain``, ``set_head=``): the
+        set-size correction with a working-set term (the set's weights beyond ``knee_bytes``, the
+        measuring machine's last-level cache, rows capped at ``row_cap`` as measured), without the
+        shard correction (that one needs the task's own tables timed alone: calibration's). The
+        members pool per-shard encodings and miss what a set does as a whole: crowding, and big
+        tables evicting each other's rows (``docs/decisions.md#set-size-and-shard-corrections``)."""
+        self.shard_refs_ = None
+        self.working_set_ = {"knee_bytes": int(knee_bytes), "row_cap": int(row_cap), "without_shards": True}
+        return self.fit_set_size_correction(sets, costs_ms)
 
     def _set_basis(self, sets: Sequence[np.ndarray]) -> np.ndarray:
         """The corrections' regressors of each set: ``set_size_basis`` of its size and, with a
@@ -142,10 +154,10 @@ class EnsembleComputeModel(ComputeCostModel):
         own error a set of n shards carries (all of it alone, less as the kernel fuses more)."""
         basis = set_size_basis(np.array([len(s) for s in sets]))
         shard = self._shard_log_factors(sets)
-        if shard is None:
-            return basis
-        columns = [basis, basis * shard[:, None]]
         ws = getattr(self, "working_set_", None)
+        if shard is None and not (ws and ws.get("without_shards")):
+            return basis
+        columns = [basis] if shard is None else [basis, basis * shard[:, None]]
         if ws:  # the set's weights beyond the cache: fused big tables evict each other's rows
             columns.append(working_set_log2(sets, ws["knee_bytes"], ws["row_cap"])[:, None])
         return np.hstack(columns)
@@ -251,6 +263,8 @@ class EnsembleComputeModel(ComputeCostModel):
         if getattr(self, "shard_refs_", None) is not None:  # absent in checkpoints without one
             state["shard_correction"] = {"refs": self.shard_refs_, "residuals": self.shard_residuals_,
                                          "working_set": getattr(self, "working_set_", None)}
+        elif getattr(self, "working_set_", None) and self.set_size_coef_ is not None:  # the set-level head's
+            state["working_set"] = dict(self.working_set_)
         return state
 
     def load_fitted_state(self, state: dict) -> None:
@@ -258,8 +272,10 @@ class EnsembleComputeModel(ComputeCostModel):
         coef = state.get("set_size_coef")
         shard = state.get("shard_correction")
         size = 2 + len(SET_SIZE_KNOTS)
-        ws = None if shard is None else shard.get("working_set")
-        expected = size if shard is None else 2 * size + (1 if ws else 0)
+        ws = state.get("working_set") if shard is None else shard.get("working_set")
+        if shard is None and ws is not None and not (isinstance(ws, dict) and ws.get("without_shards")):
+            raise ValueError("a working_set without a shard correction must be the set-level head's")
+        expected = (size + (1 if ws else 0)) if shard is None else 2 * size + (1 if ws else 0)
         if coef is not None and len(coef) != expected:
             raise ValueError(f"set_size_coef has {len(coef)} values, expected {expected}")
         work = state.get("work_model")

@@ -10,8 +10,10 @@ training data and scored with the same metrics on the same held-out data.
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,7 @@ from .analytic import AnalyticCommModel, AnalyticComputeModel
 from .base import CommSamples, CostModels
 from .ensemble import EnsembleComputeModel
 from .features import FEATURE_SCHEMA_VERSION, table_features
+from .metrics import gmae
 from .measure.store import load_comm_data, load_compute_data, read_meta
 from .neural import NeuralCommModel, NeuralComputeModel
 from .tree import TreeCommModel, TreeComputeModel
@@ -35,6 +38,8 @@ log = logging.getLogger(__name__)
 METRIC_COLUMNS = ("gmae", "mape", "kendall_tau", "pair_accuracy", "n")
 #: fewest measured shard sets a model is trained on (a random split holds out a fifth)
 MIN_SETS = 16
+#: shards from which a held-out set counts as crowded in the set-level head's report
+CROWDED_SET = 16
 
 
 # -------------------------------------------------------------------- data
@@ -334,13 +339,40 @@ def parity_plot(path: Path, compute_models: dict, compute_test: ComputeData | No
     return path
 
 
+def held_out_set_head(compute: ComputeData, train_rows: np.ndarray, test_rows: np.ndarray, ensemble: int,
+                      hparams: dict, set_head: tuple[int, int], trained: EnsembleComputeModel | None = None) -> dict:
+    """The set-level head judged on tables held out: an ensemble of the training tables (``trained``
+    when given) with and without the head fitted on the same tables, their GMAE on the held-out
+    sets, all of them and the crowded ones (``CROWDED_SET`` shards or more), and whether the head is
+    kept (it lowers the held-out GMAE)."""
+    train, test = compute.subset(train_rows), compute.subset(test_rows)
+    if len(test) < 5:
+        return {"kept": False, "why": f"{len(test)} held-out sets: too few to judge the head"}
+    model = trained or EnsembleComputeModel(ensemble, member_params=hparams).fit(train.sets, train.costs_ms)
+    crowded = np.array([len(s) >= CROWDED_SET for s in test.sets])
+    before, before_crowded = gmae(model.predict(test.sets), test.costs_ms), math.nan
+    if crowded.sum() >= 3:
+        before_crowded = gmae(model.predict([s for s, c in zip(test.sets, crowded) if c]), test.costs_ms[crowded])
+    model = copy.deepcopy(model).fit_set_head(train.sets, train.costs_ms, *set_head)
+    after, after_crowded = gmae(model.predict(test.sets), test.costs_ms), math.nan
+    if crowded.sum() >= 3:
+        after_crowded = gmae(model.predict([s for s, c in zip(test.sets, crowded) if c]), test.costs_ms[crowded])
+    return {"kept": bool(after < before), "held_out_sets": len(test), "gmae_without": float(before),
+            "gmae_with": float(after), "crowded_sets": int(crowded.sum()), "crowded_gmae_without": float(before_crowded),
+            "crowded_gmae_with": float(after_crowded), "knee_bytes": int(set_head[0]), "row_cap": int(set_head[1])}
+
+
 def pretrain(data: str | Path | Sequence[str | Path], comm_data: Sequence[str | Path] = (), out: str | Path | None = None,
              tune: int = 0, epochs: int = 400, test_tables: float = 0.25, seed: int = 0,
-             refit: bool = True, ensemble: int = 0) -> PretrainResult:
+             refit: bool = True, ensemble: int = 0, set_head: tuple[int, int] | None = None) -> PretrainResult:
     """Fit and compare all models on the held-out split; with ``out``, save the neural bundle (with
     ``refit``, the same recipe retrained on all data: the metrics stay those of the held-out
     evaluation) and a parity plot beside it. ``ensemble`` >= 2 also fits that many neural models
-    on bootstrap resamples (``EnsembleComputeModel``) and ships them as the compute model."""
+    on bootstrap resamples (``EnsembleComputeModel``) and ships them as the compute model.
+    ``set_head=(knee_bytes, row_cap)`` (with ``ensemble``; the measuring machine's last-level
+    cache and the rows a measured shard allocated) also fits the set-level head
+    (``EnsembleComputeModel.fit_set_head``), judged on the held-out tables by an ensemble of the
+    training tables (``held_out_set_head``), and ships it only where it lowers the held-out error."""
     folders = [data] if isinstance(data, (str, Path)) else list(data)
     compute = load_compute_folders(folders)
     check_number(test_tables, "test_tables (share of tables held out)", 0.0, 1.0, low_open=True)
@@ -383,6 +415,12 @@ def pretrain(data: str | Path | Sequence[str | Path], comm_data: Sequence[str | 
         data = compute if refit else compute.subset(train_rows)
         shipped_compute = EnsembleComputeModel(ensemble, member_params=compute_models["neural"].hparams).fit(
             data.sets, data.costs_ms)
+        if set_head is not None:
+            head = held_out_set_head(compute, train_rows, test_rows, ensemble, compute_models["neural"].hparams,
+                                     set_head, None if refit else shipped_compute)
+            compute_summary["set_head"] = head
+            if head["kept"]:
+                shipped_compute.fit_set_head(data.sets, data.costs_ms, *set_head)
     elif refit:  # the evaluated recipe, trained again on every table and sample
         log.info("refitting the neural models on all measured data")
         shipped_compute = refit_neural_compute(compute, compute_models["neural"].hparams)

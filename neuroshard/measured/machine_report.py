@@ -17,6 +17,7 @@ from ..costmodels.base import CostModels
 from ..costmodels.dense import OperatorModels
 from ..costmodels.loading import DEFAULT_CHECKPOINT, this_machine_name
 from ..costmodels.measure import store
+from ..costmodels.measure.kernel import llc_bytes
 from ..costmodels.metrics import gmae
 from ..costmodels.pretrain import ComputeData, PretrainResult, format_table, parity_plot, pretrain
 from ..errors import NeuroShardError
@@ -31,8 +32,11 @@ def fit_models(compute_folders: Sequence[Path], comm_folders: Sequence[Path], fo
     """``costmodels.pretrain`` on the machine's data; the bundle named and marked as this
     machine's, saved with its parity plot; and what the report needs (held-out errors per
     family and model kind, the shipped checkpoint's on the same sets)."""
+    # the set-level head: crowding and the working set beyond this machine's cache, rows capped as measured
+    row_cap = max(int((store.read_meta(f) or {}).get("config", {}).get("max_rows", 0)) for f in compute_folders)
+    head = (llc_bytes(), row_cap) if ensemble and row_cap else None
     result = pretrain(compute_folders, comm_folders, out=None, tune=tune, epochs=epochs, test_tables=test_tables,
-                      seed=seed, refit=True, ensemble=ensemble)
+                      seed=seed, refit=True, ensemble=ensemble, set_head=head)
     models = result.models
     models.name = f"pretrained-here-{folder.name[:8]}"
     models.hardware = {**(models.hardware or {}), "machine": {"id": folder.name, "fingerprint": fingerprint,
@@ -113,6 +117,15 @@ def format_report(state: dict, folder: Path, operators: OperatorModels) -> str:
                      f"({summary.get('shards_per_set_mean', 0):.1f} shards a set on average, "
                      f"{low:.2f}-{high:.1f} ms); "
                      f"held out: {summary.get('test_sets')} sets, split {summary.get('split')}")
+    head = summary.get("set_head") or {}
+    if "gmae_with" in head:
+        lines.append(f"set-level head (crowding, working set beyond the cache): held-out GMAE "
+                     f"{100 * head['gmae_without']:.1f}% without, {100 * head['gmae_with']:.1f}% with "
+                     f"({head['held_out_sets']} sets; {head['crowded_sets']} of 16+ shards: "
+                     f"{100 * head['crowded_gmae_without']:.1f}% -> {100 * head['crowded_gmae_with']:.1f}%); "
+                     f"{'kept' if head['kept'] else 'not kept'}")
+    elif head:
+        lines.append(f"set-level head: not kept ({head.get('why', 'no held-out sets')})")
     comm = fit.get("comm_summary") or {}
     if comm.get("samples"):
         lines.append("exchange: " + ", ".join(f"{n} samples at {d} devices" for d, n in comm["samples"].items()))
