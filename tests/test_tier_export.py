@@ -189,3 +189,27 @@ def test_tiered_plans_export_on_any_device_count_and_host_layout(devices, per_ho
     document = torchrec_sharding(plan)  # raises, naming the table, for a layout TorchRec cannot run
     assert _check_kernels(f"{devices} devices, {per_host} per host", plan, document) >= 1
     assert any(r["sharding_type"] in ("row_wise", "table_row_wise", "grid_shard") for r in document["tables"].values())
+
+
+GRID_TABLES = {"format": "neuroshard.tables/v1", "name": "my-model", "batch_size": 16384, "tables": [
+    {"name": "user_id", "num_embeddings": 200_000, "embedding_dim": 128, "pooling_factor": 1.0,
+     "access": {"zipf_alpha": 1.05}},
+    {"name": "item_history", "num_embeddings": 50_000, "embedding_dim": 64, "pooling_factor": 30.0,
+     "access": {"zipf_alpha": 1.2}},
+    {"name": "country", "num_embeddings": 250, "embedding_dim": 16, "pooling_factor": 1.0}]}
+
+
+@pytest.mark.parametrize("algorithm", ["size-lookup", "lookup", "size", "random", "bayes"])
+@pytest.mark.parametrize("devices,per_host,memory", [(8, 2, "10MiB"), (16, 2, "4MiB"), (12, 4, "5MiB"),
+                                                     (16, 4, "4MiB")])
+def test_baselines_tiered_plans_export_on_any_host_layout(algorithm, devices, per_host, memory, tmp_path):
+    """The README's tables (rows / 100) on devices too small for them, hosts of ``per_host``:
+    the greedy baselines' and bayes' tiered plans export, as written by ``search``."""
+    tables, plan, exported = tmp_path / "tables.json", tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+    tables.write_text(json.dumps(GRID_TABLES), encoding="utf-8")
+    assert main(["search", str(tables), "-d", str(devices), "-m", memory, "--local-world-size", str(per_host),
+                 "--host-memory", "1GiB", "-a", algorithm, "-o", str(plan)]) == 0
+    assert main(["export", str(plan), "--format", "torchrec", "--compute-device", "cuda", "-o", str(exported)]) == 0
+    written = Plan.read(plan)
+    assert _check_kernels(f"{algorithm} on {devices} devices, {per_host} per host", written,
+                          json.loads(exported.read_text())) >= 1

@@ -2,7 +2,9 @@
 
 Sort the shards by a key (largest first) and put each on the device with the lowest
 accumulated key that has memory for it. Tables larger than a device are split first,
-as for every algorithm (``rowwise.split_for_memory``).
+as for every algorithm (``rowwise.split_for_memory``); with memory tiers, a placement whose
+row blocks TorchRec cannot run (``rowwise.RowBlockRule``) is split further, as one that
+does not fit.
 
 Keys (of a shard as a table of its own: rows ``R``, width ``W``, lookups per sample ``L``):
 
@@ -22,7 +24,7 @@ import numpy as np
 from ..errors import InfeasibleError
 from ..types import Piece, Placement
 from .placer import greedy_place
-from .rowwise import place_with_splits, strip_groups
+from .rowwise import RowBlockRule, place_with_splits, strip_groups
 from .simulator import Simulator
 
 KeyFn = Callable[[Simulator, list[Piece], np.random.Generator], np.ndarray]
@@ -63,7 +65,7 @@ def greedy_by_key(sim: Simulator, memory_bytes: int, key: str, seed: int = 0) ->
         devices = greedy_place(key_fn(sim, pieces, rng), sizes, sim.num_devices, memory_bytes,
                                groups=strip_groups(pieces), host_size=sim.host_size,
                                **sim.placement_rules(pieces))[0]
-        return Placement(pieces, devices) if devices[0] >= 0 else None
+        return Placement(pieces, devices) if devices[0] >= 0 and RowBlockRule(sim, pieces).keeps(devices) else None
 
     start = sim.memory_split(memory_bytes)
     placed = place_with_splits(start, place, sim.footprint, counts=sim.row_block_counts, allowed=sim.allowed)

@@ -18,7 +18,7 @@ from ..types import Piece, Placement, split_rows, whole_pieces
 from .params import BayesParams
 from .placer import greedy_place
 from .registry import SearchFunction
-from .rowwise import place_with_splits, strip_groups
+from .rowwise import RowBlockRule, place_with_splits, strip_groups
 from .simulator import Simulator
 
 log = logging.getLogger(__name__)
@@ -76,8 +76,8 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
             trials = [study.ask() for _ in range(min(params.batch, params.n_trials - first))]
             states = [trial_state(t) for t in trials]
             placed = [(pieces, greedy(pieces, cap)) for pieces, cap in states]
-            feasible = [i for i, (pieces, devices) in enumerate(placed)  # packed, and allowed by the constraints
-                        if (devices >= 0).all() and sim.allowed(pieces)]
+            feasible = [i for i, (pieces, devices) in enumerate(placed)  # packed, allowed by the constraints,
+                        if _packed(sim, pieces, devices) and sim.allowed(pieces)]  # row blocks TorchRec runs
             costs = np.full(len(trials), np.inf)
             if feasible:
                 costs[feasible] = sim.evaluate_many([placed[i] for i in feasible]).max_ms
@@ -97,8 +97,14 @@ def search(sim: Simulator, memory_bytes: int, params: BayesParams | None = None,
     return best
 
 
+def _packed(sim: Simulator, pieces: list[Piece], devices: np.ndarray) -> bool:
+    """Whether the greedy placed every piece, a strip's row blocks as TorchRec runs them
+    where the search keeps that rule (``rowwise.RowBlockRule``: tiered plans)."""
+    return bool((devices >= 0).all()) and RowBlockRule(sim, pieces).keeps(devices)
+
+
 def _feasible(sim: Simulator, pieces: list[Piece], devices: np.ndarray) -> Placement | None:
-    if not (devices >= 0).all():
+    if not _packed(sim, pieces, devices):
         return None
     return Placement(pieces, devices, float(sim.evaluate(pieces, devices[None, :]).max_ms[0]))
 
