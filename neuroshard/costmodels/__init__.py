@@ -1,7 +1,10 @@
 """Cost models: measurement, neural compute/communication models, checkpoints.
 
-``load_cost_models()`` is what search calls: the shipped CPU checkpoint, or a
-user's own (``neuroshard pretrain``), or the unfitted analytic models.
+``load_cost_models()`` is what search calls: a user's own checkpoint when one is named
+(``--cost-model``, or a path as ``shard(cost_models=...)``; fitted by ``neuroshard pretrain``); else this
+machine's own models when it was pre-trained here (``neuroshard pretrain --here``, the folder of
+this machine's fingerprint); else the shipped CPU checkpoint; else, with a warning, the unfitted
+analytic models.
 
 Importing this package imports none of its modules (scikit-learn, torch): each name
 below is loaded from its module on first use (``neuroshard.on_first_use``).
