@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from neuroshard.costmodels.metrics import cost_metrics, gmae, kendall_tau, mape, pair_accuracy, pair_accuracy_of_plans
-from neuroshard.costmodels.pretrain import split_by_table
+from neuroshard.costmodels.pretrain import split_by_group, split_by_table
 
 
 def test_gmae_and_mape_by_hand():
@@ -55,3 +55,24 @@ def test_split_by_table_keeps_test_tables_unseen():
     assert not train_tables & test_tables
     for i in mixed:
         assert tables[i] - test_tables and tables[i] & test_tables
+
+
+def test_split_by_group_holds_out_whole_families_where_every_set_mixes_tables():
+    """Sets of many shards each draw from their family's tables: a split by table holds out
+    nothing, a split by group holds out whole families, and a set of another group that reuses
+    a held-out table is left out of both sides."""
+    rng = np.random.default_rng(0)
+    families = {f: [f"{f}-t{i}" for i in range(30)] for f in ("f1", "f2", "f3", "f4")}
+    tables, groups = [], []
+    for f, names in families.items():
+        for _ in range(20):
+            tables.append(frozenset(rng.choice(names, 20, replace=False)))
+            groups.append(f"{f}.json")
+    tables.append(frozenset([families["f1"][0], families["f2"][0]]))  # a set of hot tables of two families
+    groups.append("hot.json")
+    assert len(split_by_table(tables, 0.25, seed=0)[1]) <= 1  # at most the set of two tables
+    train, test, mixed = split_by_group(tables, groups, 0.25, seed=0)
+    assert len(test) >= 20 and len(train) > len(test) and sorted([*train, *test, *mixed]) == list(range(len(tables)))
+    assert not set().union(*(tables[i] for i in train)) & set().union(*(tables[i] for i in test))
+    assert len({groups[i] for i in test}) < len(set(groups))
+    assert split_by_group(tables, [""] * len(tables), 0.25, seed=0)[1].size == 0  # one group: nothing held out

@@ -52,11 +52,13 @@ class ComputeData:
     tables: list[frozenset]
     batch_size: int
     meta: dict = field(default_factory=dict)
+    #: per set, the tables file it was measured on (its folder's ``meta.json``), when known
+    groups: list[str] = field(default_factory=list)
 
     def subset(self, rows: Sequence[int]) -> "ComputeData":
         rows = list(rows)
         return ComputeData([self.sets[i] for i in rows], self.costs_ms[rows], [self.tables[i] for i in rows],
-                           self.batch_size, self.meta)
+                           self.batch_size, self.meta, [self.groups[i] for i in rows] if self.groups else [])
 
     def __len__(self) -> int:
         return len(self.sets)
@@ -144,8 +146,10 @@ def load_compute_folders(folders: Sequence[str | Path]) -> ComputeData:
                      p.meta.get("config", {}).get("weights_precision", "fp32")) for p in (part, first)]
         if settings[0] != settings[1]:
             raise NeuroShardError(f"{folder}: batch size, kernel or weights precision differs from {folders[0]}")
+    groups = [str(p.meta.get("config", {}).get("tables") or folder) for folder, p in zip(folders, parts)]
     return ComputeData([s for p in parts for s in p.sets], np.concatenate([p.costs_ms for p in parts]),
-                       [t for p in parts for t in p.tables], first.batch_size, first.meta)
+                       [t for p in parts for t in p.tables], first.batch_size, first.meta,
+                       [g for g, p in zip(groups, parts) for _ in p.sets])
 
 
 def load_comm(folders: Sequence[str | Path]) -> tuple[list[CommSamples], dict]:
@@ -184,6 +188,31 @@ def split_by_table(tables: Sequence[frozenset], test_fraction: float, seed: int
     test_tables = set(rng.choice(names, size=max(1, int(round(len(names) * test_fraction))), replace=False))
     kind = np.array([2 if t <= test_tables else (0 if not (t & test_tables) else 1) for t in tables])
     return np.flatnonzero(kind == 0), np.flatnonzero(kind == 2), np.flatnonzero(kind == 1)
+
+
+def split_by_group(tables: Sequence[frozenset], groups: Sequence[str], test_fraction: float, seed: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(train rows, test rows, mixed rows) holding out whole groups of sets (``ComputeData.groups``:
+    the tables file a set was measured on, e.g. one family). Sets of many shards draw a random
+    table share into nearly every set, so ``split_by_table`` holds out nothing; here the held-out
+    groups' sets are the test rows, the sets sharing none of their tables the training rows, and
+    the rest (sets of other groups that reuse a held-out table) are left out of both. Groups are
+    taken in a seeded order until the test rows reach ``test_fraction`` of the sets, skipping a
+    group that would leave fewer training than test rows."""
+    groups = np.asarray(groups)
+    test: list[str] = []
+    rows = (np.arange(len(tables)), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    for name in np.random.default_rng(seed).permutation(sorted(set(groups.tolist()))):
+        held = np.isin(groups, [*test, name])
+        held_tables = frozenset().union(*(tables[i] for i in np.flatnonzero(held)))
+        train = np.array([not h and not (t & held_tables) for h, t in zip(held, tables)], dtype=bool)
+        if train.sum() <= held.sum():
+            continue
+        test.append(str(name))
+        rows = (np.flatnonzero(train), np.flatnonzero(held), np.flatnonzero(~train & ~held))
+        if held.mean() >= test_fraction:
+            break
+    return rows
 
 
 def table_folds(tables: Sequence[frozenset], folds: int, seed: int
@@ -381,6 +410,10 @@ def pretrain(data: str | Path | Sequence[str | Path], comm_data: Sequence[str | 
         raise NeuroShardError(f"ensemble must be 0 (one model) or 2 to 64 members, got {ensemble!r}")
     train_rows, test_rows, mixed_rows = split_by_table(compute.tables, test_tables, seed)
     split = "by table"
+    if len(test_rows) < 10 or len(train_rows) < 20:  # sets of many shards: hold out whole groups of tables
+        train_rows, test_rows, mixed_rows = split_by_group(compute.tables, compute.groups or [""] * len(compute),
+                                                           test_tables, seed)
+        split = "by tables file (no table of a held-out set is in a training set)"
     if len(test_rows) < 10 or len(train_rows) < 20:
         if len(compute) < MIN_SETS:
             raise NeuroShardError(f"too few shard sets to train a model: {len(compute)} measured, at least "
