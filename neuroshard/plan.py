@@ -459,23 +459,19 @@ class Plan:
                 f"together than alone")
 
     def _estimate_basis(self) -> str:
-        """What the estimate is for: its batch and the cost models' hardware and batch."""
-        prov = self.provenance or {}
+        """What the estimate is for: its batch, then the source of each term (``estimate_sources``)."""
         batch = (self.estimate or {}).get("batch_size")
         text = f" at batch {batch:,} (all devices together)" if isinstance(batch, int) else ""
-        if prov.get("cost_model"):
-            measured = prov.get("cost_model_batch_size")
-            text += f"\n  by cost model '{prov['cost_model']}'"
-            if prov.get("cost_model_hardware"):
-                text += f", measured on {prov['cost_model_hardware']}"
-            if isinstance(measured, int):
-                text += f" at batch {measured:,}"
-                if isinstance(batch, int) and batch != measured:
-                    text += f", scaled linearly to {batch:,}"
-            calibrated = "calibrated on " in str(prov.get("cost_model_hardware", ""))
-            text += (": an estimate for the machine it was calibrated on" if calibrated else
-                     ": an estimate for that hardware, not yours until calibrated or measured there")
-        return text
+        return text + "".join(f"\n  {line}" for line in self.estimate_sources())
+
+    def estimate_sources(self) -> list[str]:
+        """The estimate's terms and where each comes from, one line each, for a person: compute
+        (which cost model, measured on which hardware, at which batch), the exchange (measured
+        with that model, or analytic over which links), the tiers' traffic, and whose machine
+        the figure describes; then a warning line when the terms describe different machines
+        or the batch is over ``FAR_BATCH_FACTOR`` away from the one the models were measured at.
+        Empty for a plan without a cost model in its provenance (an imported TorchRec plan)."""
+        return estimate_sources(self.provenance or {}, self.estimate or {})
 
     def format_summary(self) -> str:
         """The per-device table as text, with a header line a person reads at a glance."""
@@ -507,6 +503,77 @@ class Plan:
             head += f"\nestimated max device cost: {self.estimate['max_device_cost_ms']:.3f} ms/iteration"
             head += self._estimate_basis()
         return head + "\n" + df.to_string(index=False)
+
+
+#: a batch this many times larger or smaller than the cost models' measured batch is an
+#: extrapolation of their linear scaling the estimate warns about
+FAR_BATCH_FACTOR = 4.0
+_ANALYTIC_DEFAULTS = "unfitted analytic defaults"  # the hardware note of ``analytic_cost_models``
+
+
+def _compute_source(prov: Mapping) -> str:
+    """Where the compute model comes from, in a few words: this machine, the shipped
+    checkpoint, a user's file, or unfitted defaults."""
+    from .costmodels.checkpoint import SHIPPED_CHECKPOINTS
+    name, path = str(prov.get("cost_model", "")), prov.get("cost_model_path")
+    if name.startswith("this machine"):
+        return "pre-trained on this machine"
+    if prov.get("cost_model_hardware") == _ANALYTIC_DEFAULTS:
+        return _ANALYTIC_DEFAULTS
+    if path and Path(str(path)).parent == SHIPPED_CHECKPOINTS:
+        return "shipped with neuroshard"
+    return f"from {path}" if path else ""
+
+
+def estimate_sources(prov: Mapping, estimate: Mapping) -> list[str]:
+    """``Plan.estimate_sources`` of a plan's ``provenance`` and ``estimate``."""
+    name, hardware = prov.get("cost_model"), str(prov.get("cost_model_hardware") or "")
+    if not name:
+        return []
+    scored = estimate.get("cost_model")
+    if scored and scored != name:  # re-scored (``plan score``) by models the provenance does not describe
+        return [f"by cost model '{scored}' (scored after the search: its hardware is not in the plan)"]
+    batch, measured = estimate.get("batch_size"), prov.get("cost_model_batch_size")
+    source = _compute_source(prov)
+    compute = f"compute by cost model '{name}'" + (f" ({source})" if source else "")
+    if hardware and hardware != _ANALYTIC_DEFAULTS:
+        compute += f", measured on {hardware}"
+    if isinstance(measured, int):
+        compute += f" at batch {measured:,}"
+        if isinstance(batch, int) and batch != measured:
+            compute += f", scaled linearly to {batch:,}"
+    lines = [compute]
+    comm = str(prov.get("comm_model") or "")
+    analytic = comm.startswith("analytic")
+    if analytic:
+        lines.append("exchange " + comm)
+    elif comm.startswith("measured: "):
+        lines.append(f"exchange by {comm[len('measured: '):]}, measured with the compute on the same hardware")
+    tiers = prov.get("tiers")
+    if isinstance(tiers, dict) and tiers.get("model"):
+        lines.append(f"host-memory and SSD traffic {tiers['model']}")
+    here = source == "pre-trained on this machine"
+    calibrated = "calibrated on " in hardware
+    links = " over the links above" if analytic else ""
+    if source == _ANALYTIC_DEFAULTS:
+        lines.append("an estimate from unfitted defaults, for no machine in particular")
+    elif here:
+        lines.append(f"an estimate for this machine{links}")
+    elif calibrated:
+        lines.append(f"an estimate for the machine it was calibrated on{links}")
+    else:
+        lines.append("an estimate for that hardware, not yours until calibrated or measured there")
+    if analytic and hardware and not (here or calibrated or source == _ANALYTIC_DEFAULTS):
+        over = comm.split("bytes over ", 1)[-1].split(": ", 1)[0]
+        lines.append(f"warning: the terms describe different machines: compute measured on {hardware}, the "
+                     f"exchange {over}; calibrate on the machine you will train on (--calibrate) or pre-train "
+                     f"there (neuroshard pretrain --here)")
+    if isinstance(batch, int) and isinstance(measured, int) and measured > 0:
+        ratio = batch / measured
+        if ratio > FAR_BATCH_FACTOR or ratio < 1 / FAR_BATCH_FACTOR:
+            lines.append(f"warning: batch {batch:,} is {ratio:.3g}x the batch the cost model was measured at "
+                         f"({measured:,}): its linear scaling is an extrapolation that far")
+    return lines
 
 
 def _topology_problems(plan: Plan) -> list[str]:

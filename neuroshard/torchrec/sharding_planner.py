@@ -421,7 +421,7 @@ class NeuroShardPlanner(ShardingPlanner):
         if self._compare_torchrec:
             self.last_comparison = self._compare(plan, tables, world, memory, models, bytes_per_element, optimizer)
         if self._log_stats:
-            stats = self._stats(plan, tables, models)
+            stats = self._stats(plan, tables)
             if self.last_comparison is not None:
                 stats += "\n" + self.last_comparison.format()
             log.info("%s", stats)
@@ -537,7 +537,7 @@ class NeuroShardPlanner(ShardingPlanner):
         return TorchRecComparison(ours, float(theirs.estimate["max_device_cost_ms"]), len(plan.shards),
                                   len(theirs.shards))
 
-    def _stats(self, plan: Plan, tables: TableSet, models: CostModels) -> str:
+    def _stats(self, plan: Plan, tables: TableSet) -> str:
         """The plan at a glance: what the estimate is for, then per rank its shards,
         estimated cost, memory and all-to-all bytes."""
         info = tables.extra["torchrec"]
@@ -547,10 +547,9 @@ class NeuroShardPlanner(ShardingPlanner):
         lines = [f"NeuroShardPlanner: {len(plan.tables)} tables of {len(info['modules'])} module(s) "
                  f"({', '.join(p or '<root>' for p in info['modules'])}) on {world} ranks ({device}, "
                  f"{self._topology.local_world_size} per host), algorithm {self._algorithm}, seed {self._seed}",
-                 f"estimate for a batch of {tables.batch_size} ({info['batch_size_per_rank']} per rank x {world}) by "
-                 f"cost model '{models.name}' (measured at batch {models.batch_size} on {models.describe_hardware()}"
-                 f"{', calibrated here' if self._calibrate else ''}): max rank cost "
-                 f"{estimate.get('max_device_cost_ms', float('nan')):.4f} ms per iteration",
+                 f"estimate for a batch of {tables.batch_size} ({info['batch_size_per_rank']} per rank x {world}): "
+                 f"max rank cost {estimate.get('max_device_cost_ms', float('nan')):.4f} ms per iteration",
+                 *(f"  {line}" for line in plan.estimate_sources()),  # each term's model and hardware
                  f"memory per rank for the tables: {_sizes(plan.memory_limits())} ({device} "
                  f"{'hbm' if device == 'cuda' else 'ddr'} {_sizes(self._capacities())} x (1 - {self._reservation:g} "
                  f"reserved)); optimizer {plan.optimizer}; weights {plan.bytes_per_element} bytes per element"]
