@@ -45,8 +45,13 @@ def _plan_validate(args: argparse.Namespace) -> int:
 
 def _plan_show(args: argparse.Namespace) -> int:
     from .plan import Plan
-    from .plan_cli import show_torchrec_export
+    from .plan_cli import check_plot, plot_plan, show_torchrec_export
+    if args.plot:  # a bad name is refused before any work
+        check_plot(args.plot, args.plan)
     if show_torchrec_export(args.plan):
+        if args.plot:
+            raise NeuroShardError(f"{args.plan}: --plot draws a plan file; import this one first (neuroshard plan "
+                                  f"import)")
         return 0
     plan = Plan.read(args.plan)
     problems = plan.problems()
@@ -56,6 +61,8 @@ def _plan_show(args: argparse.Namespace) -> int:
         if bound:
             print(bound)
         print(plan.format_shards())
+        if args.plot:
+            print(f"wrote {plot_plan(plan, args.plot)}")
     if problems:  # shown (a reader may want to see what is wrong), then said on stderr: checked, invalid
         for p in problems:
             print(f"{args.plan}: plan is invalid: {p}", file=sys.stderr)
@@ -159,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                                         "(compute and communication apart), what the estimate is for, and which "
                                         "tables (rows, columns) it holds.")
     add_input(p, "plan", "plan file (JSON; a TorchRec export is shown per rank)")
+    p.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="also draw per device the estimated compute and exchange (ms, the tables named on the "
+                        "bars where they fit) and the memory by tier, as a PNG")
     p.set_defaults(func=_plan_show)
     from .plan_cli import register as register_plan_io  # plan import, plan score
     register_plan_io(plan_sub)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .cli_options import add_input
 
@@ -51,6 +52,110 @@ def show_torchrec_export(path: str) -> bool:
     print(f"for memory and estimated cost: neuroshard plan import {path} --format torchrec --tables TABLES.json "
           f"-o plan.json, then neuroshard plan score plan.json --tables TABLES.json")
     return True
+
+
+#: ``plan show --plot``: dots per inch, and inches per device (the width grows with the devices,
+#: between the bounds) and of the two panels' height
+PLOT_DPI = 100
+PLOT_INCHES_PER_DEVICE = 0.6
+PLOT_WIDTH_INCHES = (6.0, 30.0)
+PLOT_HEIGHT_INCHES = 7.0
+
+
+def check_plot(path: str, plan_path: str) -> None:
+    """Refuse, in one line, a ``--plot`` name that is not a writable ``.png`` file apart from the plan."""
+    from .errors import NeuroShardError
+    from .validate import check_output
+    if not str(path).lower().endswith(".png"):
+        raise NeuroShardError(f"{path}: the plot is a PNG; give a file name ending in .png")
+    check_output(path, [plan_path], "plot")
+
+
+def plot_size_px(num_devices: int) -> tuple[int, int]:
+    """(width, height) in pixels of ``plot_plan``'s picture of a plan on ``num_devices`` devices."""
+    low, high = PLOT_WIDTH_INCHES
+    width = min(max(low, 2.0 + PLOT_INCHES_PER_DEVICE * num_devices), high)
+    return round(width * PLOT_DPI), round(PLOT_HEIGHT_INCHES * PLOT_DPI)
+
+
+def plot_plan(plan, path: str) -> Path:
+    """A PNG of ``plan`` per device: its estimated compute and exchange (ms, stacked; the tables
+    it holds named on the bar where they fit), and its memory by tier (device memory for
+    weights and for caches of rows kept in host memory or on SSD, and those rows' host-memory
+    and SSD bytes). Written atomically (``io.atomic_write_bytes``; a symlink written through)."""
+    import io as _io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from .io import atomic_write_bytes
+    devices = np.arange(plan.num_devices)
+    estimate = plan.estimate or {}
+    cost = np.asarray(estimate.get("per_device_cost_ms") or np.zeros(plan.num_devices), dtype=float)
+    compute = np.asarray(estimate.get("per_device_compute_ms") or cost, dtype=float)
+    exchange = np.maximum(cost - compute, 0.0)
+    tiers = {"device: weights": np.zeros(plan.num_devices), "device: caches": np.zeros(plan.num_devices),
+             "host memory": np.zeros(plan.num_devices), "SSD": np.zeros(plan.num_devices)}  # bytes
+    for s in plan.shards + plan.replicas():
+        if not 0 <= s.device < plan.num_devices:
+            continue
+        tiers["device: weights" if s.tier.on_device else "device: caches"][s.device] += \
+            s.size_bytes(plan.bytes_per_element, plan.optimizer)
+        if not s.tier.on_device:
+            tiers["SSD" if s.tier.memory == "ssd" else "host memory"][s.device] += \
+                s.backing_bytes(plan.bytes_per_element, plan.optimizer)
+    limits = np.asarray(plan.memory_limits(), dtype=float)
+    largest = max(float(limits.max()), *(float(v.max()) for v in tiers.values()))
+    unit, scale = next(((u, 2.0**e) for u, e in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10))
+                        if largest >= 2.0**e), ("bytes", 1.0))
+    width, height = plot_size_px(plan.num_devices)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(width / PLOT_DPI, height / PLOT_DPI), sharex=True)
+    try:
+        top.bar(devices, compute, 0.8, label="compute")
+        top.bar(devices, exchange, 0.8, bottom=compute, label="exchange (all-to-all, waiting)")
+        top.set_ylabel("estimated ms per iteration")
+        top.set_title(f"plan for '{plan.tables_name}': {len(plan.tables)} tables on {plan.num_devices} devices"
+                      + ("" if "per_device_cost_ms" in estimate else " (no estimate in the plan)"))
+        top.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize="small")
+        for offset, labels in ((-0.2, ("device: weights", "device: caches")), (0.2, ("host memory", "SSD"))):
+            below = np.zeros(plan.num_devices)  # device memory on the left of each device, its rows off it right
+            for label in labels:
+                if tiers[label].any() or label == "device: weights":
+                    bottom.bar(devices + offset, tiers[label] / scale, 0.4, bottom=below, label=label)
+                    below += tiers[label] / scale
+        bottom.hlines(limits / scale, devices - 0.4, devices, colors="k", linestyles="dashed", lw=1,
+                      label="device memory")
+        bottom.set(ylabel=f"memory ({unit})", xlabel="device")
+        bottom.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize="small")
+        bottom.set_xticks(devices if plan.num_devices <= 64 else devices[::max(plan.num_devices // 32, 1)])
+        fig.tight_layout()
+        _name_tables(fig, top, plan, cost)
+        buffer = _io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=PLOT_DPI)
+    finally:
+        plt.close(fig)
+    return atomic_write_bytes(path, buffer.getvalue())
+
+
+def _name_tables(fig, ax, plan, cost) -> None:
+    """Each device's tables written up its bar, where the text fits inside it (else the count
+    of tables, else nothing)."""
+    renderer = fig.canvas.get_renderer()
+    for d in range(plan.num_devices):
+        names = sorted({s.table for s in plan.shards_on(d)} | set(plan.data_parallel_tables))
+        if not names or cost[d] <= 0:
+            continue
+        bar = ax.transData.transform([(d - 0.4, 0.0), (d + 0.4, cost[d])])
+        room_w, room_h = bar[1] - bar[0]
+        for label in (", ".join(names), f"{len(names)} table{'s' if len(names) > 1 else ''}"):
+            text = ax.text(d, cost[d] / 2, label, rotation=90, ha="center", va="center", fontsize="small",
+                           color="white", clip_on=True)
+            extent = text.get_window_extent(renderer)
+            if extent.width <= room_w and extent.height <= room_h * 0.95:
+                break
+            text.remove()
 
 
 def _import(args: argparse.Namespace) -> int:
