@@ -79,6 +79,11 @@ def made(records: list[dict], command: str | None = None) -> str:
             f"{'; '.join(sorted(set(r['cpu'] for r in records)))}.")
 
 
+HERE = RESULTS / "pretrained_here"
+#: the targets the pre-trained-here table is read against: (geometric mean, worst task)
+PLAIN_TARGET, REFINE_TARGET = (0.95, 1.05), (0.90, 1.02)
+
+
 # ------------------------------------------------------------------------------------------ the data
 def plan_runs() -> tuple[pd.DataFrame, pd.DataFrame]:
     """``runs.csv`` (oldest first) and every row of their ``tasks.csv``, with run, group and order."""
@@ -610,9 +615,54 @@ def honest_limits(runs, rows) -> list[str]:
             "shards over `--row-cap` rows fold their lookups onto that many rows.", ""]
 
 
+def pretrained_here() -> list[str]:
+    """The plain search with a model pre-trained on the timing machine (``pretrain --here``), and
+    ``search --refine`` inside its default budget, on families held out of that pre-training:
+    every run folder under ``results/pretrained_here/`` (``tasks.csv`` of the plan benchmark)."""
+    runs = sorted(p.parent for p in HERE.glob("*/tasks.csv"))
+    if not runs:
+        return []
+    rows = pd.concat([pd.read_csv(r / "tasks.csv", keep_default_na=False).assign(run=r.name) for r in runs],
+                     ignore_index=True)
+    rows["failed"] = rows["failed"].fillna("")
+    body = []
+    for devices, g in rows.groupby("devices"):
+        refine = g[(g["algorithm"] == "neuroshard-refine-budget") & (g["failed"] == "")]
+        seconds = pd.to_numeric(refine["search_time_s"], errors="coerce").dropna().to_numpy()
+        plain = pd.to_numeric(g[g["algorithm"] == "neuroshard"]["search_time_s"], errors="coerce").dropna()
+        body.append([devices, tasks_of(g), ratio_cell(g, "neuroshard"), f"{plain.median():.1f}" if len(plain) else "",
+                     ratio_cell(g, "neuroshard-refine-budget"),
+                     f"{np.median(seconds):.0f} ({seconds.min():.0f}-{seconds.max():.0f})" if len(seconds) else "",
+                     ratio_cell(g, "measured-greedy"), ratio_cell(g, "torchrec"), aa_cell(g)])
+
+    def verdict(algorithm: str, target: tuple[float, float]) -> str:
+        r = pd.to_numeric(rows[(rows["algorithm"] == algorithm) & (rows["failed"] == "")]["ratio_to_best_baseline"],
+                          errors="coerce").dropna()
+        if not len(r):
+            return "not run"
+        met = geomean(r) <= target[0] and r.max() <= target[1]
+        return (f"{f3(geomean(r))}x, worst {f3(r.max())}x over {len(r)} tasks against the target "
+                f"{target[0]:.2f}x / {target[1]:.2f}x: {'met' if met else 'not met'}")
+    records = [rec for r in runs for rec in sources(r)]
+    report = next((r / "report.txt" for r in [HERE, *runs] if (r / "report.txt").exists()), None)
+    head = report.read_text().splitlines()[:1] if report else []
+    families = ", ".join(sorted(set(rows["family"])))
+    return ["## A model pre-trained on this machine", "",
+            *table(["devices", "tasks", "`search` (plain)", "its seconds", "`search --refine`, default budget",
+                    "refine's seconds: median (range)", "measured-greedy", "TorchRec's planner", "A/A control"], body),
+            "",
+            f"Plans over the best baseline's (geometric mean, worst in brackets) on {families}: families held out "
+            f"of the pre-training, which measured this machine with `neuroshard pretrain --here` (its report: "
+            f"`experiments/results/pretrained_here/report.txt`{'; ' + head[0] if head else ''}). Plain search: "
+            f"{verdict('neuroshard', PLAIN_TARGET)}. Refine inside its default budget: "
+            f"{verdict('neuroshard-refine-budget', REFINE_TARGET)}. Each task's plans were timed in one "
+            f"interleaved run with an A/A control (caches flushed before every timed run). "
+            + made(records, "an " + " and ".join(dict.fromkeys(f"`{r['command']}`" for r in records))), ""]
+
+
 def page() -> str:
     runs, rows = plan_runs()
-    lines = [*intro(), *headline(runs, rows), *plans_against_baselines(runs, rows), *search_at_scale(),
+    lines = [*intro(), *headline(runs, rows), *pretrained_here(), *plans_against_baselines(runs, rows), *search_at_scale(),
              *cost_model_accuracy(rows), *iteration_model(), *memory_tiers(), *the_demo(), *other_measurements(),
              *honest_limits(runs, rows)]
     while lines and not lines[-1]:
