@@ -17,7 +17,7 @@ from . import __version__
 from .cli_options import add_budget, add_input, add_output, add_quiet, add_verbose, missing_input
 from .constants import MAX_CALIBRATION_SETS
 from .errors import NeuroShardError, os_reason
-from .launch import torchrun_env
+from .execution.launch import torchrun_env
 from .validate import device_count, int_in, positive_int, seed_int
 
 STAGE_CLIS = (

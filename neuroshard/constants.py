@@ -14,6 +14,25 @@ FP32_BYTES = PRECISION_BYTES["fp32"]
 COMM_PRECISIONS = ("fp32", "fp16", "bf16")
 #: bytes per element the exchange sends at each communication precision
 COMM_ELEMENT_BYTES = {p: PRECISION_BYTES[p] for p in COMM_PRECISIONS}
+#: weight element types a kernel trains with, by bytes per element (a plan's ``bytes_per_element``)
+WEIGHTS_PRECISIONS = {p: PRECISION_BYTES[p] for p in ("fp32", "fp16")}
+#: precisions a plan's ``bytes_per_element`` may name that no kernel here trains with
+UNTRAINABLE_PRECISIONS = {"int8": PRECISION_BYTES["int8"]}
+
+
+def precision_of(bytes_per_element: int) -> str:
+    """The weights' element type a plan's ``bytes_per_element`` stands for (``fp32`` for
+    sizes that name no other: 8, 3, ...)."""
+    names = {b: name for name, b in {**WEIGHTS_PRECISIONS, **UNTRAINABLE_PRECISIONS}.items()}
+    return names.get(int(bytes_per_element), "fp32")
+
+
+def trained_precision(bytes_per_element: int) -> str:
+    """The weights precision a kernel trains for ``bytes_per_element``: fp16 for 2, else fp32
+    (int8 and 8-byte weights count in memory only)."""
+    precision = precision_of(bytes_per_element)
+    return precision if precision in WEIGHTS_PRECISIONS else "fp32"
+
 
 # ------------------------------------------------------------------ batch sizes
 #: the GLOBAL batch of a tables file that does not state one (samples per iteration over all devices)
@@ -22,6 +41,14 @@ TABLES_BATCH_SIZE = 65536
 #: 64k-256k global batch that one CPU thread runs in milliseconds (``measure``, ``collect``,
 #: the analytic models, the device timer)
 MEASURED_BATCH_SIZE = 4096
+
+
+def batch_shares(batch_size: int, world_size: int) -> list[int]:
+    """Samples of the global batch each rank owns after the forward all-to-all (the
+    first ``batch_size % world_size`` ranks get one more)."""
+    base, extra = divmod(batch_size, world_size)
+    return [base + (1 if q < extra else 0) for q in range(world_size)]
+
 
 # ------------------------------------------------------------------ hosts
 #: devices per host of a common GPU server, and TorchRec's default LOCAL_WORLD_SIZE
@@ -121,7 +148,7 @@ TIMING_REFERENCE = True
 #: ... whose turn runs this share of the repeats of its own passes (rounded up)
 TIMING_REFERENCE_SHARE = 0.25
 #: time in transparent huge pages: HUGE_PAGES_ENV set at import unless the environment sets it, and a
-#: timing run's weights advised into 2 MiB pages (``kernels.advise_huge_pages``): docs/decisions.md#huge-pages
+#: timing run's weights advised into 2 MiB pages (``execution.kernels.advise_huge_pages``): docs/decisions.md#huge-pages
 TIMING_HUGE_PAGES = True
 #: PyTorch's CPU allocator advises huge pages for allocations of 2 MiB and more when this is "1"
 #: (read once, at the process's first allocation: set before a rank starts)
@@ -132,6 +159,8 @@ HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
 FLUSH_BYTES_ENV = "NEUROSHARD_FLUSH_BYTES"
 #: the size of a transparent huge page on x86-64 and arm64 Linux
 HUGE_PAGE_BYTES = 2**21
+#: most rows a shard allocates, in measurement and training alike; lookups beyond fold (row % cap)
+DEFAULT_MAX_ROWS = 1_000_000
 
 #: TorchRec's compute kernels (``EmbeddingComputeKernel`` values) a training plan's shards may run:
 #: device memory (``fused``, ``dense``), host memory (``fused_uvm``), host memory behind a device

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .errors import FormatError
 from .validate import check_format, check_name, is_int, read_json
@@ -95,3 +95,71 @@ class ModelSpec:
 
 #: what the runtime trains without a model file
 DEFAULT_MODEL = ModelSpec()
+
+
+# ------------------------------------------------------------ its operators, counted from the spec
+@dataclass(frozen=True)
+class Operator:
+    """One operator of a training step's dense part: its kind (an operator cost model's
+    name: ``linear``, ``interaction_dot``, ``interaction_cat``, ``loss``, ``optimizer``) and
+    its shape (``features``, the cost model's inputs in ``costmodels.dense.FEATURES`` order),
+    and where it runs (``forward`` or ``backward``: both for the layers, ``step`` for the
+    optimizer)."""
+
+    kind: str
+    features: tuple[float, ...]
+    where: str = ""
+
+
+def dense_operators(spec: ModelSpec, table_dims: Sequence[int], local_batch: int) -> list[Operator]:
+    """The operators of one step of ``execution.dense.DenseArch(table_dims, spec)`` on ``local_batch``
+    samples, forward ones first: each linear layer (``(batch, in, out, relu)``), the
+    interaction (``dot``: ``(batch, features, width)`` and the projections as linear layers;
+    ``cat``: ``(batch, width out)``), the loss, and the optimizer step over the parameters
+    (``(parameters, tensors)``)."""
+    b = float(local_batch)
+    feature_dim = max(table_dims)
+    ops: list[Operator] = []
+
+    def linears(sizes: Sequence[int], last_relu: bool, bias: bool = True) -> None:
+        for i, (a, o) in enumerate(zip(sizes[:-1], sizes[1:])):
+            relu = 1.0 if last_relu or i < len(sizes) - 2 else 0.0
+            ops.append(Operator("linear", (b, float(a), float(o), relu), "layer"))
+
+    linears([spec.dense_features, *spec.bottom_mlp, feature_dim], last_relu=True)
+    n = len(table_dims) + 1
+    if spec.interaction == "dot":
+        for d in table_dims:
+            if d != feature_dim:
+                ops.append(Operator("linear", (b, float(d), float(feature_dim), 0.0), "layer"))
+        ops.append(Operator("interaction_dot", (b, float(n), float(feature_dim)), "layer"))
+        top_in = feature_dim + n * (n - 1) // 2
+    else:
+        top_in = feature_dim + sum(table_dims)
+        ops.append(Operator("interaction_cat", (b, float(top_in)), "layer"))
+    linears([top_in, *spec.top_mlp, 1], last_relu=False)
+    ops.append(Operator("loss", (b,), "layer"))
+    params, tensors = dense_parameters(spec, table_dims)
+    ops.append(Operator("optimizer", (float(params), float(tensors)), "step"))
+    return ops
+
+
+def dense_parameters(spec: ModelSpec, table_dims: Sequence[int]) -> tuple[int, int]:
+    """(parameters, parameter tensors) of ``DenseArch(table_dims, spec)``, counted without
+    building it: what the dense gradients' all-reduce moves (4 bytes each) and what the
+    optimizer steps over."""
+    feature_dim = max(table_dims)
+    n = len(table_dims) + 1
+    params = tensors = 0
+    sizes = [spec.dense_features, *spec.bottom_mlp, feature_dim]
+    if spec.interaction == "dot":
+        for d in table_dims:
+            if d != feature_dim:
+                params, tensors = params + d * feature_dim, tensors + 1
+        top_in = feature_dim + n * (n - 1) // 2
+    else:
+        top_in = feature_dim + sum(table_dims)
+    for layers in (sizes, [top_in, *spec.top_mlp, 1]):
+        for a, o in zip(layers[:-1], layers[1:]):
+            params, tensors = params + a * o + o, tensors + 2
+    return params, tensors

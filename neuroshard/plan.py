@@ -8,11 +8,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .constants import DATA_PARALLEL, DEFAULT_ROW_BLOCKS, FP32_BYTES, MEMORY_TIERS
+from .constants import DATA_PARALLEL, DEFAULT_ROW_BLOCKS, FP32_BYTES, MEMORY_TIERS, precision_of
 from .constraints import plan_problems as constraint_problems
 from .errors import FormatError, InvalidPlanError, NeuroShardError
 from .io import atomic_write_text
-from .kernels import precision_of
 from .optimizers import DEFAULT_OPTIMIZER, OPTIMIZERS, check_optimizer
 from .provenance import Provenance
 from .tables import Table, TableSet

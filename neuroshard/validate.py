@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from .constants import COMM_PRECISIONS, ROW_BLOCKS
+from .constants import COMM_PRECISIONS, ROW_BLOCKS, UNTRAINABLE_PRECISIONS, WEIGHTS_PRECISIONS
 from .errors import FormatError, NeuroShardError, WriteError
 from .io import is_special_file, write_target
 from .units import parse_bytes
@@ -227,6 +227,18 @@ def check_comm_precision(value: Any, name: str = "comm_precision") -> str:
     if value not in COMM_PRECISIONS:
         raise NeuroShardError(f"{name} must be one of {', '.join(COMM_PRECISIONS)}, got {value!r}")
     return value
+
+
+def check_weights_precision(precision: str) -> str:
+    """``precision`` if a kernel trains with it; NeuroShardError saying why not otherwise."""
+    if precision in UNTRAINABLE_PRECISIONS:
+        raise NeuroShardError(f"weights precision {precision} cannot be trained here: fbgemm-gpu-cpu has no CPU "
+                              f"backward for {precision} weights; it counts in memory only (bytes per element "
+                              f"{UNTRAINABLE_PRECISIONS[precision]}), costed as fp32")
+    if precision not in WEIGHTS_PRECISIONS:
+        raise NeuroShardError(f"unknown weights precision {precision!r}; choose one of "
+                              f"{', '.join(WEIGHTS_PRECISIONS)}")
+    return precision
 
 
 def check_row_blocks(value: Any, name: str = "row_blocks") -> str:

@@ -28,7 +28,7 @@ import pytest
 from neuroshard.constants import FLUSH_BYTES_ENV
 from neuroshard.costmodels import analytic_cost_models, load_cost_models
 from neuroshard.costmodels.base import CommSamples, CostModels
-from neuroshard.launch import free_port
+from neuroshard.execution.launch import free_port
 from neuroshard.measured.collect import collect_comm, collect_compute
 from neuroshard.plan import Plan, Shard
 from neuroshard.search.registry import ALGORITHMS

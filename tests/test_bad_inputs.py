@@ -694,7 +694,7 @@ def test_kill_9_of_the_launcher_leaves_no_worker(files, tmp_path):
 
 
 def test_a_worker_whose_parent_is_gone_exits_at_once():
-    code = ("import os, sys; from neuroshard.launch import die_with_parent; "
+    code = ("import os, sys; from neuroshard.execution.launch import die_with_parent; "
             "die_with_parent(os.getppid() + 1); print('still here')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "still here" not in out.stdout

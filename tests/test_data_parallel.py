@@ -9,7 +9,7 @@ import pytest
 
 from neuroshard.costmodels import analytic_cost_models
 from neuroshard.errors import FormatError, InvalidPlanError, NeuroShardError
-from neuroshard.kernels import fbgemm_available
+from neuroshard.execution.kernels import fbgemm_available
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.measure_plan import measure_plans
 from neuroshard.runtime.model import init_rows, train_reference

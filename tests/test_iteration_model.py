@@ -14,9 +14,9 @@ from neuroshard.costmodels import dense
 from neuroshard.costmodels.dense import OperatorModels, load_operator_models
 from neuroshard.costmodels.measure.dense import collect_dense
 from neuroshard.costmodels.metrics import gmae, ratio_error
-from neuroshard.dense import build_dense, dense_operators, dense_parameters
 from neuroshard.errors import FormatError
-from neuroshard.model_spec import DEFAULT_MODEL, ModelSpec
+from neuroshard.execution.dense import build_dense
+from neuroshard.model_spec import DEFAULT_MODEL, ModelSpec, dense_operators, dense_parameters
 from neuroshard.search.iteration import STEP_CHAIN, critical_path, estimate_iteration
 from neuroshard.tables import TableSet
 

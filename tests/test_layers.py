@@ -10,9 +10,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "neuroshard"
 
 #: the layers, bottom first: a module's layer is the first prefix that matches its name
 LAYERS: list[tuple[str, ...]] = [
-    ("version", "errors", "units", "constants", "on_first_use", "validate", "io", "access_spec", "optimizers", "tiers", "model_spec", "dense", "faults", "launch",
-     "types", "constraints", "tables", "topology", "kernels", "exchange", "provenance", "plan", "exporters"),
+    ("version", "errors", "units", "constants", "on_first_use", "validate", "io", "access_spec", "optimizers", "tiers", "model_spec", "faults",
+     "types", "constraints", "tables", "topology", "provenance", "plan", "exporters"),
     ("datasets",),
+    ("execution",),
     ("costmodels",),
     ("search",),
     ("measured",),
@@ -161,7 +162,7 @@ def test_the_checks_find_a_climbing_import_and_a_circle():
     """The checks can fail: a search module importing the measured loop, and two modules
     importing each other (one inside a function), are reported by name."""
     fake = {"search.api": [("measured.api", True)], "measured.api": [("search.api", False)]}
-    assert climbing(fake) == ["neuroshard.search.api (layer 3) imports neuroshard.measured.api (layer 4)"]
+    assert climbing(fake) == ["neuroshard.search.api (layer 4) imports neuroshard.measured.api (layer 5)"]
     assert circle(fake) in (["search.api", "measured.api", "search.api"], ["measured.api", "search.api", "measured.api"])
     assert ("search.simulator", False) in IMPORTS["search.api"]  # the reader sees relative imports
     assert ("costmodels.loading", False) in IMPORTS["costmodels"]  # ... and the names loaded on first use

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
+from neuroshard.constants import batch_shares
 from neuroshard.costmodels.measure.comm import CommBenchmark
 from neuroshard.errors import NeuroShardError
-from neuroshard.exchange import batch_shares
 
 
 def test_batch_shares():

@@ -90,7 +90,7 @@ def test_a_dropped_kernel_frees_its_weights_at_once(kernel):
     import gc
     import weakref
 
-    from neuroshard.kernels import FusedEmbedding
+    from neuroshard.execution.kernels import FusedEmbedding
 
     FusedEmbedding([(100, 8)], kernel=kernel)  # first-use imports out of the way
     was_enabled = gc.isenabled()

@@ -14,7 +14,7 @@ from neuroshard.cli import main
 from neuroshard.constants import HUGE_PAGES_ENV
 from neuroshard.costmodels.measure.kernel import KernelBenchmark
 from neuroshard.costmodels.measure.timing import device_figures, device_time, time_devices
-from neuroshard.kernels import FusedEmbedding, advise_huge_pages, huge_page_bytes, weights_numel
+from neuroshard.execution.kernels import FusedEmbedding, advise_huge_pages, huge_page_bytes, weights_numel
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.evaluate import evaluate
 from neuroshard.runtime.measure_plan import measure_plans
@@ -274,7 +274,7 @@ def _rank_allocates(wctx):
 
 @pytest.mark.gloo
 def test_runtime_ranks_allocate_in_huge_pages():
-    from neuroshard.launch import launch
+    from neuroshard.execution.launch import launch
     setting = os.environ.get(HUGE_PAGES_ENV)  # importing neuroshard set it to "1" unless the environment had it
     assert setting is not None
     out = launch(_rank_allocates, (), 2, 60)

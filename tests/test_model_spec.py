@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import run_cli
 
-from neuroshard.dense import build_dense
 from neuroshard.errors import FormatError
+from neuroshard.execution.dense import build_dense
 from neuroshard.model_spec import DEFAULT_MODEL, ModelSpec
 from neuroshard.runtime.model import train_reference
 from neuroshard.runtime.trainer import RunConfig, run

@@ -11,7 +11,7 @@ from conftest import algorithm_params, tables_dict
 import neuroshard
 from neuroshard.cli import main
 from neuroshard.errors import FormatError, InfeasibleError, NeuroShardError
-from neuroshard.kernels import fbgemm_available
+from neuroshard.execution.kernels import fbgemm_available
 from neuroshard.optimizers import OPTIMIZERS, check_optimizer, shard_bytes
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.model import init_rows, train_reference

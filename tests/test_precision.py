@@ -32,9 +32,9 @@ from neuroshard.costmodels.analytic import comm_terms
 from neuroshard.costmodels.base import CostModels
 from neuroshard.costmodels.precision import compute_scaling, measured_ratios, model_precision
 from neuroshard.errors import NeuroShardError
-from neuroshard.exchange import PooledExchange
-from neuroshard.kernels import FusedEmbedding, fbgemm_available
-from neuroshard.launch import launch
+from neuroshard.execution.exchange import PooledExchange
+from neuroshard.execution.kernels import FusedEmbedding, fbgemm_available
+from neuroshard.execution.launch import launch
 from neuroshard.measured.calibrate import calibrate
 from neuroshard.measured.collect import collect_compute
 from neuroshard.plan import Plan

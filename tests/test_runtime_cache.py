@@ -16,7 +16,7 @@ from conftest import _runtime_plan, run_cli
 
 from neuroshard.datasets.cache_model import replay_miss_rates
 from neuroshard.errors import InvalidPlanError, NeuroShardError
-from neuroshard.kernels import local_lookups
+from neuroshard.execution.kernels import local_lookups
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.cached import BackingStore, CachedShard
 from neuroshard.runtime.model import make_batch, train_reference

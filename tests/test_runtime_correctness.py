@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from neuroshard.kernels import FusedEmbedding, fbgemm_available
+from neuroshard.execution.kernels import FusedEmbedding, fbgemm_available
 from neuroshard.runtime.model import init_rows, train_reference
 from neuroshard.runtime.trainer import RunConfig, run
 from neuroshard.tables import Table

@@ -11,7 +11,7 @@ import pytest
 
 from neuroshard.costmodels.measure.kernel import KernelBenchmark
 from neuroshard.errors import NeuroShardError
-from neuroshard.launch import free_port
+from neuroshard.execution.launch import free_port
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.evaluate import (
     evaluate,

@@ -7,7 +7,7 @@ import pytest
 from conftest import run_cli
 
 from neuroshard.errors import InvalidPlanError
-from neuroshard.launch import RunFailedError
+from neuroshard.execution.launch import RunFailedError
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.evaluate import evaluate
 from neuroshard.runtime.trainer import RunConfig, run

@@ -44,7 +44,7 @@ def shard_set_features(tables: Sequence[Table], batch_size: int) -> np.ndarray:
 
 def capped_weight_bytes(shards: np.ndarray, row_cap: int) -> float:
     """The fp32 weight bytes of one set's shard features (``shard_set_features``'s rows), each
-    shard's rows capped at ``row_cap`` as a measured shard allocates them (``kernels.DEFAULT_MAX_ROWS``)."""
+    shard's rows capped at ``row_cap`` as a measured shard allocates them (``constants.DEFAULT_MAX_ROWS``)."""
     s = np.asarray(shards, dtype=np.float64).reshape(len(shards), -1)
     rows = np.minimum(np.exp2(s[:, FEATURE_NAMES.index("log2_rows")]), row_cap)
     return float((rows * s[:, FEATURE_NAMES.index("dim")] * FP32_BYTES).sum())

@@ -16,8 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..constants import DEFAULT_MAX_ROWS
 from ..errors import NeuroShardError
-from ..kernels import DEFAULT_MAX_ROWS
 from .base import ComputeCostModel, register_model
 from .features import FEATURE_NAMES, capped_weight_bytes
 

@@ -13,19 +13,25 @@ from typing import Any
 
 import numpy as np
 
-from ..constants import FP32_BYTES, GPU_LIKE_MEMORY_BYTES, MAX_CALIBRATION_SETS, MIN_CALIBRATION_SETS
+from ..constants import (
+    FP32_BYTES,
+    GPU_LIKE_MEMORY_BYTES,
+    MAX_CALIBRATION_SETS,
+    MIN_CALIBRATION_SETS,
+    WEIGHTS_PRECISIONS,
+    precision_of,
+)
 from ..costmodels import resolve_cost_models
 from ..costmodels.ensemble import work_cost_models
 from ..costmodels.measure.store import pretrained_here
 from ..costmodels.measure.tiers import measure_tier_costs
 from ..costmodels.measure.timing import time_devices
 from ..errors import NeuroShardError
-from ..kernels import WEIGHTS_PRECISIONS, precision_of
 from ..plan import Plan
 from ..search.api import Task, check_task, search_task
+from ..search.api import shard as plain_search
 from ..tables import Table, TableSet
 from ..types import DeviceTimer
-from ..search.api import shard as plain_search
 from .budget import Budget, stop_reason
 from .calibrate import DEFAULT_SETS, Calibration, calibrated_models, start_calibration
 from .candidates import COMPARE, PRETRAINED_SUFFIX

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..constants import CALIBRATION_SETS, MIN_CALIBRATION_SETS
+from ..constants import CALIBRATION_SETS, DEFAULT_MAX_ROWS, MIN_CALIBRATION_SETS
 from ..costmodels.base import CostModels
 from ..costmodels.measure.kernel import llc_bytes
 from ..costmodels.measure.store import cpu_model
@@ -57,10 +57,10 @@ from ..costmodels.measure.timing import device_figures, time_devices
 from ..costmodels.metrics import gmae
 from ..costmodels.precision import model_precision
 from ..errors import NeuroShardError
-from ..kernels import DEFAULT_MAX_ROWS, check_weights_precision
 from ..search.simulator import Simulator
 from ..tables import TableSet
 from ..types import DeviceTimer, Piece
+from ..validate import check_weights_precision
 from .calibration_sets import RUN_LOOKUP_BYTES, random_sets, timed_within_budget
 
 log = logging.getLogger(__name__)

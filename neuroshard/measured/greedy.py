@@ -19,9 +19,9 @@ import math
 
 import numpy as np
 
+from ..constants import trained_precision
 from ..costmodels.measure.store import cpu_model
 from ..costmodels.measure.timing import device_figures, time_devices
-from ..kernels import trained_precision
 from ..search.params import MeasuredGreedyParams
 from ..search.placer import greedy_place
 from ..search.registry import SearchFunction

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 
 from ..costmodels.measure.tiers import LruRows, read_rows, write_rows
 from ..errors import InvalidPlanError, NeuroShardError
-from ..kernels import weights_dtype
+from ..execution.kernels import weights_dtype
 from ..optimizers import check_optimizer
 from ..plan import Plan, Shard
 from ..tables import Table

@@ -10,9 +10,16 @@ import logging
 import os
 
 from ..cli_options import add_input, add_output, help_table
-from ..constants import (EVALUATE_COLUMNS, HUGE_PAGES_ENV, ITERATION_TERMS, TIMING_PASSES, TIMING_REPEATS,
-                         TIMING_WARMUP_PASSES)
-from ..kernels import DEFAULT_MAX_ROWS, kernel_names
+from ..constants import (
+    DEFAULT_MAX_ROWS,
+    EVALUATE_COLUMNS,
+    HUGE_PAGES_ENV,
+    ITERATION_TERMS,
+    TIMING_PASSES,
+    TIMING_REPEATS,
+    TIMING_WARMUP_PASSES,
+)
+from ..execution.kernels import kernel_names
 from ..validate import batch_size_int, device_count, float_in, nonneg_int, positive_float, positive_int, seed_int
 
 log = logging.getLogger(__name__)
@@ -48,7 +55,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace):
-    from ..launch import torchrun_env
+    from ..execution.launch import torchrun_env
     from ..plan import Plan
     from ..tables import TableSet
     tables = TableSet.read(args.tables)
@@ -68,7 +75,7 @@ def _load(args: argparse.Namespace):
 def _warn_slow_cpu_batch(args: argparse.Namespace, batch_size: int) -> None:
     """One warning (rank 0 under torchrun) when the tables file's batch, not one asked for with
     ``--batch-size``, runs on CPU processes and is above ``CPU_QUICK_BATCH``."""
-    from ..launch import torchrun_env
+    from ..execution.launch import torchrun_env
     from .trainer import _device_kind
     env = torchrun_env()
     if args.batch_size is None and batch_size > CPU_QUICK_BATCH and _device_kind(args.dist_backend) == "cpu" \

@@ -19,12 +19,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..constants import trained_precision
 from ..costmodels import resolve_cost_models
 from ..costmodels.measure.timing import device_figures, time_devices
 from ..costmodels.metrics import gmae
 from ..errors import InvalidPlanError, NeuroShardError
 from ..io import atomic_write_text
-from ..kernels import trained_precision
 from ..plan import Plan
 from ..search.simulator import Simulator
 from ..tables import TableSet

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..constants import batch_shares
 from ..datasets.sampler import draw_lookups
-from ..dense import build_dense
-from ..exchange import batch_shares
-from ..kernels import FusedEmbedding, local_lookups
+from ..execution.dense import build_dense
+from ..execution.kernels import FusedEmbedding, local_lookups
 from ..model_spec import DEFAULT_MODEL, ModelSpec
 from ..tables import Table
 

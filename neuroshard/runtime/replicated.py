@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..kernels import DEFAULT_MAX_ROWS, local_lookups, resolve_kernel
+from ..constants import DEFAULT_MAX_ROWS
+from ..execution.kernels import local_lookups, resolve_kernel
 from ..plan import Plan, Shard
 from ..tables import Table
 from .model import init_rows, local_slice

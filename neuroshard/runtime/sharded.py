@@ -2,10 +2,10 @@
 global batch, and an all-to-all hands every rank the pooled embeddings of its own
 slice of the batch.
 
-The exchange and its layout are ``neuroshard.exchange.PooledExchange`` (the
+The exchange and its layout are ``neuroshard.execution.exchange.PooledExchange`` (the
 communication benchmark times the same code).
 
-A rank's shards run as one ``neuroshard.kernels.FusedEmbedding``, the fused kernel
+A rank's shards run as one ``neuroshard.execution.kernels.FusedEmbedding``, the fused kernel
 the cost data is measured with (fbgemm TBE with exact SGD fused into its backward,
 or the width-grouped ``embedding_bag`` fallback), with rows capped as there, and with
 the weights precision of the plan (``bytes_per_element`` 2: fp16 weights). The plan's
@@ -25,8 +25,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..exchange import PooledExchange
-from ..kernels import DEFAULT_MAX_ROWS, FusedEmbedding, FusedInputs, local_lookups, precision_of, trained_precision
+from ..constants import DEFAULT_MAX_ROWS, precision_of, trained_precision
+from ..execution.exchange import PooledExchange
+from ..execution.kernels import FusedEmbedding, FusedInputs, local_lookups
 from ..plan import Plan, Shard
 from ..tables import Table
 from .cached import CachedShards

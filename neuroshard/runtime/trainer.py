@@ -68,12 +68,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..constants import ITERATION_TERMS, TURN_STEPS
-from ..dense import build_dense
+from ..constants import DEFAULT_MAX_ROWS, ITERATION_TERMS, TURN_STEPS
 from ..errors import InvalidPlanError, NeuroShardError
-from ..faults import Fault, training_fault
-from ..kernels import DEFAULT_MAX_ROWS, check_trainable_optimizer, resolve_kernel
-from ..launch import (
+from ..execution.dense import build_dense
+from ..execution.kernels import check_trainable_optimizer, resolve_kernel
+from ..execution.launch import (
     BACKWARD,
     BUILT,
     FINISHING,
@@ -85,6 +84,7 @@ from ..launch import (
     step_progress,
     torchrun_env,
 )
+from ..faults import Fault, training_fault
 from ..model_spec import DEFAULT_MODEL, ModelSpec
 from ..plan import Plan
 from ..tables import Table, TableSet

@@ -8,14 +8,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..constants import DEFAULT_DATA_PARALLEL, DEFAULT_ROW_BLOCKS, FP32_BYTES, ITERATION_TIE_MARGIN, OBJECTIVES
+from ..constants import (
+    DEFAULT_DATA_PARALLEL,
+    DEFAULT_ROW_BLOCKS,
+    FP32_BYTES,
+    ITERATION_TIE_MARGIN,
+    OBJECTIVES,
+    precision_of,
+)
 from ..constraints import check_capacity
 from ..constraints import check_feasible as check_constraints_feasible
 from ..costmodels import CostModels, resolve_cost_models
 from ..costmodels.dense import OperatorModels, load_operator_models
 from ..costmodels.measure.tiers import as_measurement
 from ..errors import NeuroShardError
-from ..kernels import precision_of
 from ..model_spec import DEFAULT_MODEL, ModelSpec
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes
 from ..plan import Plan

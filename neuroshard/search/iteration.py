@@ -18,7 +18,7 @@ up to it. Every term is per rank and in ms at the run's batch:
   (operator kind ``embedding_split``);
 * ``fwd_comm_ms`` / ``bwd_comm_ms``: the comm model's exchange (``Simulator.exchange_ms``)
   plus the waiting for the last rank to arrive (the critical path's own result);
-* ``dense_fwd_ms`` / ``dense_bwd_ms``: the operators of ``neuroshard.dense.dense_operators``
+* ``dense_fwd_ms`` / ``dense_bwd_ms``: the operators of ``neuroshard.model_spec.dense_operators``
   on the rank's local batch, each priced by the operator models (``costmodels.dense``);
 * ``dense_allreduce_ms``: a gloo all-reduce of the dense gradients' bytes over the ranks, one
   per DDP bucket (25 MiB), waiting included;
@@ -47,12 +47,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ..constants import ITERATION_TERMS
+from ..constants import ITERATION_TERMS, batch_shares
 from ..costmodels.base import CostModels
 from ..costmodels.dense import OperatorModels
-from ..dense import dense_operators, dense_parameters
-from ..exchange import batch_shares
-from ..model_spec import DEFAULT_MODEL, ModelSpec
+from ..model_spec import DEFAULT_MODEL, ModelSpec, dense_operators, dense_parameters
 from ..plan import Plan
 from ..tables import TableSet
 from .simulator import Simulator

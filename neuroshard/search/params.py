@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ..constants import DEFAULT_MAX_ROWS
 from ..errors import NeuroShardError
-from ..kernels import DEFAULT_MAX_ROWS
 from ..validate import check_int, check_number
 
 

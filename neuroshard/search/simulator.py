@@ -22,13 +22,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..constants import DEFAULT_ROW_BLOCKS, FP32_BYTES, block_counts
+from ..constants import DEFAULT_ROW_BLOCKS, FP32_BYTES, block_counts, precision_of
 from ..constraints import table_constraints
 from ..costmodels.base import CostModels
 from ..costmodels.precision import compute_scaling
 from ..costmodels.tiers import TierCostModel
 from ..errors import NeuroShardError
-from ..kernels import precision_of
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer
 from ..plan import Plan, Shard
 from ..tables import TableSet

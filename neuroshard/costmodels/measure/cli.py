@@ -4,9 +4,16 @@ from __future__ import annotations
 import argparse
 
 from ...cli_options import add_input, add_output, add_weights_precision
-from ...constants import CLOCKS, COLLECT_SET_SOURCES, KERNEL_MAX_REPEATS, KERNEL_REPEATS, MEASURED_BATCH_SIZE
+from ...constants import (
+    CLOCKS,
+    COLLECT_SET_SOURCES,
+    DEFAULT_MAX_ROWS,
+    KERNEL_MAX_REPEATS,
+    KERNEL_REPEATS,
+    MEASURED_BATCH_SIZE,
+)
 from ...errors import NeuroShardError
-from ...kernels import DEFAULT_MAX_ROWS, TIMED_OPTIMIZERS, kernel_names
+from ...execution.kernels import TIMED_OPTIMIZERS, kernel_names
 from ...validate import (
     MAX_DEVICES,
     batch_size_int,
@@ -28,7 +35,7 @@ def _flush_bytes(text: str) -> int | None:
 
 
 def _compute(args: argparse.Namespace) -> int:
-    from ...launch import local_rank, torchrun_env
+    from ...execution.launch import local_rank, torchrun_env
     from ...measured.collect import collect_compute, parse_dims
     if args.max_repeats < args.repeats:
         raise NeuroShardError(f"--max-repeats {args.max_repeats} is below --repeats {args.repeats}")
@@ -66,7 +73,7 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _comm(args: argparse.Namespace) -> int:
-    from ...launch import torchrun_env
+    from ...execution.launch import torchrun_env
     from ...measured.collect import collect_comm
     rank, world_size = torchrun_env() or (0, 1)
     if world_size > 1:

@@ -8,7 +8,7 @@ measurements. For one sample, device ``d`` holds shards of total width
 before the collective, so early devices wait for late ones as in training).
 Each repeat times, per device:
 
-* forward: the training runtime's own exchange (``neuroshard.exchange.PooledExchange``):
+* forward: the training runtime's own exchange (``neuroshard.execution.exchange.PooledExchange``):
   an ``all_to_all_single`` of pooled embeddings, the batch split across devices
   (device ``d`` gets ``b_d`` ≈ B/D samples; every source sends
   ``[b_dst, widths[src]]`` to every destination), and the layout of the received
@@ -38,11 +38,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ...constants import MEASURED_BATCH_SIZE
+from ...constants import MEASURED_BATCH_SIZE, batch_shares
 from ...errors import NeuroShardError
-from ...exchange import PooledExchange, batch_shares
+from ...execution.exchange import PooledExchange
+from ...execution.launch import die_with_parent
 from ...faults import exit_if_chosen
-from ...launch import die_with_parent
 from ...validate import check_comm_precision
 
 log = logging.getLogger(__name__)

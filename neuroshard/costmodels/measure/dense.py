@@ -38,9 +38,9 @@ from ...constants import MEASURED_BATCH_SIZE
 from ...datasets.augment import benchmark_tables
 from ...datasets.families import generate
 from ...datasets.sampler import draw_lookups
-from ...dense import Interaction, mlp
-from ...kernels import FusedEmbedding, local_lookups
-from ...launch import WorkerContext, launch, step_progress
+from ...execution.dense import Interaction, mlp
+from ...execution.kernels import FusedEmbedding, local_lookups
+from ...execution.launch import WorkerContext, launch, step_progress
 from ..base import few_threads
 from ..dense import OperatorModels
 from .kernel import KernelBenchmark

@@ -1,7 +1,7 @@
 """Kernel benchmark: forward + backward of a set of shards on one device, as one fused op.
 
 Training runs all shards of a device as one fused operation, so that is what is
-timed: ``neuroshard.kernels.FusedEmbedding``, the same fused kernel the training
+timed: ``neuroshard.execution.kernels.FusedEmbedding``, the same fused kernel the training
 runtime runs (``fbgemm_tbe``, fbgemm's table-batched embedding with its optimizer
 fused into the backward, preferred; ``embedding_bag``, shards stacked per width
 group, as the fallback when fbgemm is not importable).
@@ -33,21 +33,27 @@ from typing import Sequence
 
 import numpy as np
 
-from ...constants import CLOCKS, FLUSH_BYTES_ENV, KERNEL_MAX_REPEATS, KERNEL_REPEATS, MEASURED_BATCH_SIZE
+from ...constants import (
+    CLOCKS,
+    DEFAULT_MAX_ROWS,
+    FLUSH_BYTES_ENV,
+    KERNEL_MAX_REPEATS,
+    KERNEL_REPEATS,
+    MEASURED_BATCH_SIZE,
+)
 from ...datasets.sampler import sample_lookups
 from ...errors import NeuroShardError
-from ...units import parse_bytes
-from ...kernels import (  # noqa: F401
+from ...execution.kernels import (  # noqa: F401
     BACKENDS,
-    DEFAULT_MAX_ROWS,
     TIMED_OPTIMIZERS,
     FusedEmbedding,
     FusedInputs,
-    check_weights_precision,
     fbgemm_available,
     resolve_kernel,
 )
 from ...tables import Table
+from ...units import parse_bytes
+from ...validate import check_weights_precision
 from ..base import few_threads
 
 log = logging.getLogger(__name__)

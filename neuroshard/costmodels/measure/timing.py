@@ -2,7 +2,7 @@
 
 A device's embedding compute does not depend on the other devices, so every device
 of a plan of any device count can be timed one after another on one thread (CPU) or
-one GPU. Each device's shards run as one ``neuroshard.kernels.FusedEmbedding`` (what
+one GPU. Each device's shards run as one ``neuroshard.execution.kernels.FusedEmbedding`` (what
 training runs and cost data is collected with): forward, backward and the fused update,
 timed with the kernel benchmark's protocol (``KernelBenchmark.time_fused``: cache flush
 before every run, warm-up, median of repeats, the thread's CPU clock on CPU). A device
@@ -40,7 +40,7 @@ Memory: on CPU the devices share one weights buffer the size of the largest devi
 device. Rows beyond ``row_cap`` are not allocated (lookups fold onto the allocated
 rows, as in training and collection); the cap is reported. By default
 (``TIMING_HUGE_PAGES``) the buffer is advised into transparent huge pages before it is
-written, or with ``huge_pages=False`` out of them (``kernels.advise_huge_pages``;
+written, or with ``huge_pages=False`` out of them (``execution.kernels.advise_huge_pages``;
 ``config["huge_pages"]`` says whether it got huge pages, read back from
 ``/proc/self/smaps``): with 4 KiB pages a device of big tables pays a TLB miss on most
 lookups, and on a virtual machine the page walk is long and varies with where the pages
@@ -60,6 +60,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...constants import (
+    DEFAULT_MAX_ROWS,
     MEASURED_BATCH_SIZE,
     TIMING_HUGE_PAGES,
     TIMING_MAX_REPEATS,
@@ -69,12 +70,11 @@ from ...constants import (
     TIMING_REFERENCE_SHARE,
     TIMING_REPEATS,
     TIMING_WARMUP_PASSES,
+    WEIGHTS_PRECISIONS,
 )
 from ...datasets.sampler import sample_lookups
 from ...errors import NeuroShardError
-from ...kernels import (
-    DEFAULT_MAX_ROWS,
-    WEIGHTS_PRECISIONS,
+from ...execution.kernels import (
     FusedEmbedding,
     FusedInputs,
     advise_huge_pages,

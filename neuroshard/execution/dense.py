@@ -1,8 +1,7 @@
-"""The dense part of the DLRM as torch modules, and the operators one training step runs
-through it.
+"""The dense part of the DLRM as torch modules.
 
 ``DenseArch`` is what the runtime trains (``runtime.model`` builds it from a
-``model_spec.ModelSpec``); ``dense_operators`` lists, for a spec, the tables' widths and a
+``model_spec.ModelSpec``); ``model_spec.dense_operators`` lists, for a spec, the tables' widths and a
 rank's local batch, every operator of that module's forward and backward with its shape:
 the iteration-time model (``search.iteration``) prices each one with the operator cost
 models (``costmodels.dense``), and ``collect dense`` times these same modules, so what is
@@ -10,13 +9,12 @@ measured, what is predicted and what trains are one code.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 from torch import nn
 
-from .model_spec import DEFAULT_MODEL, ModelSpec
+from ..model_spec import DEFAULT_MODEL, ModelSpec
 
 
 def mlp(sizes: Sequence[int], last_relu: bool) -> nn.Sequential:
@@ -85,71 +83,3 @@ def build_dense(tables: Sequence, seed: int, spec: ModelSpec = DEFAULT_MODEL) ->
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return DenseArch([t.embedding_dim for t in tables], spec)
-
-
-# ------------------------------------------------------------ its operators
-@dataclass(frozen=True)
-class Operator:
-    """One operator of a training step's dense part: its kind (an operator cost model's
-    name: ``linear``, ``interaction_dot``, ``interaction_cat``, ``loss``, ``optimizer``) and
-    its shape (``features``, the cost model's inputs in ``costmodels.dense.FEATURES`` order),
-    and where it runs (``forward`` or ``backward``: both for the layers, ``step`` for the
-    optimizer)."""
-
-    kind: str
-    features: tuple[float, ...]
-    where: str = ""
-
-
-def dense_operators(spec: ModelSpec, table_dims: Sequence[int], local_batch: int) -> list[Operator]:
-    """The operators of one step of ``DenseArch(table_dims, spec)`` on ``local_batch``
-    samples, forward ones first: each linear layer (``(batch, in, out, relu)``), the
-    interaction (``dot``: ``(batch, features, width)`` and the projections as linear layers;
-    ``cat``: ``(batch, width out)``), the loss, and the optimizer step over the parameters
-    (``(parameters, tensors)``)."""
-    b = float(local_batch)
-    feature_dim = max(table_dims)
-    ops: list[Operator] = []
-
-    def linears(sizes: Sequence[int], last_relu: bool, bias: bool = True) -> None:
-        for i, (a, o) in enumerate(zip(sizes[:-1], sizes[1:])):
-            relu = 1.0 if last_relu or i < len(sizes) - 2 else 0.0
-            ops.append(Operator("linear", (b, float(a), float(o), relu), "layer"))
-
-    linears([spec.dense_features, *spec.bottom_mlp, feature_dim], last_relu=True)
-    n = len(table_dims) + 1
-    if spec.interaction == "dot":
-        for d in table_dims:
-            if d != feature_dim:
-                ops.append(Operator("linear", (b, float(d), float(feature_dim), 0.0), "layer"))
-        ops.append(Operator("interaction_dot", (b, float(n), float(feature_dim)), "layer"))
-        top_in = feature_dim + n * (n - 1) // 2
-    else:
-        top_in = feature_dim + sum(table_dims)
-        ops.append(Operator("interaction_cat", (b, float(top_in)), "layer"))
-    linears([top_in, *spec.top_mlp, 1], last_relu=False)
-    ops.append(Operator("loss", (b,), "layer"))
-    params, tensors = dense_parameters(spec, table_dims)
-    ops.append(Operator("optimizer", (float(params), float(tensors)), "step"))
-    return ops
-
-
-def dense_parameters(spec: ModelSpec, table_dims: Sequence[int]) -> tuple[int, int]:
-    """(parameters, parameter tensors) of ``DenseArch(table_dims, spec)``, counted without
-    building it: what the dense gradients' all-reduce moves (4 bytes each) and what the
-    optimizer steps over."""
-    feature_dim = max(table_dims)
-    n = len(table_dims) + 1
-    params = tensors = 0
-    sizes = [spec.dense_features, *spec.bottom_mlp, feature_dim]
-    if spec.interaction == "dot":
-        for d in table_dims:
-            if d != feature_dim:
-                params, tensors = params + d * feature_dim, tensors + 1
-        top_in = feature_dim + n * (n - 1) // 2
-    else:
-        top_in = feature_dim + sum(table_dims)
-    for layers in (sizes, [top_in, *spec.top_mlp, 1]):
-        for a, o in zip(layers[:-1], layers[1:]):
-            params, tensors = params + a * o + o, tensors + 2
-    return params, tensors

@@ -1,6 +1,6 @@
 """The exchange of pooled embeddings between devices, shared by the training runtime
 and the communication benchmark (so the benchmark times what training runs, as
-``kernels.py`` does for compute).
+``kernels`` does for compute).
 
 Layout. Rank ``p`` holds shards of total width ``W_p``; its pooled output for the
 global batch is a ``(B, W_p)`` matrix whose rows ``[start_q, end_q)`` go to rank
@@ -23,21 +23,15 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 import torch.distributed as dist
 
-from .validate import check_comm_precision
+from ..constants import batch_shares
+from ..validate import check_comm_precision
 
 if TYPE_CHECKING:
-    from .plan import Plan
-    from .tables import Table
+    from ..plan import Plan
+    from ..tables import Table
 
 #: element type of what the all-to-all sends, by the plan's ``comm_precision``
 COMM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def batch_shares(batch_size: int, world_size: int) -> list[int]:
-    """Samples of the global batch each rank owns after the forward all-to-all (the
-    first ``batch_size % world_size`` ranks get one more)."""
-    base, extra = divmod(batch_size, world_size)
-    return [base + (1 if q < extra else 0) for q in range(world_size)]
 
 
 class PooledExchange:

@@ -22,7 +22,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import NeuroShardError
+from ..errors import NeuroShardError
 
 log = logging.getLogger(__name__)
 

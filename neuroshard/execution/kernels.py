@@ -45,9 +45,10 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 
 import numpy as np
 
-from .constants import HUGE_PAGE_BYTES, PRECISION_BYTES
-from .errors import NeuroShardError
-from .optimizers import CPU_OPTIMIZERS, FBGEMM_OPTIMIZERS, check_optimizer
+from ..constants import HUGE_PAGE_BYTES
+from ..errors import NeuroShardError
+from ..optimizers import CPU_OPTIMIZERS, FBGEMM_OPTIMIZERS, check_optimizer
+from ..validate import check_weights_precision
 
 if TYPE_CHECKING:
     import torch
@@ -55,40 +56,8 @@ if TYPE_CHECKING:
 BACKENDS = ("cpu", "cuda")
 #: ``collect --optimizer`` spellings (aliases of ``optimizers.OPTIMIZERS``, recorded as given in cost data)
 TIMED_OPTIMIZERS = ("exact_sgd", "exact_rowwise_adagrad")
-#: most rows a shard allocates, in measurement and training alike; lookups beyond fold (row % cap)
-DEFAULT_MAX_ROWS = 1_000_000
 #: TBE's widths must be multiples of this
 TBE_WIDTH_ALIGN = 4
-#: weight element types a kernel trains with, by bytes per element (a plan's ``bytes_per_element``)
-WEIGHTS_PRECISIONS = {p: PRECISION_BYTES[p] for p in ("fp32", "fp16")}
-#: precisions a plan's ``bytes_per_element`` may name that no kernel here trains with
-UNTRAINABLE_PRECISIONS = {"int8": PRECISION_BYTES["int8"]}
-
-
-def precision_of(bytes_per_element: int) -> str:
-    """The weights' element type a plan's ``bytes_per_element`` stands for (``fp32`` for
-    sizes that name no other: 8, 3, ...)."""
-    names = {b: name for name, b in {**WEIGHTS_PRECISIONS, **UNTRAINABLE_PRECISIONS}.items()}
-    return names.get(int(bytes_per_element), "fp32")
-
-
-def trained_precision(bytes_per_element: int) -> str:
-    """The weights precision a kernel trains for ``bytes_per_element``: fp16 for 2, else fp32
-    (int8 and 8-byte weights count in memory only)."""
-    precision = precision_of(bytes_per_element)
-    return precision if precision in WEIGHTS_PRECISIONS else "fp32"
-
-
-def check_weights_precision(precision: str) -> str:
-    """``precision`` if a kernel trains with it; NeuroShardError saying why not otherwise."""
-    if precision in UNTRAINABLE_PRECISIONS:
-        raise NeuroShardError(f"weights precision {precision} cannot be trained here: fbgemm-gpu-cpu has no CPU "
-                              f"backward for {precision} weights; it counts in memory only (bytes per element "
-                              f"{UNTRAINABLE_PRECISIONS[precision]}), costed as fp32")
-    if precision not in WEIGHTS_PRECISIONS:
-        raise NeuroShardError(f"unknown weights precision {precision!r}; choose one of "
-                              f"{', '.join(WEIGHTS_PRECISIONS)}")
-    return precision
 
 
 def weights_dtype(precision: str) -> "torch.dtype":
