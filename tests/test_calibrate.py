@@ -61,15 +61,21 @@ def test_search_calibrate_caches_per_task(tmp_path, monkeypatch, capsys):
 
 def test_calibration_cache_keys_the_cpu_by_name_and_last_level_cache(monkeypatch):
     """Cloud VMs give different Xeons one model name; a calibration measured under one
-    last-level cache (and its cache flush) is not reused under another."""
+    last-level cache (and its cache flush) is not reused under another. The key holds the
+    fingerprint that names the machine's pre-trained folder: one machine, one identity."""
+    from neuroshard.costmodels.measure import store
     from neuroshard.measured import calibrate as module
     models = load_cost_models()
     key = module._cache_key(TABLES, models, 3, 12, 0)
     assert module._cache_key(TABLES, models, 3, 12, 0) == key
-    monkeypatch.setattr(module, "llc_bytes", lambda: 7 << 20)
+    monkeypatch.setattr(store, "llc_bytes", lambda: 7 << 20)
     other = module._cache_key(TABLES, models, 3, 12, 0)
-    monkeypatch.setattr(module, "llc_bytes", lambda: 9 << 20)
+    monkeypatch.setattr(store, "llc_bytes", lambda: 9 << 20)
     assert len({key, other, module._cache_key(TABLES, models, 3, 12, 0)}) == 3
+    folder = store.machine_dir("cpu").name  # another CPU generation: another folder and another key
+    monkeypatch.setattr(store, "cpu_generation", lambda: {"cpu_family": "99", "cpu_model_number": "1"})
+    assert store.machine_dir("cpu").name != folder
+    assert module._cache_key(TABLES, models, 3, 12, 0) not in {key, other}
 
 
 @pytest.mark.timing

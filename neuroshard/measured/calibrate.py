@@ -31,7 +31,8 @@ calibrated models keep the pre-trained communication models and record the calib
 in ``hardware`` and ``metrics``.
 
 ``calibrated_models`` caches the result under ``$XDG_CACHE_HOME/neuroshard`` (default
-``~/.cache/neuroshard``), keyed by the hardware fingerprint, the checkpoint, the tables
+``~/.cache/neuroshard``), keyed by the machine's fingerprint (the one that names its
+pre-trained folder, ``costmodels.measure.store.machine_fingerprint``), the checkpoint, the tables
 and the settings: ``neuroshard search --calibrate`` calibrates once per task and machine.
 """
 from __future__ import annotations
@@ -47,12 +48,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..constants import CALIBRATION_SETS, DEFAULT_MAX_ROWS, MIN_CALIBRATION_SETS
 from ..costmodels.base import CostModels
 from ..costmodels.measure.kernel import llc_bytes
-from ..costmodels.measure.store import cpu_model
+from ..costmodels.measure.store import fingerprint_id, machine_fingerprint
 from ..costmodels.measure.timing import device_figures, time_devices
 from ..costmodels.metrics import gmae
 from ..costmodels.precision import model_precision
@@ -284,8 +284,10 @@ def calibrate(tables: TableSet, models: CostModels, devices: int = 8, sets: int 
 
 def _cache_key(tables: TableSet, models: CostModels, devices: int, sets: int, seed: int,
                weights_precision: str = "fp32") -> str:
-    # the CPU by name and last-level cache: cloud VMs give different Xeons one name (store.same_cpu)
-    payload = {"cpu": cpu_model(), "llc_bytes": llc_bytes(), "cores": os.cpu_count(), "torch": torch.__version__,
+    # this machine as its pre-trained folder names it (store.machine_fingerprint: the CPU by name, generation
+    # and last-level cache, as cloud VMs give different Xeons one name; cores, torch, fbgemm): one identity.
+    # A cache entry keyed otherwise is never found again: the task is calibrated anew
+    payload = {"machine": fingerprint_id(machine_fingerprint("cpu")),
                "models": models.name, "models_path": str(getattr(models, "path", "") or ""),
                "tables": TableSet(tables.name, list(tables), tables.batch_size).to_dict(),
                "devices": devices, "sets": sets, "seed": seed, "recipe": CALIBRATION_RECIPE}
