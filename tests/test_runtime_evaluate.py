@@ -17,7 +17,9 @@ from neuroshard.runtime.evaluate import (
     evaluate,
     evaluate_together,
     measure_alternating,
+    measure_paired,
     paired_improvement,
+    paired_window_steps,
     settled_steps,
     steps_per_plan,
 )
@@ -134,6 +136,36 @@ def test_plans_measured_together_alternate_their_steps(tmp_path):
     runs = measure_alternating({"split": split, "whole": whole}, tables, runs=2, iterations=2)
     assert [len(v) for v in runs.values()] == [2, 2]
     assert all(m.plan is whole for m in runs["whole"])
+
+
+@pytest.mark.timing
+@pytest.mark.gloo
+def test_paired_runs_hold_two_plans_and_pair_each_with_the_first(tmp_path):
+    """``measure_paired``: one launch; the first plan beside each other in a window of its own, the
+    window's alternate built in its first steps and freed after them (two plans held at most), each
+    window cut into runs that pair the two on the same steps; costs on the first plan's scale."""
+    _files(tmp_path)
+    tables = TableSet.read(tmp_path / "tables.json")
+    split = Plan.read(tmp_path / "plan.json")
+    whole = Plan(TABLES, [Shard(t.name, 0, t.num_embeddings, 0, t.embedding_dim, i % 2) for i, t in enumerate(TABLES)],
+                 2, 10**9, tables_name="evaluate")
+    result = run(RunConfig(split, TABLES, 2, steps=16, batch_size=64, alternates=[whole, split], turn=2, paired=True))
+    assert [r["plan"] for r in result.records[0]] == [0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 2, 2, 0, 0, 2, 2]
+    assert sorted((m.plan, m.rank) for m in result.memory) == [(p, r) for p in range(3) for r in range(2)]
+    assert all(m.device_bytes > 0 for m in result.memory)
+    assert paired_window_steps(2, 3, 3) == [6, 3, 3]  # runs after the first start on a switch step
+    paired = measure_paired({"split": split, "whole": whole, "again": split}, tables, runs=2, iterations=2,
+                            progress="lines", progress_prefix="test")
+    assert paired.names == ["split", "whole", "again"]
+    assert all(len(pairs) == 2 for pairs in paired.beside.values())
+    assert all(m.plan is whole and m.iterations == 2 for m in paired.measurements("whole"))
+    assert all(m.plan is split for m in paired.measurements("split", beside="whole"))
+    costs = paired.costs_ms()
+    assert [len(c) for c in costs.values()] == [2, 2, 2]
+    for r, (mine, own) in enumerate(paired.beside["whole"]):  # the pairs' ratios, exactly
+        assert costs["whole"][r] / costs["split"][r] == pytest.approx(own.max_device_cost_ms / mine.max_device_cost_ms)
+    with pytest.raises(NeuroShardError, match="at least two"):
+        measure_paired({"split": split}, tables)
 
 
 @pytest.mark.timing

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -247,6 +247,85 @@ def measure_alternating(plans: dict[str, Plan], tables: TableSet, runs: int = 3,
         for name, measurement in zip(order, measured):
             out[name].append(measurement)
     return out
+
+
+@dataclass
+class PairedRuns:
+    """``measure_paired``'s measurements: each other plan beside the anchor in a window of its
+    own, ``runs`` paired measurements each (its own, the anchor's in the same steps)."""
+
+    anchor: str
+    beside: dict[str, list[tuple[Measurement, Measurement]]]  # plan -> per run: (the anchor's, its own)
+
+    @property
+    def names(self) -> list[str]:
+        return [self.anchor, *self.beside]
+
+    def measurements(self, name: str, beside: str | None = None) -> list[Measurement]:
+        """A plan's measurement per run; the anchor's: those beside plan ``beside`` (the first other's
+        when None)."""
+        if name != self.anchor:
+            return [own for _, own in self.beside[name]]
+        return [anchor for anchor, _ in self.beside[beside or next(iter(self.beside))]]
+
+    def costs_ms(self) -> dict[str, list[float]]:
+        """Each plan's slowest-device cost per run, on one scale: the anchor's, the geometric mean over
+        the windows of its cost in that run; another plan's, its ratio to the anchor in its own window
+        times that. Ratios between any plan and the anchor are then exactly the paired ones."""
+        runs = len(next(iter(self.beside.values())))
+        anchor = [float(np.exp(np.mean([np.log(pairs[r][0].max_device_cost_ms) for pairs in self.beside.values()])))
+                  for r in range(runs)]
+        costs = {self.anchor: anchor}
+        for name, pairs in self.beside.items():
+            costs[name] = [own.max_device_cost_ms / mine.max_device_cost_ms * anchor[r]
+                           for r, (mine, own) in enumerate(pairs)]
+        return costs
+
+
+def paired_window_steps(iterations: int, warmup: int, runs: int, turn: int = TURN_STEPS) -> list[int]:
+    """The steps per plan of each run of a ``measure_paired`` window, in whole turns: the first run's
+    after ``warmup``, each later run's after the switch step it starts with."""
+    return [steps_per_plan(iterations, warmup if r == 0 else 1, 2, turn) for r in range(runs)]
+
+
+def measure_paired(plans: dict[str, Plan], tables: TableSet, runs: int = 3, iterations: int = 20,
+                   devices: int | None = None, warmup: int = DEFAULT_WARMUP, batch_size: int | None = None,
+                   turn: int = TURN_STEPS, **options) -> PairedRuns:
+    """Measure several plans of the same tables with two plans' embeddings held at most: the first
+    plan (the anchor) beside each other plan in turn, in one launch of ``devices`` processes. In
+    each plan's window the two take turns of ``turn`` steps (``RunConfig.paired``), the window cut
+    into ``runs`` runs of ``iterations`` measured steps each, so every run pairs the two on the same
+    stretch of time. ``options`` go to ``RunConfig`` (``progress``: a progress line's mode).
+    (``measure_alternating`` holds every plan's embeddings in every process.)"""
+    names = list(plans)
+    if len(names) < 2:
+        raise NeuroShardError("measure_paired compares plans: give at least two")
+    check_int(runs, "runs", 1, MAX_STEPS)
+    check_int(iterations, "iterations", 1, MAX_STEPS)
+    check_int(warmup, "warmup", 0, MAX_STEPS)
+    check_turn(turn, 2)
+    order = [plans[n] for n in names]
+    devices = devices if devices is not None else max(p.num_devices for p in order)
+    for plan in order:
+        check_run(plan, tables, devices)
+    batch_size = batch_size if batch_size is not None else tables.batch_size
+    per_run = paired_window_steps(iterations, warmup, runs, turn)
+    window = 2 * sum(per_run)
+    config = RunConfig(order[0], list(tables), devices, steps=window * (len(order) - 1), batch_size=batch_size,
+                       alternates=order[1:], turn=turn, paired=True, **options)
+    log.info("%d windows of %d steps: %s beside %s", len(order) - 1, window, names[0], ", ".join(names[1:]))
+    result = run(config)
+    beside: dict[str, list[tuple[Measurement, Measurement]]] = {}
+    for k, name in enumerate(names[1:]):
+        pairs, start = [], k * window
+        for r, steps in enumerate(per_run):
+            view = replace(result, records=[records[start:start + 2 * steps] for records in result.records])
+            used = warmup if r == 0 else 1  # a later run starts with the anchor's switch step
+            pairs.append(tuple(summarize(plan, view, used, batch_size, which, iterations)
+                               for which, plan in ((0, order[0]), (k + 1, order[k + 1]))))
+            start += 2 * steps
+        beside[name] = pairs
+    return PairedRuns(names[0], beside)
 
 
 def paired_improvement(ours: Sequence[float], theirs: Sequence[float]) -> float:

@@ -54,7 +54,10 @@ measurement: every rank holds the embeddings of every plan and the plans take tu
 shared. A slow spell of a shared machine (seconds long) then hits all plans alike, which
 separate runs of each plan do not achieve. Each step's record says which plan ran (``plan``);
 the first step of each turn is a switch step that measurement leaves out (``runtime.evaluate``:
-its barrier waits for the previous plan's slowest rank).
+its barrier waits for the previous plan's slowest rank). ``RunConfig.paired`` bounds a rank's
+embeddings to two plans': the alternates come one at a time, each in a window of its own
+(``window_steps``) where it takes turns with ``plan``, built at the window's first step and
+freed after its last (a build takes seconds: the window's first steps are warm-up).
 """
 from __future__ import annotations
 
@@ -122,14 +125,29 @@ class RunConfig:
     alternates: list[Plan] = field(default_factory=list)  # plans that take turns with ``plan`` (A/B measurement)
     model: ModelSpec = DEFAULT_MODEL  # the dense part trained with the embeddings (``model_spec``)
     turn: int = TURN_STEPS  # steps each plan runs in a row when there are alternates
+    paired: bool = False  # the alternates one at a time, each beside ``plan`` in a window of its own
+    progress: str | None = None  # rank 0's progress line (``measured.progress`` mode); None: the launcher's bar
+    progress_prefix: str = "run"
 
     @property
     def plans(self) -> list[Plan]:
         """The plan, then the alternates: step ``s`` runs ``plans[plan_at(s)]``."""
         return [self.plan, *self.alternates]
 
+    @property
+    def window_steps(self) -> int:
+        """Steps of one alternate's window (``paired``; otherwise the whole run)."""
+        return self.steps // len(self.alternates) if self.paired and self.alternates else self.steps
+
+    def window_at(self, step: int) -> int:
+        """Which alternate's window step ``step`` is in (0 unless ``paired``)."""
+        return step // self.window_steps
+
     def plan_at(self, step: int) -> int:
-        """Which of ``plans`` step ``step`` runs: turns of ``turn`` steps, in order."""
+        """Which of ``plans`` step ``step`` runs: turns of ``turn`` steps, in order; ``paired``:
+        ``plan`` and the window's alternate in turns, ``plan`` first."""
+        if self.paired and self.alternates:
+            return 0 if (step % self.window_steps) // self.turn % 2 == 0 else 1 + self.window_at(step)
         return (step // self.turn) % (1 + len(self.alternates))
 
 
@@ -189,6 +207,8 @@ def check_config(config: RunConfig) -> None:
     check_int(config.row_cap, "row cap", 1)
     check_number(config.timeout_s, "timeout (seconds)", 1.0, 86400.0)
     check_turn(config.turn, 1 + len(config.alternates))
+    if config.paired and config.alternates and config.steps % len(config.alternates):
+        raise NeuroShardError(f"{config.steps} steps do not split into {len(config.alternates)} equal windows")
 
 
 def check_turn(turn: int, plans: int) -> None:
@@ -219,7 +239,8 @@ def run(config: RunConfig) -> RunResult | None:
         if world_size != config.world_size:
             raise NeuroShardError(f"torchrun started {world_size} processes but {config.world_size} devices were asked for")
         return run_worker(WorkerContext(rank, world_size), config)
-    return launch(run_worker, (config,), config.world_size, config.timeout_s, steps=config.steps)[0]
+    steps = config.steps if config.progress is None else None  # rank 0 says its own progress
+    return launch(run_worker, (config,), config.world_size, config.timeout_s, steps=steps)[0]
 
 
 def _device_kind(backend: str) -> str:
@@ -290,19 +311,86 @@ def run_worker(wctx: WorkerContext, config: RunConfig) -> RunResult | None:
 
 
 def _train(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.device) -> RunResult | None:
-    embs: list[ShardedEmbeddings] = []
+    embs = _Embeddings(config, wctx.rank, wctx.world_size, device)
+    progress = _RunProgress(config) if wctx.rank == 0 and config.progress else None
     try:
-        for plan in config.plans:
-            embs.append(ShardedEmbeddings(plan, config.tables, wctx.rank, wctx.world_size, config.batch_size,
-                                          config.seed, config.row_cap, device, kernel=config.kernel, lr=config.lr))
-        return _train_steps(wctx, config, backend, device, embs)
+        for which in ([0] if config.paired else range(len(config.plans))):
+            if progress is not None:
+                progress.building(which)
+            embs.build(which)
+        return _train_steps(wctx, config, backend, device, embs, progress)
     finally:
-        for emb in embs:  # the SSD backing stores' files
+        embs.close()
+        if progress is not None:
+            progress.close()
+
+
+class _RunProgress:
+    """Rank 0's progress line (``RunConfig.progress``): the build, then the steps, said at each turn's
+    first step (a switch step, which measurement leaves out)."""
+
+    def __init__(self, config: RunConfig) -> None:
+        from ..measured.progress import Progress
+        self.config = config
+        self.line = Progress(config.progress, prefix=config.progress_prefix)
+
+    def building(self, which: int) -> None:
+        self.line.update(stage="training", what=f"building plan {which + 1} of {len(self.config.plans)}")
+
+    def step(self, step: int) -> None:
+        c = self.config
+        if step % c.turn:
+            return
+        if c.paired and c.alternates:
+            what = f"plan 1 beside plan {1 + c.window_at(step) + 1} of {len(c.plans)}, step"
+        else:
+            what = f"{len(c.plans)} plan{'s' if len(c.plans) > 1 else ''} in turns, step" if c.alternates else "step"
+        self.line.update(stage="training", what=what, done=step, total=c.steps)
+
+    def close(self) -> None:
+        self.line.close()
+
+
+class _Embeddings:
+    """A rank's embeddings of the run's plans: all of them, or with ``paired`` the first plan's
+    and the window's alternate's (``free`` releases the alternate's, its memory noted first)."""
+
+    def __init__(self, config: RunConfig, rank: int, world_size: int, device: torch.device) -> None:
+        self.config, self.rank, self.world_size, self.device = config, rank, world_size, device
+        self.built: dict[int, ShardedEmbeddings] = {}
+        self.held: dict[int, list[Table]] = {}  # the tables each plan's shards here look up
+        self.memory: dict[int, RankMemory] = {}
+
+    def build(self, which: int) -> ShardedEmbeddings:
+        c = self.config
+        if which not in self.built:
+            emb = ShardedEmbeddings(c.plans[which], c.tables, self.rank, self.world_size, c.batch_size, c.seed,
+                                    c.row_cap, self.device, kernel=c.kernel, lr=c.lr)
+            self.built[which] = emb
+            self.held[which] = [t for t in c.tables if t.name in emb.table_names]
+        return self.built[which]
+
+    def free(self, which: int) -> None:
+        emb = self.built.pop(which, None)
+        if emb is not None:
+            self.memory[which] = self.memory_of(which, emb)
             emb.close()
+
+    def memory_of(self, which: int, emb: ShardedEmbeddings) -> RankMemory:
+        return RankMemory(**vars(emb.memory_held()), rank=self.rank, plan=which)
+
+    def memories(self) -> list[RankMemory]:
+        """Each plan's held memory here, in plan order (the freed ones' as they were)."""
+        held = {**self.memory, **{w: self.memory_of(w, e) for w, e in self.built.items()}}
+        return [held[w] for w in sorted(held)]
+
+    def close(self) -> None:
+        for which in list(self.built):  # the SSD backing stores' files
+            self.built.pop(which).close()
 
 
 def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: torch.device,
-                 embs: list[ShardedEmbeddings]) -> RunResult | None:
+                 embs: _Embeddings, progress: _RunProgress | None = None) -> RunResult | None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     rank, world = wctx.rank, wctx.world_size
@@ -317,9 +405,8 @@ def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: t
     dense_allreduce = AllreduceSpans()
     ddp.register_comm_hook(dense_allreduce, _allreduce_sum)
     opt = torch.optim.SGD(ddp.parameters(), lr=config.lr)
-    # the tables each plan's shards on this rank look up: a step samples only its plan's (an A/B
+    # a step samples only the tables its plan's shards on this rank look up (``embs.held``: an A/B
     # run must not charge one plan's data loading with another's tables)
-    held = [[t for t in tables if t.name in emb.table_names] for emb in embs]
     start, end = local_slice(batch_size, world, rank)
     shares, records = [], []  # this rank's share of each step's loss, its timings
     wctx.heartbeat(BUILT)
@@ -329,9 +416,13 @@ def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: t
         if fault is not None:
             fault.inject(rank, step)
         which = config.plan_at(step)
-        emb = embs[which]
+        if progress is not None:
+            progress.step(step)
+        if config.paired and step and step % config.window_steps == 0:  # the last window's alternate goes
+            embs.free(1 + config.window_at(step - 1))
+        emb = embs.build(which)  # a new window's alternate: built in its first steps, warm-up
         ti = time.perf_counter()
-        batch = make_batch(held[which], batch_size, step, config.seed, config.model.dense_features)
+        batch = make_batch(embs.held[which], batch_size, step, config.seed, config.model.dense_features)
         inputs = emb.prepare(batch.lookups)
         dense_x, labels = batch.dense[start:end].to(device), batch.labels[start:end].to(device)
         emb.times.reset()
@@ -394,10 +485,9 @@ def _train_steps(wctx: WorkerContext, config: RunConfig, backend: str, device: t
         period_start = period_end
     wctx.heartbeat(step_progress(config.steps))
 
-    weights = embs[0].shard_weights() if config.collect_weights else []
+    weights = embs.build(0).shard_weights() if config.collect_weights else []
     peak, what = process_peak(device)  # storage only grows: held after the last step is each plan's peak
-    memory = [RankMemory(**vars(emb.memory_held()), rank=rank, process_peak_bytes=peak, process_peak=what, plan=i)
-              for i, emb in enumerate(embs)]
+    memory = [replace(m, process_peak_bytes=peak, process_peak=what) for m in embs.memories()]
     gathered = [None] * world if rank == 0 else None
     dist.gather_object((records, weights, shares, memory), gathered, dst=0)
     if rank != 0:
