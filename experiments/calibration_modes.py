@@ -30,7 +30,7 @@ from neuroshard.costmodels.metrics import gmae
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.measured.calibrate import start_calibration
 from neuroshard.runtime.measure_plan import measure_plans
-from neuroshard.search.api import shard
+from neuroshard.search.api import search_plan
 from neuroshard.search.simulator import Simulator
 from neuroshard.topology import Topology
 
@@ -59,9 +59,11 @@ def main() -> None:
             fine_tuned, fine_report = calibration.fit(fine_tune=True)
             corrected, corrected_report = calibration.fit(fine_tune=False)
             by_name = {"pretrained": models, "corrected": corrected, "fine-tuned": fine_tuned}
-            plans = {n: shard(tables, devices, memory, cost_models=m, topology=topology) for n, m in by_name.items()}
-            plans["measured-greedy"] = shard(tables, devices, memory, algorithm="measured-greedy", cost_models=models,
-                                             topology=topology)
+            plans = {n: search_plan(tables, devices, memory, cost_models=m,
+                                    topology=topology) for n, m in by_name.items()}
+            plans["measured-greedy"] = search_plan(tables, devices, memory, algorithm="measured-greedy",
+                                                   cost_models=models,
+                                                   topology=topology)
             plans["A/A"] = plans["pretrained"]
             measured = measure_plans(plans, tables, cost_models=models, passes=args.passes)
             best = measured["measured-greedy"].max_compute_ms

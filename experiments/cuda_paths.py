@@ -156,7 +156,7 @@ def plans_worker(args: argparse.Namespace) -> int:
     from neuroshard.costmodels import load_cost_models
     from neuroshard.datasets.families import family_tasks
     from neuroshard.runtime.measure_plan import estimate_gmae, measure_plans
-    from neuroshard.search.api import shard
+    from neuroshard.search.api import search_plan
     from neuroshard.search.registry import GREEDY_ALGORITHMS
     from neuroshard.search.simulator import Simulator
     from neuroshard.topology import Topology
@@ -176,7 +176,7 @@ def plans_worker(args: argparse.Namespace) -> int:
         [(a, a, cpu_models) for a in GREEDY_ALGORITHMS if a != "random"]
     for name, algorithm, m in searches:
         t0 = time.monotonic()
-        plans[name] = shard(tables, devices, memory, algorithm=algorithm, cost_models=m, topology=topology)
+        plans[name] = search_plan(tables, devices, memory, algorithm=algorithm, cost_models=m, topology=topology)
         search_s[name] = round(time.monotonic() - t0, 2)
     plans[AA_NAME] = plans["size-lookup"]
     print(f"{family}: {len(tables)} tables on {devices} devices, searched in {sum(search_s.values()):.1f} s "

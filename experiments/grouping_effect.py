@@ -41,7 +41,7 @@ from neuroshard.costmodels.measure.timing import time_devices
 from neuroshard.costmodels.metrics import gmae
 from neuroshard.datasets.families import family_tasks
 from neuroshard.plan import Shard
-from neuroshard.search.api import shard
+from neuroshard.search.api import search_plan
 from neuroshard.search.simulator import Simulator
 from neuroshard.tables import Table, TableSet
 from neuroshard.types import whole_pieces
@@ -53,7 +53,7 @@ def groupings(tables: TableSet, devices: int, memory: int, models, random_seeds:
     """Name -> per-device shard lists, every table unsplit."""
     out = {}
     for algorithm, seed in [(a, 0) for a in GREEDY] + [("random", s) for s in range(random_seeds)]:
-        plan = shard(tables, devices, memory, algorithm=algorithm, cost_models=models, seed=seed)
+        plan = search_plan(tables, devices, memory, algorithm=algorithm, cost_models=models, seed=seed)
         whole = all(s.num_rows == tables[s.table].num_embeddings and s.num_cols == tables[s.table].embedding_dim
                     for s in plan.shards)
         if whole:

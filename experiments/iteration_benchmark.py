@@ -52,11 +52,11 @@ from neuroshard.costmodels import resolve_cost_models
 from neuroshard.costmodels.dense import load_operator_models
 from neuroshard.costmodels.metrics import gmae, ratio_error
 from neuroshard.datasets.families import generate
-from neuroshard.measured.api import shard as measured_shard
+from neuroshard.measured.api import measured_search
 from neuroshard.model_spec import DEFAULT_MODEL, ModelSpec
 from neuroshard.plan import Plan
 from neuroshard.runtime.evaluate import evaluate, evaluate_together
-from neuroshard.search.api import shard
+from neuroshard.search.api import search_plan
 from neuroshard.search.iteration import estimate_iteration
 from neuroshard.search.registry import with_trait
 
@@ -186,13 +186,13 @@ SUITES = {"default": CONFIGS, "embedding-heavy": EMBEDDING_HEAVY, "fresh": FRESH
 def plans_of(tables, devices: int, models, with_random: bool = False, measured_greedy: bool = False) -> dict:
     """NeuroShard's plan and the greedy baselines' (random only ``with_random``), 64 GiB per device;
     with ``measured_greedy`` measured-greedy's too, its units timed here at ``tables.batch_size``."""
-    out = {"neuroshard": shard(tables, devices, "64GiB", "neuroshard", cost_models=models)}
+    out = {"neuroshard": search_plan(tables, devices, "64GiB", "neuroshard", cost_models=models)}
     for name in with_trait("greedy_baseline"):
         if name != "random" or with_random:
-            out[name] = shard(tables, devices, "64GiB", name, cost_models=models)
+            out[name] = search_plan(tables, devices, "64GiB", name, cost_models=models)
     if measured_greedy:
-        out["measured-greedy"] = measured_shard(tables, devices, "64GiB", "measured-greedy", cost_models=models,
-                                                batch_size=tables.batch_size)
+        out["measured-greedy"] = measured_search(tables, devices, "64GiB", "measured-greedy", cost_models=models,
+                                                 batch_size=tables.batch_size)
     unique, seen = {}, set()
     for name, plan in out.items():  # the same plan twice would be one candidate measured twice
         key = tuple(sorted((s.table, s.row_offset, s.num_rows, s.col_offset, s.num_cols, s.device) for s in plan.shards))

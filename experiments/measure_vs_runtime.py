@@ -26,7 +26,7 @@ from neuroshard.costmodels import load_cost_models
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.runtime.evaluate import measure_alternating
 from neuroshard.runtime.measure_plan import measure_plans
-from neuroshard.search.api import shard
+from neuroshard.search.api import search_plan
 
 ALGORITHMS = ("neuroshard", "size", "lookup")
 
@@ -47,7 +47,7 @@ def main() -> None:
     for i, (tables, memory) in enumerate(family_tasks(args.family, 2, args.tasks, tuple(args.tables_per_device),
                                                       seed=args.seed)):
         tables = tables.at_batch(models.batch_size)
-        plans = {a: shard(tables, devices=2, memory=memory, algorithm=a, cost_models=models) for a in ALGORITHMS}
+        plans = {a: search_plan(tables, devices=2, memory=memory, algorithm=a, cost_models=models) for a in ALGORITHMS}
         alone = measure_plans(plans, tables, cost_models=models, passes=args.runs, repeats=1)
         runtime = measure_alternating(plans, tables, runs=args.runs, iterations=args.iterations, devices=2)
         for name in ALGORITHMS:

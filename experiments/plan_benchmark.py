@@ -78,7 +78,7 @@ from neuroshard.costmodels.metrics import gmae
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.errors import NeuroShardError
 from neuroshard.runtime.measure_plan import estimate_gmae, estimate_spearman, measure_plans
-from neuroshard.search.api import shard
+from neuroshard.search.api import search_plan
 from neuroshard.search.registry import ALGORITHMS, get_trait
 from neuroshard.search.simulator import Simulator
 from neuroshard.topology import Topology
@@ -165,7 +165,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
     if args.also_model:
         other = load_cost_models(args.also_model)
         label = f"neuroshard@{Path(args.also_model).stem}"
-        plans[label] = shard(tables, devices=devices, memory=memory, cost_models=other, seed=index, **network)
+        plans[label] = search_plan(tables, devices=devices, memory=memory, cost_models=other, seed=index, **network)
         others["also"] = other
     if args.calibrate:
         from neuroshard.measured.api import calibrated_search
@@ -187,8 +187,8 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
             plain = copy.deepcopy(calibrated.compute)
             plain.set_size_coef_ = None
             uncorrected = CostModels(plain, calibrated.comm, calibrated.batch_size, name=calibrated.name + "-uncorrected")
-            plans[UNCORRECTED] = shard(tables, devices=devices, memory=memory, cost_models=uncorrected, seed=index,
-                                       **ours)
+            plans[UNCORRECTED] = search_plan(tables, devices=devices, memory=memory, cost_models=uncorrected,
+                                             seed=index, **ours)
         if args.refine_rounds:
             start = time.perf_counter()
             if args.polish_ab:  # refine's plan, polished once, written with and without polish's final check
@@ -224,9 +224,9 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
             (Path(args.out) / f"refine_{family}_{devices}dev_task{index}.json").write_text(
                 json.dumps(plans[REFINED].provenance["refine"], indent=1, default=str) + "\n")
     if args.refine_budget is not None:  # `search --refine` as a user runs it: the whole loop inside its budget
-        from neuroshard.measured.api import shard as measured_shard
-        plans[REFINED_BUDGET] = measured_shard(tables, devices, memory, cost_models=models, seed=index, refine=True,
-                                               budget_s=args.refine_budget or None, progress="lines", **ours)
+        from neuroshard.measured.api import measured_search
+        plans[REFINED_BUDGET] = measured_search(tables, devices, memory, cost_models=models, seed=index, refine=True,
+                                                budget_s=args.refine_budget or None, progress="lines", **ours)
         (Path(args.out) / f"refine_budget_{family}_{devices}dev_task{index}.json").write_text(
             json.dumps(plans[REFINED_BUDGET].provenance["refine"], indent=1, default=str) + "\n")
     for algo in algorithms(args.torchrec):
@@ -235,16 +235,16 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
             params = {"batch_size": args.batch_size}
         start = time.perf_counter()
         try:
-            plans[algo] = shard(tables, devices=devices, memory=memory, algorithm=algo, cost_models=models,
-                                seed=index, **(ours if algo == "neuroshard" else network), **params)
+            plans[algo] = search_plan(tables, devices=devices, memory=memory, algorithm=algo, cost_models=models,
+                                      seed=index, **(ours if algo == "neuroshard" else network), **params)
         except NeuroShardError as exc:
             log.warning("%s task %d on %d devices: %s found no plan: %s", family, index, devices, algo, exc)
             rows.append({"algorithm": algo, "failed": str(exc).splitlines()[0]})
             continue
         plans[algo].provenance["search_time_s"] = time.perf_counter() - start  # measured-greedy's timing included
     if args.row_blocks != DEFAULT_ROW_BLOCKS:  # the same plain search with TorchRec's layouts, in the same run
-        plans[TORCHREC_LAYOUTS] = shard(tables, devices=devices, memory=memory, cost_models=models, seed=index,
-                                        **network)
+        plans[TORCHREC_LAYOUTS] = search_plan(tables, devices=devices, memory=memory, cost_models=models, seed=index,
+                                              **network)
     if "measured-greedy" in plans:
         plans[CONTROL] = plans["measured-greedy"]
     # identical plans (e.g. refine keeping a baseline's plan) are timed once and share that measurement:

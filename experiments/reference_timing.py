@@ -40,7 +40,7 @@ from neuroshard.costmodels.measure.store import cpu_model
 from neuroshard.costmodels.measure.timing import _build, _device_times, _sized_runs, weights_numel
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.execution.kernels import resolve_kernel
-from neuroshard.search.api import shard
+from neuroshard.search.api import search_plan
 from neuroshard.topology import Topology
 
 PLANS = ("measured-greedy", "lookup", "size-lookup", "dim", "random")
@@ -105,8 +105,8 @@ def main() -> None:
     models = load_cost_models(None)
     tables, memory = family_tasks(args.family, args.devices, args.task + 1, (8, 12), seed=args.seed)[args.task]
     topology = Topology(args.devices, local_world_size=args.devices)
-    plans = {a: shard(tables, devices=args.devices, memory=memory, algorithm=a, cost_models=models, seed=0,
-                      topology=topology) for a in PLANS}
+    plans = {a: search_plan(tables, devices=args.devices, memory=memory, algorithm=a, cost_models=models, seed=0,
+                            topology=topology) for a in PLANS}
     plans["control"] = plans["measured-greedy"]
     os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     say(f"{args.family}, {args.devices} devices, seed {args.seed} task {args.task} ({len(tables)} tables), "

@@ -3,7 +3,7 @@
 For each size, ``dlrm-2021`` tables (``neuroshard tables generate --preset dlrm-2021``) are
 planned on devices of 80 GiB in hosts of 8 (``Topology(local_world_size=8)``) by each
 algorithm, every search in its own process so that its peak resident memory is its own.
-Printed per run: wall seconds of the search (``shard``: checks, search, plan), peak RSS in
+Printed per run: wall seconds of the search (``search_plan``: checks, search, plan), peak RSS in
 GB of that process, and the plan's estimated ratio to its balanced bound; then, per size,
 NeuroShard's estimate against size-lookup's. A figure (seconds against tables x devices,
 log-log) is written beside the table.
@@ -33,14 +33,14 @@ DEFAULT_SIZES = [f"{t}x{d}" for t in (1000, 10000, 50000) for d in (64, 512, 102
 
 _CHILD = r"""
 import json, resource, sys, time
-from neuroshard.search.api import shard
+from neuroshard.search.api import search_plan
 from neuroshard.tables import TableSet
 from neuroshard.topology import Topology
 path, devices, algorithm = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 tables = TableSet.read(path)
 start = time.perf_counter()
-plan = shard(tables, devices=devices, memory="80GiB", algorithm=algorithm,
-             topology=Topology(devices, local_world_size=8))
+plan = search_plan(tables, devices=devices, memory="80GiB", algorithm=algorithm,
+                   topology=Topology(devices, local_world_size=8))
 seconds = time.perf_counter() - start
 print(json.dumps({"seconds": seconds, "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
                   "ratio": plan.estimate["ratio_to_balanced_bound"],

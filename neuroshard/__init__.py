@@ -25,10 +25,10 @@ _os.environ.setdefault(HUGE_PAGES_ENV, "1")
 def shard(tables, devices: int, memory, **kwargs) -> Plan:
     """Search a sharding plan for ``tables`` over ``devices`` devices of ``memory`` each
     (bytes or a string like ``"16GiB"``), with the measured loop when asked (``calibrate``,
-    ``refine``). See ``neuroshard.measured.api.shard``. Imported on first call: ``import
+    ``refine``). See ``neuroshard.measured.api.measured_search``. Imported on first call: ``import
     neuroshard`` stays fast (no torch)."""
-    from .measured.api import shard as _shard
-    return _shard(tables, devices=devices, memory=memory, **kwargs)
+    from .measured.api import measured_search
+    return measured_search(tables, devices=devices, memory=memory, **kwargs)
 
 
 __all__ = ["Table", "TableSet", "Plan", "Shard", "shard", "NeuroShardError", "FormatError",

@@ -33,7 +33,7 @@ from .costmodels.measure.store import cpu_model, same_cpu
 from .datasets.synthetic import generate
 from .errors import NeuroShardError
 from .cli_options import progress_mode
-from .measured.api import shard
+from .measured.api import measured_search
 from .measured.budget import EXIT_STOPPED, Budget, format_budget, stop_on_sigterm
 from .measured.calibrate import calibrated_models, start_calibration
 from .measured.config import DEMO_BUDGET_S
@@ -119,9 +119,9 @@ def run_demo(args: argparse.Namespace) -> int:
             # baselines' (measured-greedy's too), the kernel's choice polished, then all of them
             # trained together on the runtime, the one measured cheapest there kept
             with stop_on_sigterm():
-                refined = shard(tables, devices=args.devices, memory=memory, algorithm=algorithm,
-                                cost_models=pretrained, seed=args.seed, refine=args.refine,
-                                calibration=calibration, judge=judge, budget_s=budget)
+                refined = measured_search(tables, devices=args.devices, memory=memory, algorithm=algorithm,
+                                          cost_models=pretrained, seed=args.seed, refine=args.refine,
+                                          calibration=calibration, judge=judge, budget_s=budget)
             stopped = refined.provenance["refine"].get("stopped")
             if stopped:  # Ctrl-C or SIGTERM: the best plan so far is written, and the demo ends there
                 refined.write(out / "plan-neuroshard.json")
@@ -131,8 +131,8 @@ def run_demo(args: argparse.Namespace) -> int:
             # estimated by the models the baselines are, so that the simulated costs compare
             plans[algorithm] = score_plan(refined, tables, models)
         else:
-            plans[algorithm] = shard(tables, devices=args.devices, memory=memory, algorithm=algorithm,
-                                     cost_models=models, seed=args.seed)
+            plans[algorithm] = measured_search(tables, devices=args.devices, memory=memory, algorithm=algorithm,
+                                               cost_models=models, seed=args.seed)
         plans[algorithm].write(out / f"plan-{algorithm}.json")
     simulated = {a: p.estimate["max_device_cost_ms"] for a, p in plans.items()}
     for a, cost in simulated.items():

@@ -21,7 +21,7 @@ from neuroshard.costmodels.analytic import AnalyticCommModel, AnalyticComputeMod
 from neuroshard.costmodels.base import CommCostModel, ComputeCostModel, CostModels
 from neuroshard.costmodels.checkpoint import MODEL_CLASSES
 from neuroshard.errors import NeuroShardError
-from neuroshard.search.api import shard
+from neuroshard.search.api import search_plan
 from neuroshard.search.registry import ALGORITHMS, SIMULATED_ALGORITHMS, get_algorithm, make_params
 from neuroshard.search.simulator import Simulator
 from neuroshard.tables import Table, TableSet
@@ -100,8 +100,9 @@ def test_every_simulated_algorithm_finds_a_plan_that_covers_every_table_once_and
     assert placement.details["simulated_cost_ms"] == pytest.approx(placement.cost_ms)
     assert isinstance(placement.details["parameters"], dict)
 
-    # through shard(): a valid plan, each table's rows and columns held exactly once, memory by hand
-    plan = shard(TASK, devices=DEVICES, memory=memory, algorithm=name, cost_models=analytic_models, seed=0, **params)
+    # through search_plan(): a valid plan, each table's rows and columns held exactly once, memory by hand
+    plan = search_plan(TASK, devices=DEVICES, memory=memory, algorithm=name, cost_models=analytic_models, seed=0,
+                       **params)
     assert plan.problems() == []
     assert plan.num_devices == DEVICES and [t.name for t in plan.tables] == [t.name for t in TASK]
     for table, counts in _coverage(TASK, plan.shards).items():
@@ -112,7 +113,8 @@ def test_every_simulated_algorithm_finds_a_plan_that_covers_every_table_once_and
     assert plan.provenance["parameters"] == _json(placement.details["parameters"])
     assert plan.estimate["max_device_cost_ms"] == pytest.approx(max(plan.estimate["per_device_cost_ms"]), rel=1e-6)
     # the same seed, the same plan
-    again = shard(TASK, devices=DEVICES, memory=memory, algorithm=name, cost_models=analytic_models, seed=0, **params)
+    again = search_plan(TASK, devices=DEVICES, memory=memory, algorithm=name, cost_models=analytic_models, seed=0,
+                        **params)
     assert again.shards == plan.shards
 
 

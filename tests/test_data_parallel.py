@@ -14,7 +14,7 @@ from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.measure_plan import measure_plans
 from neuroshard.runtime.model import init_rows, train_reference
 from neuroshard.runtime.trainer import RunConfig, check_run, run
-from neuroshard.search import shard
+from neuroshard.search import search_plan
 from neuroshard.search.score import score_plan
 from neuroshard.search.simulator import Simulator, allreduce_ms
 from neuroshard.tables import Table, TableSet
@@ -114,11 +114,12 @@ def test_simulator_charges_local_compute_and_the_allreduce():
 
 def test_search_replicates_a_small_hot_table_not_a_big_one():
     tables, models = _tables(), analytic_cost_models()
-    never = shard(tables, devices=4, memory="256MiB", cost_models=models)
+    never = search_plan(tables, devices=4, memory="256MiB", cost_models=models)
     assert never.data_parallel_tables == [] and "data_parallel" not in never.provenance
-    assert shard(tables, devices=4, memory="256MiB", cost_models=models, data_parallel="never").to_dict()["shards"] \
+    assert search_plan(tables, devices=4, memory="256MiB", cost_models=models,
+                       data_parallel="never").to_dict()["shards"] \
         == never.to_dict()["shards"]
-    auto = shard(tables, devices=4, memory="256MiB", cost_models=models, data_parallel="auto")
+    auto = search_plan(tables, devices=4, memory="256MiB", cost_models=models, data_parallel="auto")
     assert auto.data_parallel_tables == ["hot"]
     assert auto.estimate["max_device_cost_ms"] < never.estimate["max_device_cost_ms"]
     assert auto.provenance["data_parallel"]["tables"] == ["hot"]
@@ -127,7 +128,7 @@ def test_search_replicates_a_small_hot_table_not_a_big_one():
     assert score_plan(auto, tables, models).estimate["max_device_cost_ms"] == auto.estimate["max_device_cost_ms"]
     # a big table, however hot, is not replicated
     hot_big = TableSet("dp", [Table("hot", 2_000_000, 64, 60.0)] + list(_tables())[1:], 4096)
-    plan = shard(hot_big, devices=4, memory="1GiB", cost_models=models, data_parallel="auto")
+    plan = search_plan(hot_big, devices=4, memory="1GiB", cost_models=models, data_parallel="auto")
     assert plan.data_parallel_tables == []
 
 
@@ -168,17 +169,18 @@ def _constrained(kinds: list[str] | None = None, devices: list[int] | None = Non
 
 def test_constraints_decide_whether_a_table_may_or_must_be_replicated():
     models = analytic_cost_models()
-    kept = shard(_constrained(["table_wise", "column_wise"]), devices=4, memory="256MiB", cost_models=models,
-                 data_parallel="auto")
+    kept = search_plan(_constrained(["table_wise", "column_wise"]), devices=4, memory="256MiB", cost_models=models,
+                       data_parallel="auto")
     assert kept.data_parallel_tables == [] and kept.shards_of("hot")
-    pinned = shard(_constrained(devices=[1]), devices=4, memory="256MiB", cost_models=models, data_parallel="auto")
+    pinned = search_plan(_constrained(devices=[1]), devices=4, memory="256MiB", cost_models=models,
+                         data_parallel="auto")
     assert pinned.data_parallel_tables == [] and {s.device for s in pinned.shards_of("hot")} == {1}
-    forced = shard(_constrained(["data_parallel"]), devices=4, memory="256MiB", cost_models=models,
-                   data_parallel="auto")
+    forced = search_plan(_constrained(["data_parallel"]), devices=4, memory="256MiB", cost_models=models,
+                         data_parallel="auto")
     assert forced.data_parallel_tables == ["hot"] and "sharded" not in forced.provenance["data_parallel"][
         "simulated_cost_ms"]
     with pytest.raises(NeuroShardError, match="table 'hot' allows only data_parallel sharding"):
-        shard(_constrained(["data_parallel"]), devices=4, memory="256MiB", cost_models=models)
+        search_plan(_constrained(["data_parallel"]), devices=4, memory="256MiB", cost_models=models)
 
 
 def test_the_runtime_refuses_replicated_tables_with_another_optimizer():

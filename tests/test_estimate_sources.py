@@ -13,7 +13,7 @@ import pytest
 from neuroshard.cli import main
 from neuroshard.costmodels.loading import DEFAULT_CHECKPOINT, this_machine_name
 from neuroshard.plan import FAR_BATCH_FACTOR, Plan
-from neuroshard.search.api import shard
+from neuroshard.search.api import search_plan
 from neuroshard.tables import Table, TableSet
 
 TABLES = TableSet("sources", [Table(f"t{i}", 2000 * (i + 1), 16, pooling_factor=2.0) for i in range(6)],
@@ -61,10 +61,10 @@ def test_shipped_model_with_its_measured_exchange_is_one_machine(tables_path, tm
 def test_model_pretrained_here_reads_as_this_machine(shipped_models):
     here = copy.copy(shipped_models)
     here.name, here.path = this_machine_name("0123456789abcdef"), None  # as load_cost_models names it
-    lines = shard(TABLES, 2, "1GiB", cost_models=here).estimate_sources()
+    lines = search_plan(TABLES, 2, "1GiB", cost_models=here).estimate_sources()
     assert lines[0].startswith("compute by cost model 'this machine (01234567)' (pre-trained on this machine)")
     assert "an estimate for this machine" in lines
-    linked = shard(TABLES, 4, "1GiB", cost_models=here, topology={"local_world_size": 2}).format_summary()
+    linked = search_plan(TABLES, 4, "1GiB", cost_models=here, topology={"local_world_size": 2}).format_summary()
     assert "an estimate for this machine over the links above" in linked and MIXED not in linked
 
 
@@ -78,7 +78,7 @@ def test_a_users_cost_model_is_named_by_its_file(tables_path, tmp_path, capsys):
 
 
 def test_unfitted_defaults_describe_no_machine_and_never_warn_of_mixing(analytic_models):
-    plan = shard(TABLES, 4, "1GiB", cost_models=analytic_models, topology={"local_world_size": 2})
+    plan = search_plan(TABLES, 4, "1GiB", cost_models=analytic_models, topology={"local_world_size": 2})
     lines = plan.estimate_sources()
     assert lines[0].startswith("compute by cost model 'analytic-defaults' (unfitted analytic defaults) at batch")
     assert "an estimate from unfitted defaults, for no machine in particular" in lines
@@ -89,7 +89,7 @@ def test_unfitted_defaults_describe_no_machine_and_never_warn_of_mixing(analytic
                                            (1 / FAR_BATCH_FACTOR, False), (1 / (2 * FAR_BATCH_FACTOR), True)])
 def test_a_batch_far_from_the_models_is_warned_about(shipped_models, factor, warned):
     batch = int(shipped_models.batch_size * factor)
-    text = shard(TABLES.at_batch(batch), 2, "1GiB", cost_models=shipped_models).format_summary()
+    text = search_plan(TABLES.at_batch(batch), 2, "1GiB", cost_models=shipped_models).format_summary()
     assert (text.count(FAR) == 1) == warned, text
     if warned:
         assert f"batch {batch:,} is {factor:.3g}x the batch the cost model was measured at" in text
@@ -97,7 +97,7 @@ def test_a_batch_far_from_the_models_is_warned_about(shipped_models, factor, war
 
 def test_a_rescored_plan_names_the_scoring_model_only(shipped_models, analytic_models):
     from neuroshard.search.score import score_plan
-    plan = shard(TABLES, 2, "1GiB", cost_models=shipped_models)
+    plan = search_plan(TABLES, 2, "1GiB", cost_models=shipped_models)
     lines = score_plan(plan, TABLES, analytic_models).estimate_sources()
     assert lines == ["by cost model 'analytic-defaults' (scored after the search: its hardware is not in the plan)"]
 

@@ -18,7 +18,7 @@ from neuroshard.execution.kernels import FusedEmbedding, advise_huge_pages, huge
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.evaluate import evaluate
 from neuroshard.runtime.measure_plan import measure_plans
-from neuroshard.search.api import shard
+from neuroshard.search.api import search_plan
 from neuroshard.tables import Table, TableSet
 
 # Device loads about 1 : 4 : 16 in lookups x width, so every clock ranks them alike.
@@ -63,7 +63,7 @@ def test_measure_ranks_devices_as_the_runtime_does():
 @pytest.mark.timing
 def test_any_device_count_shares_one_buffer_and_aa_control_agrees(tmp_path):
     tables = TableSet("many", [Table(f"t{i}", 5_000 + 1_000 * i, 16, 1.0 + i % 3) for i in range(24)], 1024)
-    plan = shard(tables, devices=12, memory="64MiB", algorithm="size")
+    plan = search_plan(tables, devices=12, memory="64MiB", algorithm="size")
     # 5 passes: these devices take 0.5 ms, and on the shared machine the max device of one plan timed
     # twice in one run spread 0.68-1.19x with the fastest of 3 passes (six runs), 0.90-1.13x with 5;
     # at most 12 runs per pass: each run flushes the cache (393 MB on a Xeon of session 17, 30 ms)
@@ -83,7 +83,7 @@ def test_any_device_count_shares_one_buffer_and_aa_control_agrees(tmp_path):
 @pytest.mark.timing
 def test_row_cap_folds_and_is_reported():
     tables = TableSet("capped", [Table("wide", 300_000, 16, 2.0), Table("small", 100, 8, 1.0)], 512)
-    plan = shard(tables, devices=2, memory="64MiB", algorithm="size")
+    plan = search_plan(tables, devices=2, memory="64MiB", algorithm="size")
     result = measure_plans([plan], tables, passes=1, warmup_passes=0, repeats=1, row_cap=10_000)
     assert result.config["capped_shards"] == 1 and result.config["buffer_bytes"] <= 4 * 10_000 * 16
     assert "rows capped at 10,000 (1 shards capped)" in result.format()
@@ -94,7 +94,7 @@ def test_measured_greedy_is_valid_under_tight_memory():
     tables = TableSet("tight", [Table(f"t{i}", 2_000 * (i + 1), 16 if i % 2 else 32, 1.0 + i) for i in range(10)],
                       512)
     memory = int(1.05 * tables.total_bytes() / 3)
-    plan = shard(tables, devices=3, memory=memory, algorithm="measured-greedy", passes=1)
+    plan = search_plan(tables, devices=3, memory=memory, algorithm="measured-greedy", passes=1)
     assert plan.problems() == []
     assert plan.provenance["algorithm"] == "measured-greedy"
     assert max(plan.memory_used_bytes()) <= memory
@@ -155,7 +155,7 @@ def test_bad_inputs_give_one_line(tmp_path, capsys, case, message):
 @pytest.mark.timing
 def test_a_short_device_runs_more_per_pass_up_to_the_cap():
     tables = TableSet("short", [Table("a", 1_000, 8, 1.0), Table("b", 2_000, 8, 1.0)], 256)
-    plan = shard(tables, devices=2, memory="64MiB", algorithm="size")
+    plan = search_plan(tables, devices=2, memory="64MiB", algorithm="size")
     sets = [plan.shards_on(d) for d in range(2)]
     _, long_passes = time_devices(sets, tables, passes=2, repeats=2, batch_size=256, min_pass_ms=1e4, max_repeats=6)
     _, no_floor = time_devices(sets, tables, passes=2, repeats=2, batch_size=256, min_pass_ms=0.0, max_repeats=6)
@@ -176,7 +176,7 @@ def test_a_short_devices_first_pass_is_sized_like_the_others(monkeypatch):
 
     monkeypatch.setattr(KernelBenchmark, "time_fused", spy)
     tables = TableSet("short", [Table("a", 1_000, 8, 1.0), Table("b", 2_000, 8, 1.0)], 256)
-    plan = shard(tables, devices=2, memory="64MiB", algorithm="size")
+    plan = search_plan(tables, devices=2, memory="64MiB", algorithm="size")
     sets = [plan.shards_on(d) for d in range(2)]
     times, config = time_devices(sets, tables, passes=1, repeats=2, batch_size=256, min_pass_ms=1e4, max_repeats=6,
                                  reference=False)
@@ -198,7 +198,7 @@ def test_each_pass_is_relative_to_the_reference_timed_right_before_it(monkeypatc
 
     monkeypatch.setattr(KernelBenchmark, "time_fused", spy)
     tables = TableSet("short", [Table(n, 1_000 * (i + 1), 8, 1.0) for i, n in enumerate("abc")], 256)
-    plan = shard(tables, devices=3, memory="64MiB", algorithm="size")
+    plan = search_plan(tables, devices=3, memory="64MiB", algorithm="size")
     sets = [plan.shards_on(d) for d in range(3)] + [[]]
     times, config = time_devices(sets, tables, passes=2, repeats=2, batch_size=256, min_pass_ms=1e4, max_repeats=6)
     # the reference's sizing, then per device its sizing before its first turn; each turn: reference, device
@@ -228,7 +228,7 @@ def test_a_device_figure_is_the_fastest_or_the_median_pass():
 @pytest.mark.timing
 def test_one_device_is_timed_without_a_reference():
     tables = TableSet("one", [Table("a", 1_000, 8, 1.0)], 256)
-    plan = shard(tables, devices=1, memory="64MiB", algorithm="size")
+    plan = search_plan(tables, devices=1, memory="64MiB", algorithm="size")
     times, config = time_devices([plan.shards_on(0)], tables, passes=2, repeats=1, batch_size=256)
     assert config["figure"] == "fastest" and "reference" not in config and len(times[0]) == 2
 

@@ -143,12 +143,12 @@ class LuckyTimer(FakeTimer):
 
 def test_polish_keeps_no_change_that_a_second_run_does_not_confirm():
     from neuroshard.measured.refine import FINAL_CHECK_RUNS, polish
-    from neuroshard.search.api import shard
+    from neuroshard.search.api import search_plan
     from neuroshard.search.simulator import Simulator
 
     calibration = _calibration(FakeTimer())
     models, _ = calibration.fit()
-    plan = shard(TABLES, 3, "64MiB", algorithm="size", cost_models=models)
+    plan = search_plan(TABLES, 3, "64MiB", algorithm="size", cost_models=models)
     measured = np.array([device_ms(plan.shards_on(d), TABLES) for d in range(3)])
     calibration.timer = LuckyTimer()
     kept, record = polish(plan, TABLES, calibration, models, measured, steps=6, timing_passes=3)
@@ -194,14 +194,14 @@ def test_polish_gives_half_of_a_table_too_heavy_to_move():
     from dataclasses import replace
 
     from neuroshard.measured.refine import polish
-    from neuroshard.search.api import shard
+    from neuroshard.search.api import search_plan
 
     tables = TableSet("heavy", [Table("heavy", 4_000, 128, 10.0, {"zipf_alpha": 0.9})]
                       + [Table(f"s{i}", 1_000, 8, 1.0, {"zipf_alpha": 0.9}) for i in range(4)], 4096)
     calibration = start_calibration(tables, load_cost_models(), devices=2, sets=8, seed=0, timer=FakeTimer(),
                                     epochs=5)
     models, _ = calibration.fit()
-    plan = shard(tables, 2, "64MiB", algorithm="size", cost_models=models)
+    plan = search_plan(tables, 2, "64MiB", algorithm="size", cost_models=models)
     lopsided = replace(plan, shards=[replace(s, device=0 if s.table == "heavy" else 1) for s in plan.shards],
                        estimate=None)
     measured = np.array([device_ms(lopsided.shards_on(d), tables) for d in range(2)])
@@ -221,7 +221,7 @@ def test_polish_gives_row_halves_with_row_blocks_any():
     from dataclasses import replace
 
     from neuroshard.measured.refine import polish
-    from neuroshard.search.api import shard
+    from neuroshard.search.api import search_plan
     from neuroshard.topology import Topology
 
     tables = TableSet("heavy", [Table("heavy", 4_001, 128, 10.0, {"zipf_alpha": 0.9})]
@@ -231,7 +231,8 @@ def test_polish_gives_row_halves_with_row_blocks_any():
     models, _ = calibration.fit()
     # one host (NVLink-like exchange): on this CPU's gloo model the reduction a row split adds
     # costs more than the halves save on these tiny tables, and polish rightly keeps the table whole
-    plan = shard(tables, 2, "64MiB", algorithm="size", cost_models=models, topology=Topology(2, local_world_size=2))
+    plan = search_plan(tables, 2, "64MiB", algorithm="size", cost_models=models,
+                       topology=Topology(2, local_world_size=2))
     lopsided = replace(plan, shards=[replace(s, device=0 if s.table == "heavy" else 1) for s in plan.shards],
                        estimate=None)
     measured = np.array([device_ms(lopsided.shards_on(d), tables) for d in range(2)])
@@ -253,14 +254,14 @@ def test_polish_works_down_a_plateau_of_equally_slow_devices():
     from dataclasses import replace
 
     from neuroshard.measured.refine import polish
-    from neuroshard.search.api import shard
+    from neuroshard.search.api import search_plan
 
     tables = TableSet("plateau", [Table(f"h{i}", 4_000, 128, 10.0, {"zipf_alpha": 0.9}) for i in range(2)]
                       + [Table(f"s{i}", 1_000, 8, 1.0, {"zipf_alpha": 0.9}) for i in range(8)], 4096)
     calibration = start_calibration(tables, load_cost_models(), devices=8, sets=16, seed=0, timer=FakeTimer(),
                                     epochs=5)
     models, _ = calibration.fit()
-    plan = shard(tables, 8, "64MiB", algorithm="size", cost_models=models)
+    plan = search_plan(tables, 8, "64MiB", algorithm="size", cost_models=models)
     home = {"h0": 0, "h1": 1, **{f"s{i}": i for i in range(8)}}  # s0 beside h0, s1 beside h1
     plateau = replace(plan, shards=[replace(s, device=home[s.table]) for s in plan.shards], estimate=None)
     measured = np.array([device_ms(plateau.shards_on(d), tables) for d in range(8)])
@@ -289,14 +290,14 @@ def test_polish_gives_back_the_plan_it_started_from_when_the_polished_one_measur
     """The changes polish keeps are judged on two devices at a time; timed whole against the
     plan it started from, in one run, a polished plan that is slower is not written."""
     from neuroshard.measured.refine import FINAL_CHECK_RUNS, polish
-    from neuroshard.search.api import shard
+    from neuroshard.search.api import search_plan
     from neuroshard.topology import Topology
 
     calibration = start_calibration(TABLES, load_cost_models(), devices=4, sets=16, seed=0,
                                     timer=FlatteringTimer(), epochs=5)
     models, _ = calibration.fit()
     one_host = Topology(4, local_world_size=4)  # the exchange costs next to nothing: compute decides
-    plan = shard(TABLES, 4, "64MiB", algorithm="lookup", cost_models=models, topology=one_host)
+    plan = search_plan(TABLES, 4, "64MiB", algorithm="lookup", cost_models=models, topology=one_host)
     measured = np.array([device_ms(plan.shards_on(d), TABLES) for d in range(4)])
     kept, record = polish(plan, TABLES, calibration, models, measured, steps=4)
     assert record["accepted"] >= 1  # flattered into keeping changes ...
@@ -307,21 +308,21 @@ def test_polish_gives_back_the_plan_it_started_from_when_the_polished_one_measur
 
 
 def test_shard_refines_on_a_calibration_already_timed():
-    """``shard(refine=N, calibration=c)`` (the demo: one calibration for its baselines and its
+    """``measured_search(refine=N, calibration=c)`` (the demo: one calibration for its baselines and its
     refine rounds) times no calibration sets again: only the rounds' and the compared plans'."""
-    from neuroshard.measured.api import shard
+    from neuroshard.measured.api import measured_search
     timer = FakeTimer()
     calibration = _calibration(timer)
     timed_sets = len(calibration.sets)
-    plan = shard(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), refine=1,
-                 calibration=calibration)
+    plan = measured_search(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), refine=1,
+                           calibration=calibration)
     assert plan.provenance["refine"]["hardware"] == "fake"
     kinds = calibration.kinds[timed_sets:]
     assert kinds and set(kinds) == {"plan"}  # no tables alone or random sets timed a second time
     with pytest.raises(NeuroShardError, match="only with refine|for refine rounds"):
-        shard(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), calibration=calibration)
+        measured_search(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), calibration=calibration)
     with pytest.raises(NeuroShardError, match="started Calibration"):
-        shard(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), refine=1, calibration="cal")
+        measured_search(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), refine=1, calibration="cal")
 
 
 class OtherHardware(PlanJudge):
@@ -375,13 +376,13 @@ def test_refine_final_judge_keeps_the_plan_it_measures_cheapest():
 
 
 def test_shard_refuses_a_judge_without_refine():
-    from neuroshard.measured.api import shard
+    from neuroshard.measured.api import measured_search
     judge = OtherHardware()
     with pytest.raises(NeuroShardError, match="needs refine=N"):
-        shard(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), judge=judge)
+        measured_search(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), judge=judge)
     with pytest.raises(NeuroShardError, match="takes a PlanJudge"):
-        shard(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), refine=1, judge="runtime",
-              calibration=_calibration(FakeTimer()))
+        measured_search(TABLES, devices=3, memory="64MiB", cost_models=load_cost_models(), refine=1, judge="runtime",
+                        calibration=_calibration(FakeTimer()))
 
 
 def test_a_plan_far_ahead_in_one_run_is_still_timed_again_beside_the_next_cheapest():

@@ -10,7 +10,7 @@ import pytest
 
 from neuroshard.cli import main
 from neuroshard.plan_cli import plot_size_px
-from neuroshard.search.api import shard
+from neuroshard.search.api import search_plan
 from neuroshard.tables import Table, TableSet
 from neuroshard.topology import make_topology
 
@@ -24,8 +24,8 @@ def tiered_plan(tmp_path_factory):
     tables = TableSet("plot", [Table("big", 200_000, 64, 2.0, {"zipf_alpha": 1.1}),
                                Table("wide", 40_000, 128, 4.0),
                                *(Table(f"t{i}", 1000 * (i + 1), 16, 2.0) for i in range(6))], 4096)
-    plan = shard(tables, 6, "4MiB", cost_models=analytic_cost_models(),
-                 topology=make_topology(6, 2, host_memory_bytes=2**30))
+    plan = search_plan(tables, 6, "4MiB", cost_models=analytic_cost_models(),
+                       topology=make_topology(6, 2, host_memory_bytes=2**30))
     assert plan.tiered
     return plan.write(tmp_path_factory.mktemp("plot") / "plan.json")
 

@@ -24,7 +24,7 @@ from neuroshard.measured.rebalance import (
 )
 from neuroshard.measured.refine import (HOW_KEPT, REBALANCE_ROUNDS, SPLIT_REPACK_VARIANTS, _less_work_wins,
                                         refine)
-from neuroshard.search.api import shard
+from neuroshard.search.api import search_plan
 from neuroshard.search.simulator import Simulator
 from neuroshard.tables import Table, TableSet
 from neuroshard.topology import Topology
@@ -43,7 +43,8 @@ def _size_plan():
     all-to-all (6 ms against 0.2 ms of compute here) decided, and which move it preferred turned
     on the comm model's last digits, which differ between CPUs (CI failed on one)."""
     models = load_cost_models()
-    plan = shard(TABLES, 3, "64MiB", algorithm="size", cost_models=models, topology=Topology(3, local_world_size=3))
+    plan = search_plan(TABLES, 3, "64MiB", algorithm="size", cost_models=models,
+                       topology=Topology(3, local_world_size=3))
     measured = np.array([device_ms(plan.shards_on(d), TABLES) for d in range(3)])
     sim = Simulator.from_plan(plan, models, TABLES, 4096)
     return plan, measured, sim, fit_marginal_costs(sim.device_sets(plan), measured, _alone, len(TABLES))
@@ -181,8 +182,9 @@ def test_split_hot_cuts_the_slowest_devices_dearest_table_into_row_blocks_and_ke
     models = load_cost_models()
     # t8 (the dearest by alone-cost) alone on device 0, far dearer than the others' devices: no move of a
     # whole table lightens it
-    base = shard(TABLES, 3, "64MiB", algorithm="size", cost_models=models, topology=Topology(3, local_world_size=3),
-                 row_blocks=row_blocks)
+    base = search_plan(TABLES, 3, "64MiB", algorithm="size", cost_models=models,
+                       topology=Topology(3, local_world_size=3),
+                       row_blocks=row_blocks)
     whole = [s for s in base.shards if s.num_rows == TABLES[s.table].num_embeddings]
     assert len(whole) == len(base.shards)
     plan = replace(base, shards=[replace(s, device=0 if s.table == "t8" else 1 + int(s.table[1:]) % 2)
@@ -221,11 +223,12 @@ def test_split_hot_repacked_cuts_the_hot_table_where_memory_only_fits_the_big_ta
     tables = TableSet("tight", [Table("h", 6_600, 64, 40.0, {"zipf_alpha": 0.9})]
                       + [Table(f"b{i}", 10_000, 64, 2.0, {"zipf_alpha": 0.9}) for i in range(6)]
                       + [Table(f"s{i}", 100, 8, 1.0, {"zipf_alpha": 0.9}) for i in range(4)], 4096)
-    big = int(Simulator.from_plan(shard(tables, 4, "1GiB", algorithm="size", cost_models=models), models, tables,
+    big = int(Simulator.from_plan(search_plan(tables, 4, "1GiB", algorithm="size", cost_models=models), models, tables,
                                   4096).sizes_bytes([Piece(1, 0, 10_000, 0, 64)])[0])
     memory = int(2.1 * big)
-    base = shard(tables, 4, memory, algorithm="size", cost_models=models, topology=Topology(4, local_world_size=4),
-                 row_blocks="any")
+    base = search_plan(tables, 4, memory, algorithm="size", cost_models=models,
+                       topology=Topology(4, local_world_size=4),
+                       row_blocks="any")
     assert all(s.num_rows == tables[s.table].num_embeddings for s in base.shards)
     device = {"h": 0, "b0": 1, "b1": 1, "b2": 2, "b3": 2, "b4": 3, "b5": 3}
     plan = replace(base, shards=[replace(s, device=device.get(s.table, 0)) for s in base.shards])

@@ -15,7 +15,7 @@ import pytest
 
 from neuroshard.costmodels import load_cost_models
 from neuroshard.errors import NeuroShardError
-from neuroshard.measured.api import shard
+from neuroshard.measured.api import measured_search
 from neuroshard.measured.budget import EXIT_STOPPED, Budget, format_budget, parse_budget
 from neuroshard.measured.calibrate import start_calibration
 from neuroshard.measured.config import DEFAULT_CONFIG, default_budget_s
@@ -91,8 +91,8 @@ def test_a_stage_runs_only_when_it_leaves_the_stages_worth_more_their_time():
 def test_refine_with_a_tiny_budget_ends_in_it_and_records_what_it_skipped():
     start = time.monotonic()
     budget, calibration = _budgeted(6.0, unit_s=0.02)
-    plan = shard(TABLES, devices=2, memory="64MiB", cost_models=load_cost_models(), refine=True,
-                 calibration=calibration, budget_s=budget)
+    plan = measured_search(TABLES, devices=2, memory="64MiB", cost_models=load_cost_models(), refine=True,
+                           calibration=calibration, budget_s=budget)
     took = time.monotonic() - start
     assert took <= 6.0 + 3.0  # the budget and a grace: no run started whose estimate did not fit
     assert not plan.problems()
@@ -110,8 +110,8 @@ def test_refine_with_a_tiny_budget_ends_in_it_and_records_what_it_skipped():
 
 def test_refine_with_room_for_everything_skips_nothing():
     budget, calibration = _budgeted(600.0, unit_s=0.0)
-    plan = shard(TABLES, devices=2, memory="64MiB", cost_models=load_cost_models(), refine=1,
-                 calibration=calibration, budget_s=budget)
+    plan = measured_search(TABLES, devices=2, memory="64MiB", cost_models=load_cost_models(), refine=1,
+                           calibration=calibration, budget_s=budget)
     record = plan.provenance["refine"]
     assert record["skipped"] == [] and [r["round"] for r in record["rounds"]] == [0, 1]
     assert {"compare", "rebalance", "polish"} <= set(record["stage_s"])
@@ -133,8 +133,8 @@ def test_a_keyboard_interrupt_inside_a_stage_returns_the_best_plan_so_far(monkey
 
     monkeypatch.setattr("neuroshard.measured.refine.polish_and_lean", interrupted)
     budget, calibration = _budgeted(600.0, unit_s=0.0)
-    plan = shard(TABLES, devices=2, memory="64MiB", cost_models=load_cost_models(), refine=1,
-                 calibration=calibration, budget_s=budget)
+    plan = measured_search(TABLES, devices=2, memory="64MiB", cost_models=load_cost_models(), refine=1,
+                           calibration=calibration, budget_s=budget)
     record = plan.provenance["refine"]
     assert record["stopped"] == "interrupted" and not plan.problems()
     # the plan the comparison (and the rebalance) kept: what polish started from
@@ -150,18 +150,18 @@ def test_a_keyboard_interrupt_while_calibrating_writes_the_plain_search(monkeypa
         raise KeyboardInterrupt()
 
     monkeypatch.setattr("neuroshard.measured.calibrate.Calibration.add", interrupted)
-    plan = shard(TABLES, devices=2, memory="64MiB", cost_models=load_cost_models(), refine=1, budget_s=60,
-                 progress="quiet")
+    plan = measured_search(TABLES, devices=2, memory="64MiB", cost_models=load_cost_models(), refine=1, budget_s=60,
+                           progress="quiet")
     record = plan.provenance["refine"]
     assert calls and record["stopped"] == "interrupted" and record["chosen"] == "neuroshard-pretrained"
     assert plan.provenance["algorithm"] == "neuroshard" and not plan.problems()
-    plain = shard(TABLES, devices=2, memory="64MiB", cost_models=load_cost_models())
+    plain = measured_search(TABLES, devices=2, memory="64MiB", cost_models=load_cost_models())
     assert plan.layout_key() == plain.layout_key()  # the plain search's plan: nothing was timed
 
 
 def test_budget_needs_refine():
     with pytest.raises(NeuroShardError, match="needs refine"):
-        shard(TABLES, devices=2, memory="64MiB", cost_models=load_cost_models(), budget_s=60)
+        measured_search(TABLES, devices=2, memory="64MiB", cost_models=load_cost_models(), budget_s=60)
 
 
 def test_progress_is_one_line_per_change_in_a_log_and_nothing_when_quiet():

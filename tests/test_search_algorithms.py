@@ -8,7 +8,7 @@ from conftest import algorithm_params
 
 from neuroshard.datasets.synthetic import generate
 from neuroshard.errors import InfeasibleError, NeuroShardError
-from neuroshard.search import ALGORITHMS, Simulator, registry, search_placement, shard
+from neuroshard.search import ALGORITHMS, Simulator, registry, search_placement, search_plan
 from neuroshard.search.cli import ALGORITHM_CHOICES
 from neuroshard.search.params import PARAMS
 from neuroshard.search.placer import greedy_place
@@ -61,7 +61,7 @@ def test_table_larger_than_a_device_is_split_by_rows(analytic_models):
     tables = TableSet("big", [Table("wide", 100_000, 12, 4.0, {"zipf_alpha": 0.9}),
                               Table("a", 10_000, 32, 2.0), Table("b", 5_000, 64, 6.0)], 4096)
     memory = 2_000_000
-    plan = shard(tables, devices=5, memory=memory, cost_models=analytic_models, **SMALL)
+    plan = search_plan(tables, devices=5, memory=memory, cost_models=analytic_models, **SMALL)
     plan.validate()
     wide = plan.shards_of("wide")
     assert len({(s.row_offset, s.num_rows) for s in wide}) >= 3
@@ -74,7 +74,7 @@ def test_table_larger_than_a_device_is_split_by_rows(analytic_models):
 
 def test_wide_table_is_split_by_columns_first(analytic_models):
     tables = TableSet("cols", [Table("t", 100_000, 128, 4.0), Table("u", 1000, 16, 1.0)], 4096)
-    plan = shard(tables, devices=4, memory=16_000_000, cost_models=analytic_models, row_splits=False, **SMALL)
+    plan = search_plan(tables, devices=4, memory=16_000_000, cost_models=analytic_models, row_splits=False, **SMALL)
     assert plan.sharding_type("t") == "column_wise"
     assert all(s.num_cols % 4 == 0 for s in plan.shards)
 
@@ -82,27 +82,28 @@ def test_wide_table_is_split_by_columns_first(analytic_models):
 def test_infeasible_tasks_say_by_how_much(analytic_models):
     tables = TableSet("x", [Table("t", 1_000_000, 64, 1.0), Table("u", 1_000_000, 64, 1.0)])  # 512 MB
     with pytest.raises(InfeasibleError, match=r"too much .*need at least 4 devices"):
-        shard(tables, devices=2, memory="128MiB", cost_models=analytic_models)
+        search_plan(tables, devices=2, memory="128MiB", cost_models=analytic_models)
     narrow = TableSet("y", [Table("t", 10_000_000, 4, 1.0)])  # 160 MB, one 4-wide column
     with pytest.raises(InfeasibleError, match=r"'t' fits on no device even fully split.*over"):
-        shard(narrow, devices=4, memory="100MB", cost_models=analytic_models, row_splits=False)
+        search_plan(narrow, devices=4, memory="100MB", cost_models=analytic_models, row_splits=False)
     # With row-wise splits allowed the same task is feasible.
-    plan = shard(narrow, devices=4, memory="100MB", cost_models=analytic_models, **SMALL)
+    plan = search_plan(narrow, devices=4, memory="100MB", cost_models=analytic_models, **SMALL)
     assert plan.sharding_type("t") == "row_wise"
 
 
 def test_memory_units_and_bytes_per_element(analytic_models):
     tables = TableSet("u", [Table("t", 1_000_000, 64, 1.0), Table("u", 10_000, 16, 1.0)])  # 256 MB in fp32
-    plan = shard(tables, devices=2, memory="1GiB", algorithm="size", cost_models=analytic_models)
+    plan = search_plan(tables, devices=2, memory="1GiB", algorithm="size", cost_models=analytic_models)
     assert plan.device_memory_bytes == 2**30
-    decimal = shard(tables, devices=2, memory="1GB", algorithm="size", cost_models=analytic_models)
+    decimal = search_plan(tables, devices=2, memory="1GB", algorithm="size", cost_models=analytic_models)
     assert decimal.device_memory_bytes == 10**9
     with pytest.raises(NeuroShardError, match="cannot read a memory size"):
-        shard(tables, devices=2, memory="lots", cost_models=analytic_models)
+        search_plan(tables, devices=2, memory="lots", cost_models=analytic_models)
     # 100 MiB per device: infeasible in fp32 (2 x 100 MiB < 256 MB), feasible in fp16.
     with pytest.raises(InfeasibleError):
-        shard(tables, devices=2, memory="100MiB", algorithm="size", cost_models=analytic_models)
-    half = shard(tables, devices=2, memory="100MiB", algorithm="size", cost_models=analytic_models, bytes_per_element=2)
+        search_plan(tables, devices=2, memory="100MiB", algorithm="size", cost_models=analytic_models)
+    half = search_plan(tables, devices=2, memory="100MiB", algorithm="size", cost_models=analytic_models,
+                       bytes_per_element=2)
     assert half.bytes_per_element == 2 and max(half.memory_used_bytes()) <= 100 * 2**20
 
 
@@ -114,7 +115,8 @@ def test_every_algorithm_returns_a_valid_plan(analytic_models, algorithm):
     params = {"neuroshard": SMALL, "bayes": {"n_trials": 8, "batch": 4}}.get(algorithm, {})
     # TorchRec also counts optimizer state and buffers (about 3x the weights).
     memory = _memory_for(tables, 4, 0.1 if algorithm == "torchrec" else 0.5)
-    plan = shard(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=analytic_models, seed=1, **params)
+    plan = search_plan(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=analytic_models, seed=1,
+                       **params)
     assert plan.problems() == []
     assert plan.provenance["algorithm"] == algorithm
     assert plan.provenance["cost_model"] == analytic_models.name
@@ -127,13 +129,15 @@ def test_searches_are_deterministic_and_check_their_parameters(analytic_models):
     tables = generate("dlrm-2021", 10, seed=4)
     memory = _memory_for(tables, 4, 0.5)
     for algorithm, params in (("random", {}), ("bayes", {"n_trials": 6, "batch": 3})):
-        a = shard(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=analytic_models, seed=7, **params)
-        b = shard(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=analytic_models, seed=7, **params)
+        a = search_plan(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=analytic_models, seed=7,
+                        **params)
+        b = search_plan(tables, devices=4, memory=memory, algorithm=algorithm, cost_models=analytic_models, seed=7,
+                        **params)
         assert a.shards == b.shards
     with pytest.raises(NeuroShardError, match="unknown parameter.*beam_wdth"):
-        shard(tables, devices=4, memory=memory, cost_models=analytic_models, beam_wdth=3)
+        search_plan(tables, devices=4, memory=memory, cost_models=analytic_models, beam_wdth=3)
     with pytest.raises(NeuroShardError, match="unknown algorithm"):
-        shard(tables, devices=4, memory=memory, algorithm="magic", cost_models=analytic_models)
+        search_plan(tables, devices=4, memory=memory, algorithm="magic", cost_models=analytic_models)
 
 
 def test_greedy_baselines_share_one_loop(analytic_models):
@@ -197,14 +201,15 @@ def test_a_precision_without_a_measured_ratio_is_said_to_be_costed_as_fp32(analy
     at fp16 since issue 16 (tests/test_precision.py)."""
     tables = generate("dlrm-2021", 6, seed=6)
     memory = _memory_for(tables, 2, 0.5)
-    plan = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=analytic_models)
+    plan = search_plan(tables, devices=2, memory=memory, algorithm="size", cost_models=analytic_models)
     assert "cost_precision" not in plan.provenance
     with caplog.at_level("WARNING", logger="neuroshard.search.api"):
-        int8 = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=analytic_models,
-                     bytes_per_element=1)
+        int8 = search_plan(tables, devices=2, memory=memory, algorithm="size", cost_models=analytic_models,
+                           bytes_per_element=1)
     assert int8.provenance["cost_precision"] == "fp32"
     assert any("bytes_per_element=1" in r.getMessage() and "fp32" in r.getMessage() for r in caplog.records)
-    half = shard(tables, devices=2, memory=memory, algorithm="size", cost_models=analytic_models, bytes_per_element=2)
+    half = search_plan(tables, devices=2, memory=memory, algorithm="size", cost_models=analytic_models,
+                       bytes_per_element=2)
     assert half.provenance["cost_precision"] == "fp16"
 
 
@@ -313,7 +318,8 @@ def test_no_plan_keeps_a_table_in_column_strips_on_one_device(shipped_models):
     from neuroshard.datasets.families import family_tasks
     from neuroshard.topology import Topology
     tables, memory = family_tasks("criteo-terabyte", 4, 1, (8, 12), seed=137)[0]
-    plan = shard(tables, 4, memory, "neuroshard", cost_models=shipped_models, topology=Topology(4, local_world_size=4))
+    plan = search_plan(tables, 4, memory, "neuroshard", cost_models=shipped_models,
+                       topology=Topology(4, local_world_size=4))
     blocks = {}
     for s in plan.shards:
         blocks.setdefault((s.table, s.device, s.row_offset, s.num_rows), []).append(s.num_cols)
@@ -331,7 +337,7 @@ def test_row_blocks_counts_and_check():
     assert block_counts(6, 6, "any") == [2, 4, 6]
     tables = generate("dlrm-2021", 8, seed=1)
     with pytest.raises(NeuroShardError, match="row_blocks must be one of torchrec, any"):
-        shard(tables, 2, None, row_blocks="rows")
+        search_plan(tables, 2, None, row_blocks="rows")
 
 
 def test_row_blocks_any_cuts_a_hot_table_in_row_halves_and_export_says_why_not(shipped_models):
@@ -346,10 +352,10 @@ def test_row_blocks_any_cuts_a_hot_table_in_row_halves_and_export_says_why_not(s
     from neuroshard.torchrec.export import torchrec_sharding
     tables, memory = family_tasks("criteo-terabyte", 8, 1, (8, 12), seed=161)[0]
     one_host = Topology(8, local_world_size=8)
-    default = shard(tables, 8, memory, cost_models=shipped_models, topology=one_host)
+    default = search_plan(tables, 8, memory, cost_models=shipped_models, topology=one_host)
     assert "row_blocks" not in default.provenance
     torchrec_sharding(default, local_world_size=8)  # every layout is one TorchRec runs
-    free = shard(tables, 8, memory, cost_models=shipped_models, topology=one_host, row_blocks="any")
+    free = search_plan(tables, 8, memory, cost_models=shipped_models, topology=one_host, row_blocks="any")
     assert free.provenance["row_blocks"] == "any"
     blocks = {}
     for s in free.shards:

@@ -11,7 +11,7 @@ from neuroshard.cli import main
 from neuroshard.costmodels import analytic_cost_models
 from neuroshard.errors import NeuroShardError
 from neuroshard.plan import Plan, Shard
-from neuroshard.search import ALGORITHMS, shard
+from neuroshard.search import ALGORITHMS, search_plan
 from neuroshard.search.cli import ALGORITHM_CHOICES
 from neuroshard.tables import Table, TableSet
 from neuroshard.torchrec.export import TORCHREC_FORMAT, to_parameter_shardings, torchrec_sharding
@@ -157,8 +157,9 @@ def test_searched_plans_export_for_torchrec():
                                           for i in range(int(rng.integers(3, 10)))], 512)
         memory = int(tables.total_bytes(4) / devices * rng.uniform(1.05, 2.0))
         for algorithm in ("neuroshard", "bayes", "size"):
-            plan = shard(tables, devices=devices, memory=memory, algorithm=algorithm, cost_models=models, seed=task,
-                         **({"n_trials": 16} if algorithm == "bayes" else {}))
+            plan = search_plan(tables, devices=devices, memory=memory, algorithm=algorithm, cost_models=models,
+                               seed=task,
+                               **({"n_trials": 16} if algorithm == "bayes" else {}))
             exported = torchrec_sharding(plan, compute_device="cpu")
             kinds |= {r["sharding_type"] for r in exported["tables"].values()}
     assert {"table_wise", "column_wise", "row_wise"} <= kinds

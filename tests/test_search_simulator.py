@@ -93,7 +93,7 @@ def test_measured_comm_models_serve_only_near_their_device_counts(shipped_models
     """Issue 30, item 3: the shipped comm models were measured on 2-4 processes; up to 4x
     that they cost the exchange, beyond it the exchange is bytes over the GPU-cluster
     defaults, hierarchical over hosts of 8, and the plan's provenance says which."""
-    from neuroshard.search.api import shard
+    from neuroshard.search.api import search_plan
     from neuroshard.topology import Topology
     tables = TableSet("comm", [Table(f"t{i}", 1000 + 100 * i, 16, 2.0) for i in range(40)], batch_size=4096)
     assert shipped_models.comm_device_counts() == [2, 3, 4]
@@ -105,10 +105,10 @@ def test_measured_comm_models_serve_only_near_their_device_counts(shipped_models
     assert far.topology is None  # the plan records no hosts it was not given
     est = far.evaluate(whole_pieces(tables), np.arange(40)[None, :] % 32)
     assert est.inter_host_ms is not None and (est.inter_host_ms > 0).all()
-    plan = shard(tables, 32, "1GiB", "size-lookup", cost_models=shipped_models)
+    plan = search_plan(tables, 32, "1GiB", "size-lookup", cost_models=shipped_models)
     assert plan.provenance["comm_model"] == far.comm_source and plan.topology is None
-    stated = shard(tables, 32, "1GiB", "size-lookup", cost_models=shipped_models,
-                   topology=Topology(32, local_world_size=4))
+    stated = search_plan(tables, 32, "1GiB", "size-lookup", cost_models=shipped_models,
+                         topology=Topology(32, local_world_size=4))
     assert stated.provenance["comm_model"].startswith("analytic: bytes over the stated links (4 devices per host")
 
 

@@ -18,7 +18,7 @@ from neuroshard.costmodels.tiers import TIER_COST_SOURCE, TierCostModel
 from neuroshard.errors import NeuroShardError
 from neuroshard.optimizers import row_bytes
 from neuroshard.plan import Plan
-from neuroshard.search.api import shard
+from neuroshard.search.api import search_plan
 from neuroshard.tiers import IN_DEVICE_MEMORY, Tier
 from neuroshard.topology import Topology, make_topology
 
@@ -79,8 +79,8 @@ def test_a_search_costs_its_tiers_with_the_measured_record(analytic_models):
     tables = tiered_tables(8, 100_000, batch=2048)
     memory = tables.total_bytes() // 12
     topo = make_topology(4, host_memory_bytes=tables.total_bytes(), ssd_bytes=4 * tables.total_bytes())
-    plans = {costs: shard(tables, 4, memory, "size-lookup", cost_models=analytic_models, topology=topo,
-                          tier_costs=costs) for costs in ("analytic", RECORD)}
+    plans = {costs: search_plan(tables, 4, memory, "size-lookup", cost_models=analytic_models, topology=topo,
+                                tier_costs=costs) for costs in ("analytic", RECORD)}
     analytic, measured = plans["analytic"].provenance["tiers"], plans[RECORD].provenance["tiers"]
     assert analytic["model"] == TIER_COST_SOURCE
     assert measured["model"] == RECORD.source and measured["model"].startswith("measured on test CPU")
@@ -88,9 +88,9 @@ def test_a_search_costs_its_tiers_with_the_measured_record(analytic_models):
     assert plans[RECORD].estimate["max_device_cost_ms"] != pytest.approx(plans["analytic"].estimate["max_device_cost_ms"])
     # the search times nothing: "measured" belongs to its caller
     with pytest.raises(NeuroShardError, match="does not do"):
-        shard(tables, 4, memory, "size-lookup", cost_models=analytic_models, topology=topo, tier_costs="measured")
+        search_plan(tables, 4, memory, "size-lookup", cost_models=analytic_models, topology=topo, tier_costs="measured")
     with pytest.raises(NeuroShardError, match="'analytic' or 'measured'"):
-        shard(tables, 4, memory, "size-lookup", cost_models=analytic_models, topology=topo, tier_costs="fast")
+        search_plan(tables, 4, memory, "size-lookup", cost_models=analytic_models, topology=topo, tier_costs="fast")
 
 
 @pytest.mark.timing

@@ -12,7 +12,7 @@ from neuroshard.constants import CACHE_ROW_OVERHEAD_BYTES
 from neuroshard.costmodels.tiers import TierCostModel
 from neuroshard.errors import FormatError, InfeasibleError, NeuroShardError
 from neuroshard.plan import Plan, Shard
-from neuroshard.search.api import shard
+from neuroshard.search.api import search_plan
 from neuroshard.search.simulator import Simulator
 from neuroshard.tables import Table, TableSet
 from neuroshard.tiers import IN_DEVICE_MEMORY, Tier
@@ -121,10 +121,10 @@ def test_tables_three_times_the_devices_memory_plan_with_cached_shards(analytic_
     tables = tiered_tables()
     memory = tables.total_bytes() // 12  # 4 devices hold a third of the tables
     with pytest.raises(InfeasibleError, match="--host-memory"):
-        shard(tables, 4, memory, "size-lookup", cost_models=analytic_models)
+        search_plan(tables, 4, memory, "size-lookup", cost_models=analytic_models)
     topo = make_topology(4, host_memory_bytes=2 * tables.total_bytes())
     for algorithm in ("neuroshard", "size-lookup"):
-        plan = shard(tables, 4, memory, algorithm, cost_models=analytic_models, topology=topo)
+        plan = search_plan(tables, 4, memory, algorithm, cost_models=analytic_models, topology=topo)
         assert not plan.problems() and plan.tiered
         assert max(plan.memory_used_bytes()) <= memory
         assert sum(plan.backing_used_bytes("host")) > 0
@@ -136,7 +136,7 @@ def test_tables_three_times_the_devices_memory_plan_with_cached_shards(analytic_
         assert float(sim.evaluate_plan(again).max_ms[0]) == pytest.approx(plan.estimate["max_device_cost_ms"],
                                                                         rel=1e-6)
     # tables that fit stay in device memory, topology or not
-    roomy = shard(tables, 4, tables.total_bytes(), "size-lookup", cost_models=analytic_models, topology=topo)
+    roomy = search_plan(tables, 4, tables.total_bytes(), "size-lookup", cost_models=analytic_models, topology=topo)
     assert not roomy.tiered and "tiers" not in roomy.provenance
 
 
@@ -147,7 +147,7 @@ def test_the_cheapest_tables_leave_device_memory_first(analytic_models):
     cold = Table("cold", 400_000, 32, 1.0, {"zipf_alpha": 1.2})
     tables = TableSet("two", [hot, cold], batch_size=4096)
     topo = make_topology(2, host_memory_bytes=tables.total_bytes())
-    plan = shard(tables, 2, tables.total_bytes() // 6, "size-lookup", cost_models=analytic_models, topology=topo)
+    plan = search_plan(tables, 2, tables.total_bytes() // 6, "size-lookup", cost_models=analytic_models, topology=topo)
     tiers = plan.tiers()
     share = {name: (1.0 if t.on_device else t.cache_fraction or 0.0) for name, t in tiers.items()}
     assert share["hot"] > share["cold"]
@@ -157,14 +157,14 @@ def test_ssd_takes_what_host_memory_cannot(analytic_models):
     tables = tiered_tables()
     total = tables.total_bytes()
     topo = make_topology(4, host_memory_bytes=total // 3, ssd_bytes=total * 2)
-    plan = shard(tables, 4, total // 12, "size-lookup", cost_models=analytic_models, topology=topo)
+    plan = search_plan(tables, 4, total // 12, "size-lookup", cost_models=analytic_models, topology=topo)
     assert not plan.problems()
     memories = {t.memory for t in plan.tiers().values()}
     assert {"host", "ssd"} <= memories
     assert sum(plan.backing_used_bytes("host")) <= total // 3
     with pytest.raises(InfeasibleError, match="hold less"):
-        shard(tables, 4, total // 12, "size-lookup", cost_models=analytic_models,
-              topology=make_topology(4, host_memory_bytes=total // 10))
+        search_plan(tables, 4, total // 12, "size-lookup", cost_models=analytic_models,
+                    topology=make_topology(4, host_memory_bytes=total // 10))
 
 
 def test_search_cli_takes_tier_flags_and_plan_show_reports_tiers(tmp_path, capsys, analytic_models):

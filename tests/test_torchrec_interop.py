@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from neuroshard.costmodels import analytic_cost_models  # noqa: E402
 from neuroshard.errors import NeuroShardError  # noqa: E402
 from neuroshard.plan import Plan, Shard  # noqa: E402
-from neuroshard.search import shard  # noqa: E402
+from neuroshard.search import search_plan  # noqa: E402
 from neuroshard.tables import Table, TableSet  # noqa: E402
 from neuroshard.torchrec.export import torchrec_sharding  # noqa: E402
 from neuroshard.torchrec.import_plan import plan_from_torchrec  # noqa: E402
@@ -38,15 +38,15 @@ def _searched_plans() -> list[Plan]:
     tables = TableSet("interop", [Table("a", 101, 16, 8.0, {"zipf_alpha": 1.1}), Table("b", 57, 8, 1.0),
                                   Table("c", 33, 16, 3.0), Table("g", 3001, 12, 20.0), Table("h", 1501, 32, 10.0)], 512)
     models = analytic_cost_models()
-    plans = [shard(tables, devices=WORLD, memory="176KiB", algorithm=a, cost_models=models)
+    plans = [search_plan(tables, devices=WORLD, memory="176KiB", algorithm=a, cost_models=models)
              for a in ("neuroshard", "size", "bayes")]
-    plans += [shard(tables, devices=WORLD, memory="400KiB", algorithm="bayes", cost_models=models, seed=s)
+    plans += [search_plan(tables, devices=WORLD, memory="400KiB", algorithm="bayes", cost_models=models, seed=s)
               for s in range(3)]
     # hot tables a search splits along columns
     hot = TableSet("hot", [Table("t0", 2004, 64, 11.8, {"zipf_alpha": 0.87}), Table("t1", 2493, 16, 7.6),
                            Table("t2", 886, 64, 21.7, {"zipf_alpha": 1.16}), Table("t3", 2051, 16, 27.1),
                            Table("t4", 775, 8, 28.2, {"zipf_alpha": 1.19})], 512)
-    plans.append(shard(hot, devices=WORLD, memory=641462, algorithm="neuroshard", cost_models=models, seed=146))
+    plans.append(search_plan(hot, devices=WORLD, memory=641462, algorithm="neuroshard", cost_models=models, seed=146))
     return plans
 
 

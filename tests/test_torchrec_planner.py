@@ -2,7 +2,7 @@
 DistributedModelParallel on 2 gloo processes exactly as the unsharded model (conftest's
 ``torchrec_interop``), TorchRec's constraints and sharders are honoured or refused in one
 line naming the table, the tables are read from the model, and its plan is the one
-``neuroshard.search.api.shard`` writes for the same task."""
+``neuroshard.search.api.search_plan`` writes for the same task."""
 from __future__ import annotations
 
 import logging
@@ -26,7 +26,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from neuroshard.costmodels import analytic_cost_models  # noqa: E402
 from neuroshard.datasets.families import generate  # noqa: E402
 from neuroshard.errors import NeuroShardError  # noqa: E402
-from neuroshard.search.api import shard  # noqa: E402
+from neuroshard.search.api import search_plan  # noqa: E402
 from neuroshard.tables import Table, TableSet  # noqa: E402
 from neuroshard.torchrec import NeuroShardPlanner, tables_from_module  # noqa: E402
 
@@ -184,7 +184,7 @@ def test_tables_from_module_reads_every_ebc_with_its_path(tmp_path):
     assert tables_from_module(Model(_configs())).batch_size == 512  # TorchRec's default batch per rank
 
 
-# ----------------------------------------------------------------- (e) the same plan as shard()
+# ----------------------------------------------------------------- (e) the same plan as search_plan()
 def test_plan_is_what_shard_writes_for_the_same_tables():
     """The planner's plan equals, shard for shard, ``shard``'s for tables built by hand:
     the same devices, memory (capacity x 0.85), batch (per rank x world), cost models and seed."""
@@ -192,7 +192,7 @@ def test_plan_is_what_shard_writes_for_the_same_tables():
     planner = _planner(4, 60_000, batch_size=64, cost_models=models, seed=3)
     sharding_plan = planner.plan(Model(_configs()), [EmbeddingBagCollectionSharder()])
     tables = TableSet("by-hand", [Table(n, r, d, 1.0) for n, r, d in SPEC], 64 * 4)
-    expected = shard(tables, 4, int(60_000 * 0.85), cost_models=models, seed=3)
+    expected = search_plan(tables, 4, int(60_000 * 0.85), cost_models=models, seed=3)
     assert _shards(planner.last_plan) == _shards(expected)
     assert planner.last_plan.estimate["max_device_cost_ms"] == expected.estimate["max_device_cost_ms"]
     ranks = {name: sorted(sharding.ranks) for name, sharding in sharding_plan.plan["sparse.ebc"].items()}
@@ -209,7 +209,7 @@ def test_criteo_kaggle_on_the_meta_device_plans_as_shard_does():
     models = analytic_cost_models()
     planner = _planner(8, 512 * 2**20, batch_size=tables.batch_size // 8, cost_models=models, access=tables)
     sharding_plan = planner.plan(Model(configs), [EmbeddingBagCollectionSharder()])
-    expected = shard(tables, 8, int(512 * 2**20 * 0.85), cost_models=models)
+    expected = search_plan(tables, 8, int(512 * 2**20 * 0.85), cost_models=models)
     assert _shards(planner.last_plan) == _shards(expected)
     assert len(sharding_plan.plan["sparse.ebc"]) == 26
     assert [t.access for t in planner.last_plan.tables] == [t.access for t in tables]

@@ -11,7 +11,7 @@ from conftest import run_cli
 from neuroshard.costmodels import analytic_cost_models
 from neuroshard.errors import FormatError, InvalidPlanError
 from neuroshard.plan import Plan
-from neuroshard.search import shard
+from neuroshard.search import search_plan
 from neuroshard.search.score import score_plan
 from neuroshard.tables import Table, TableSet
 from neuroshard.torchrec.export import torchrec_sharding
@@ -101,7 +101,7 @@ def test_a_torchrec_plan_round_trips_with_identical_shards(tmp_path):
 def test_torchrecs_own_planner_round_trips(tmp_path):
     pytest.importorskip("torchrec.distributed.planner")
     tables = TableSet("small", TABLES.tables[:4], 1024)
-    plan = shard(tables, devices=2, memory="8MiB", algorithm="torchrec", cost_models=analytic_cost_models())
+    plan = search_plan(tables, devices=2, memory="8MiB", algorithm="torchrec", cost_models=analytic_cost_models())
     exported = torchrec_sharding(plan, compute_device="cpu")
     back = plan_from_torchrec(json.loads(json.dumps(exported)), tables)
     def key(s):
@@ -144,7 +144,7 @@ def test_bad_torchrec_plans_are_one_line_errors(tmp_path):
 
 def test_rescoring_uses_the_batch_size_of_the_estimate():
     models = analytic_cost_models()
-    plan = shard(TABLES, devices=2, memory="2MiB", algorithm="size", cost_models=models)
+    plan = search_plan(TABLES, devices=2, memory="2MiB", algorithm="size", cost_models=models)
     assert plan.estimate["batch_size"] == 1024
     again = score_plan(Plan.from_dict(json.loads(json.dumps(plan.to_dict()))), cost_models=models)
     assert again.estimate["max_device_cost_ms"] == pytest.approx(plan.estimate["max_device_cost_ms"], rel=1e-6)

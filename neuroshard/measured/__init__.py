@@ -10,6 +10,6 @@ their tuned constants and ``plan_timing`` times whole plans; ``budget`` bounds t
 calibration included (``calibration_sets`` draws and times calibration's sets within it), and
 ``progress`` says what it is doing. ``greedy`` is measured-greedy (a
 greedy baseline over timed kernels), ``collect`` gathers pre-training data (random and
-plan-shaped device sets), and ``api.shard`` is the one call that does it all. Search itself
+plan-shaped device sets), and ``api.measured_search`` is the one call that does it all. Search itself
 (``neuroshard.search``) never times hardware.
 """

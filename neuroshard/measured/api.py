@@ -1,6 +1,6 @@
 """``neuroshard.shard``: search, with the measured loop when asked (calibration, refine rounds).
 
-``search.api.shard`` searches against the cost models alone; this ``shard`` first checks the
+``search.api.search_plan`` searches against the cost models alone; ``measured_search`` first checks the
 task the same way (``search.api.check_task``: a bad argument or an impossible task fails
 before minutes of timing), then calibrates the models on this machine and these tables
 (``calibrate=SETS``) or runs refine rounds (``refine=ROUNDS``), then searches.
@@ -28,8 +28,7 @@ from ..costmodels.measure.tiers import measure_tier_costs
 from ..costmodels.measure.timing import time_devices
 from ..errors import NeuroShardError
 from ..plan import Plan
-from ..search.api import Task, check_task, search_task
-from ..search.api import shard as plain_search
+from ..search.api import Task, check_task, search_plan, search_task
 from ..tables import Table, TableSet
 from ..types import DeviceTimer
 from .budget import Budget, stop_reason
@@ -76,7 +75,7 @@ def warn_device_kind(models: Any, task: Task) -> None:
 
 def check_calibrate(calibrate: Any) -> int:
     """``calibrate`` as a number of random sets (0: no calibration); one-line error otherwise.
-    One type everywhere: ``shard(calibrate=200)``, ``search --calibrate 200``, ``demo --calibrate 200``."""
+    One type everywhere: ``neuroshard.shard(calibrate=200)``, ``search --calibrate 200``, ``demo --calibrate 200``."""
     if (isinstance(calibrate, bool) or not isinstance(calibrate, int)
             or (calibrate != 0 and not MIN_CALIBRATION_SETS <= calibrate <= MAX_CALIBRATION_SETS)):
         raise NeuroShardError(f"calibrate must be a number of random sets in [{MIN_CALIBRATION_SETS}, "
@@ -153,7 +152,7 @@ def calibrated_search(task: Task, models: Any, calibrated: Any, timer: DeviceTim
 
 def refine_task(task: Task, memory: Any, models: Any, rounds: int, sets: int, budget: Budget,
                 calibration: Calibration | None = None, judge: PlanJudge | None = None) -> Plan:
-    """``shard``'s measured loop within ``budget``: the plain search's plan first (seconds, nothing
+    """``measured_search``'s measured loop within ``budget``: the plain search's plan first (seconds, nothing
     timed: what is written if nothing else fits or the loop is stopped), then calibration with
     ``sets`` random sets (unless ``calibration`` is given), then refine's ``rounds`` and stages.
     The plan's ``search_time_s`` is the whole wall time of the loop."""
@@ -161,7 +160,7 @@ def refine_task(task: Task, memory: Any, models: Any, rounds: int, sets: int, bu
     options = {"bytes_per_element": task.bytes_per_element, "seed": task.seed, **task.options}
     expect_stages(budget, len(task.tables), task.devices, rounds, COMPARE)
     with budget.stage("search"):
-        fallback = plain_search(task.tables, task.devices, memory, algorithm=algorithm, cost_models=models, **options)
+        fallback = search_plan(task.tables, task.devices, memory, algorithm=algorithm, cost_models=models, **options)
     budget.keep(fallback, f"{algorithm}{PRETRAINED_SUFFIX}")
     try:
         if calibration is None:
@@ -180,11 +179,12 @@ def refine_task(task: Task, memory: Any, models: Any, rounds: int, sets: int, bu
     return plan
 
 
-def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list | None, algorithm: str = "neuroshard",
-          cost_models: Any = None, bytes_per_element: int = FP32_BYTES, seed: int = 0, calibrate: int = 0, *,
-          refine: int = 0, tier_costs: Any = "analytic", calibration: Calibration | None = None,
-          judge: PlanJudge | None = None, budget_s: Any = None, progress: str = "auto", **options: Any) -> Plan:
-    """Search a sharding plan (``search.api.shard``: its arguments and ``options``), with
+def measured_search(tables: TableSet | list[Table], devices: int, memory: int | str | list | None,
+                    algorithm: str = "neuroshard", cost_models: Any = None, bytes_per_element: int = FP32_BYTES,
+                    seed: int = 0, calibrate: int = 0, *, refine: int = 0, tier_costs: Any = "analytic",
+                    calibration: Calibration | None = None, judge: PlanJudge | None = None, budget_s: Any = None,
+                    progress: str = "auto", **options: Any) -> Plan:
+    """Search a sharding plan (``search.api.search_plan``: its arguments and ``options``), with
     the measured loop when asked: ``calibrate=SETS`` (e.g. 200) first calibrates the cost
     models on this machine and these tables with that many random sets
     (``calibrate.calibrated_models``, cached per machine and task) and writes the plan of

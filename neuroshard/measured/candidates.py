@@ -15,7 +15,7 @@ from typing import Any
 from ..costmodels.ensemble import work_cost_models
 from ..errors import NeuroShardError
 from ..plan import Plan
-from ..search.api import shard
+from ..search.api import search_plan
 from ..search.registry import get_trait, with_trait
 from ..tables import TableSet
 
@@ -54,13 +54,14 @@ def other_plans(tables: TableSet, devices: int, memory: Any, calibration: Any, m
     # the same search against the pre-trained models: fine-tuned on a few hundred sets, a model
     # can be worse where the search goes (docs/decisions.md#refine-loop)
     plans.append(pretrained if pretrained is not None else
-                 shard(tables, devices, memory, algorithm=algorithm, cost_models=calibration.models, **search_options))
+                 search_plan(tables, devices, memory, algorithm=algorithm, cost_models=calibration.models,
+                             **search_options))
     compared.append({"algorithm": f"{algorithm}{PRETRAINED_SUFFIX}"})
     # the same search against the calibration's work model alone: a plan the members' errors did not
     # steer (costmodels.ensemble)
     work = work_cost_models(models)
     if work is not None:
-        plans.append(shard(tables, devices, memory, algorithm=algorithm, cost_models=work, **search_options))
+        plans.append(search_plan(tables, devices, memory, algorithm=algorithm, cost_models=work, **search_options))
         compared.append({"algorithm": f"{algorithm}{WORK_SUFFIX}"})
     options = {k: v for k, v in search_options.items() if k in PLAN_OPTIONS}
     for name in (c for c in compare if c != algorithm):
@@ -77,10 +78,10 @@ def other_plans(tables: TableSet, devices: int, memory: Any, calibration: Any, m
             if timed and budget is not None:
                 with budget.stage(name):
                     started = budget.clock()
-                    plans.append(shard(tables, devices, memory, algorithm=name, cost_models=models, **options))
+                    plans.append(search_plan(tables, devices, memory, algorithm=name, cost_models=models, **options))
                     budget.timed(len(tables), 1, budget.clock() - started)  # what the next estimates learn from
             else:
-                plans.append(shard(tables, devices, memory, algorithm=name, cost_models=models, **options))
+                plans.append(search_plan(tables, devices, memory, algorithm=name, cost_models=models, **options))
             compared.append({"algorithm": name})
         except NeuroShardError as exc:  # e.g. no plan fits, or tables only data_parallel may hold
             log.warning("refine: %s found no plan to compare with: %s", name, exc)

@@ -20,7 +20,7 @@ from ..constants import FP32_BYTES
 from ..costmodels import DEFAULT_CHECKPOINT, load_cost_models
 from ..datasets.sampler import shard_table
 from ..errors import InfeasibleError, NeuroShardError
-from ..search.api import shard
+from ..search.api import search_plan
 from ..search.registry import with_trait
 from ..tables import Table, TableSet
 
@@ -57,8 +57,8 @@ class PlanSetSampler:
             memory = int(tables.total_bytes(4) * rng.uniform(1.2, 1.5) / devices) + 1
             algorithm = str(rng.choice(TASK_ALGORITHMS))
             try:
-                return shard(tables, devices=devices, memory=memory, algorithm=algorithm, seed=task,
-                             cost_models=self.cost_models), tables
+                return search_plan(tables, devices=devices, memory=memory, algorithm=algorithm, seed=task,
+                                   cost_models=self.cost_models), tables
             except InfeasibleError:
                 continue
         raise NeuroShardError(f"no feasible task found for plan-set task {task}")

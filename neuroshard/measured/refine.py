@@ -31,7 +31,7 @@ from typing import Any
 
 from ..constants import CALIBRATION_SETS
 from ..plan import Plan
-from ..search.api import shard
+from ..search.api import search_plan
 from ..search.registry import get_trait
 from ..tables import TableSet
 from .budget import Budget, stop_reason
@@ -87,7 +87,7 @@ def refine(tables: TableSet, devices: int, memory: Any, calibration: Any, rounds
     (``measured.polish``; ``polish_steps`` defaults to ``default_polish_steps(devices)``).
     ``calibration`` is a ``Calibration`` with its random sets measured (``start_calibration``);
     ``models``: what ``calibration.fit()`` gave, when already fitted. ``search_options`` go to
-    ``search.api.shard`` (only ``candidates.PLAN_OPTIONS`` of them for the compared algorithms).
+    ``search.api.search_plan`` (only ``candidates.PLAN_OPTIONS`` of them for the compared algorithms).
     ``judge`` (a ``measured.judge.PlanJudge``) makes the final choice among the polished plan and
     every distinct plan timed (``final_judgement``). ``config``: the tuned constants.
 
@@ -176,8 +176,8 @@ class _Loop:
         self.compare, record["timing_passes"] = compare, timing_passes
         if fallback is None:
             with budget.stage("search"):
-                fallback = shard(self.tables, self.devices, self.memory, algorithm=self.algorithm,
-                                 cost_models=self.calibration.models, **self.options)
+                fallback = search_plan(self.tables, self.devices, self.memory, algorithm=self.algorithm,
+                                       cost_models=self.calibration.models, **self.options)
         self.fallback = fallback
         if budget.best_plan is None:
             budget.keep(fallback, f"{self.algorithm}{PRETRAINED_SUFFIX}")

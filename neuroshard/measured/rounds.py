@@ -15,7 +15,7 @@ from typing import Any
 from ..costmodels.metrics import gmae
 from ..errors import NeuroShardError
 from ..plan import Plan
-from ..search.api import shard
+from ..search.api import search_plan
 from ..search.registry import get_trait, with_trait
 from ..tables import TableSet
 from ..validate import check_int
@@ -59,7 +59,7 @@ def search_rounds(tables: TableSet, devices: int, memory: Any, calibration: Any,
         report = calibration.report
     history, plans = [], []
     for r in range(rounds + 1):
-        plan = shard(tables, devices, memory, algorithm=algorithm, cost_models=models, **search_options)
+        plan = search_plan(tables, devices, memory, algorithm=algorithm, cost_models=models, **search_options)
         plans.append(plan)
         gmae_held_out = round(float(report.gmae_after), 4)
         last = r == rounds

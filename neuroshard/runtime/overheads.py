@@ -28,7 +28,7 @@ from ..costmodels.base import CostModels
 from ..costmodels.dense import ITERATION_KEY, OperatorModels
 from ..datasets.families import generate
 from ..model_spec import ModelSpec
-from ..search.api import shard
+from ..search.api import search_plan
 from ..search.iteration import STEP_CHAIN, estimate_iteration, operator_durations
 from .evaluate import evaluate_together
 
@@ -63,7 +63,7 @@ def calibration_run(config: tuple, cost_models: CostModels, iterations: int = 12
     family, count, seed, model, batch, devices = config
     tables = generate(family, num_tables=count, seed=seed)
     tables.batch_size = batch
-    plans = [shard(tables, devices, "64GiB", name, cost_models=cost_models) for name in algorithms]
+    plans = [search_plan(tables, devices, "64GiB", name, cost_models=cost_models) for name in algorithms]
     measured = evaluate_together(plans, tables, devices, iterations=iterations, warmup=warmup, batch_size=batch,
                                  model=model)
     return [(name, plan, tables, model, batch, m) for name, plan, m in zip(algorithms, plans, measured)]

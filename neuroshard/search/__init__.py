@@ -4,7 +4,7 @@ search), the classic greedy baselines and Bayesian optimisation, behind one regi
 (``registry``; measured-greedy and TorchRec's planner register there from
 ``neuroshard.measured`` and ``neuroshard.torchrec``).
 
-``shard(tables, devices=, memory=)`` searches against the models alone;
+``search_plan(tables, devices=, memory=)`` searches against the models alone;
 ``neuroshard.shard`` adds the measured loop (calibration, refine rounds).
 
 Importing this package imports none of its modules: each name below is loaded from its
@@ -13,7 +13,7 @@ module on first use (``neuroshard.on_first_use``), so the command line's parser 
 """
 from ..on_first_use import on_first_use
 
-_ON_FIRST_USE = {"shard": "api", "search_placement": "api", "ALGORITHMS": "registry", "score_plan": "score",
+_ON_FIRST_USE = {"search_plan": "api", "search_placement": "api", "ALGORITHMS": "registry", "score_plan": "score",
                  "Simulator": "simulator"}
 __getattr__, __dir__ = on_first_use(__name__, _ON_FIRST_USE)
 

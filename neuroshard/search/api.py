@@ -1,4 +1,5 @@
-"""``shard(tables, devices=, memory=)`` -> a validated ``Plan``: the one call most users need."""
+"""``search_plan(tables, devices=, memory=)`` -> a validated ``Plan``, searched against the cost models alone
+(``neuroshard.shard``, the one call most users need, adds the measured loop)."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -153,7 +154,7 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
 
 @dataclass(frozen=True)
 class Task:
-    """A checked sharding task: everything ``shard`` needs but the cost models."""
+    """A checked sharding task: everything ``search_plan`` needs but the cost models."""
 
     tables: TableSet
     devices: int
@@ -182,7 +183,7 @@ class Task:
 
     @property
     def options(self) -> dict:
-        """The keyword options that describe this task's plan (what ``shard`` takes besides the
+        """The keyword options that describe this task's plan (what ``search_plan`` takes besides the
         positional ones), e.g. to search the same task again with other models."""
         return dict(optimizer=self.optimizer, data_parallel=self.data_parallel, topology=self.topology,
                     comm_precision=self.comm_precision, **self.params,
@@ -216,7 +217,7 @@ def check_task(tables: TableSet | list[Table], devices: int, memory: int | str |
                optimizer: str = DEFAULT_OPTIMIZER, data_parallel: str = DEFAULT_DATA_PARALLEL, topology: Any = None,
                comm_precision: str = "fp32", tier_costs: Any = None, objective: str = "embedding", model: Any = None,
                operator_costs: Any = None, row_blocks: str = DEFAULT_ROW_BLOCKS, **params: Any) -> Task:
-    """Every argument of ``shard`` checked, and the task refused (one line) when no plan can
+    """Every argument of ``search_plan`` checked, and the task refused (one line) when no plan can
     exist, before any work: the measured loop calls this before minutes of timing."""
     tables = as_table_set(tables)
     devices = check_devices(devices)
@@ -326,8 +327,9 @@ def _fastest_iteration(task: Task, sim: Simulator, models: CostModels, plan: Pla
     return best
 
 
-def shard(tables: TableSet | list[Table], devices: int, memory: int | str | list | None, algorithm: str = "neuroshard",
-          cost_models: Any = None, bytes_per_element: int = FP32_BYTES, seed: int = 0, **options: Any) -> Plan:
+def search_plan(tables: TableSet | list[Table], devices: int, memory: int | str | list | None,
+                algorithm: str = "neuroshard", cost_models: Any = None, bytes_per_element: int = FP32_BYTES,
+                seed: int = 0, **options: Any) -> Plan:
     """Search a sharding plan for ``tables`` over ``devices`` devices of ``memory`` each
     (bytes, or a size like ``"16GiB"``) with ``algorithm`` (one of ``ALGORITHMS``),
     against ``cost_models`` (a ``CostModels``, a checkpoint path, or None for the

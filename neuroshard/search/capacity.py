@@ -28,7 +28,7 @@ from ..plan import Plan
 from ..tables import TableSet
 from ..topology import make_topology
 from ..validate import check_memory, check_number
-from .api import shard
+from .api import search_plan
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ def plan_capacity(tables: TableSet, device_memory: Any, local_world_size: int, *
                              **({"host_memory_bytes": host_memory, "ssd_bytes": ssd, **topology} if tiers
                                 else topology))
         try:
-            plan = shard(tables, devices, memory, algorithm, cost_models=cost_models, optimizer=optimizer,
-                         bytes_per_element=bytes_per_element, topology=topo)
+            plan = search_plan(tables, devices, memory, algorithm, cost_models=cost_models, optimizer=optimizer,
+                               bytes_per_element=bytes_per_element, topology=topo)
         except InfeasibleError as exc:
             tried.append({"devices": devices, "tiered": tiers, "fits": False, "why": str(exc)[:200]})
             return None

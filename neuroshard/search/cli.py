@@ -216,7 +216,7 @@ def _say_refine(say, refine: dict) -> None:
                                      f"(the best baseline in the runs that chose it)" if against else ""))
 
 def _search(args: argparse.Namespace) -> int:
-    from ..measured.api import shard
+    from ..measured.api import measured_search
     from ..measured.budget import EXIT_STOPPED, stop_on_sigterm
     from ..tables import TableSet
     from ..validate import check_output
@@ -230,13 +230,14 @@ def _search(args: argparse.Namespace) -> int:
         raise NeuroShardError("--budget bounds the measured loop: give it with --refine")
     measured = {"budget_s": args.budget, "progress": progress_mode(args)} if args.refine else {}
     with stop_on_sigterm():  # SIGTERM stops refine as Ctrl-C does: the best plan so far is written
-        plan = shard(tables, devices=args.devices, memory=args.memory, algorithm=args.algorithm,
-                     calibrate=args.calibrate, cost_models=args.cost_model, bytes_per_element=args.bytes_per_element,
-                     seed=args.seed, optimizer=args.optimizer, data_parallel=args.data_parallel,
-                     comm_precision=args.comm_precision, topology=topology, refine=args.refine,
-                     tier_costs=args.tier_costs, row_blocks=args.row_blocks, **_judge_option(args),
-                     **_objective_options(args), **measured,
-                     **_params(args.param))
+        plan = measured_search(tables, devices=args.devices, memory=args.memory, algorithm=args.algorithm,
+                               calibrate=args.calibrate, cost_models=args.cost_model,
+                               bytes_per_element=args.bytes_per_element,
+                               seed=args.seed, optimizer=args.optimizer, data_parallel=args.data_parallel,
+                               comm_precision=args.comm_precision, topology=topology, refine=args.refine,
+                               tier_costs=args.tier_costs, row_blocks=args.row_blocks, **_judge_option(args),
+                               **_objective_options(args), **measured,
+                               **_params(args.param))
     say = write_output(args.output, json.dumps(plan.validate().to_dict(), indent=1) + "\n")
     say(plan.format_summary())
     prov = plan.provenance or {}

@@ -1,4 +1,4 @@
-"""Every registered algorithm's parameters (``--param KEY=VALUE``, ``shard(**params)``):
+"""Every registered algorithm's parameters (``--param KEY=VALUE``, ``search_plan(**params)``):
 one dataclass each, kept here, apart from the algorithms, so that ``search --help`` can
 list the keys and defaults without importing any search (``PARAMS``).
 

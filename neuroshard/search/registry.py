@@ -2,7 +2,7 @@
 
 An algorithm is an object with a ``name``, a ``params_type`` (the dataclass of its
 parameters, None when it takes none) and ``search(sim, memory_bytes, params, seed)``
-returning a ``Placement`` (as optuna's samplers share one base class). ``shard()``,
+returning a ``Placement`` (as optuna's samplers share one base class). ``search_plan()``,
 ``neuroshard search --algorithm``, the demo and the experiments all read ``ALGORITHMS``
 from here. Entries name ``"module:attribute"`` and are imported on first use, so
 listing the algorithms imports none of them (optuna, TorchRec, kernels).
@@ -120,7 +120,7 @@ def get_algorithm(name: str) -> SearchAlgorithm:
 def register(algorithm: SearchAlgorithm, **traits: Any) -> None:
     """Add ``algorithm`` (an object with ``name``, ``params_type`` and ``search``, e.g. a
     ``SearchFunction``) under its name, with ``traits`` (``Registered``'s fields). It is
-    then searchable by ``shard(algorithm=name)``; choice lists built before (``ALGORITHMS``,
+    then searchable by ``search_plan(algorithm=name)``; choice lists built before (``ALGORITHMS``,
     a CLI parser) do not show it."""
     name = getattr(algorithm, "name", None)
     if not isinstance(name, str) or not name or not callable(getattr(algorithm, "search", None)):

@@ -16,7 +16,7 @@ slowest link (inter-host when there are several hosts) instead. Replication pays
 its compute spreads evenly and its columns leave the all-to-all, for one all-reduce of
 a small table.
 
-``choose_data_parallel`` is the NeuroShard search's decision (``shard(...,
+``choose_data_parallel`` is the NeuroShard search's decision (``search_plan(...,
 data_parallel="auto")``): forward selection over the tables allowed to replicate, hot
 and small first, each candidate set judged by the best classic greedy placement of the
 rest; the search then runs with and without the chosen set and keeps the cheaper plan.

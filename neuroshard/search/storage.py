@@ -104,7 +104,7 @@ class Storage:
     def memory_split(self, memory_bytes: int, row_splits: bool = True) -> list[Piece]:
         """The tables as pieces, those larger than a device split (``rowwise.split_for_memory``,
         as many row blocks as TorchRec runs): computed once per memory and ``row_splits``
-        (``shard()`` does it before any algorithm runs), a new list each call."""
+        (``search_plan()`` does it before any algorithm runs), a new list each call."""
         key = (int(np.max(memory_bytes)), bool(row_splits))  # per-device memory: split for the largest device
         if key not in self._memory_splits:
             self._memory_splits[key] = split_for_memory(self.sharded_pieces(), key[0], self.footprint, row_splits,

@@ -8,7 +8,7 @@ A TorchRec user swaps one class::
 
 The planner reads the tables from the model (``tables_from_module``: every
 ``EmbeddingBagCollection``), turns TorchRec's ``Topology``, batch size, constraints and
-sharders into a NeuroShard task, searches it (``neuroshard.measured.api.shard``: the search
+sharders into a NeuroShard task, searches it (``neuroshard.measured.api.measured_search``: the search
 against the cost models, calibrated on this machine when asked) and hands back TorchRec's
 ``ShardingPlan`` built by the exporter ``neuroshard export --format torchrec`` uses
 (``export.torchrec_sharding`` and ``export.to_parameter_shardings``): every table laid out
@@ -34,8 +34,7 @@ from torch import nn
 from ..constants import COMM_ELEMENT_BYTES, DATA_PARALLEL, PRECISION_BYTES, SHARDING_TYPES, default_local_world_size
 from ..costmodels import CostModels, resolve_cost_models
 from ..errors import InfeasibleError, NeuroShardError
-from ..measured.api import check_calibrate
-from ..measured.api import shard as neuroshard_shard
+from ..measured.api import check_calibrate, measured_search
 from ..optimizers import check_optimizer
 from ..plan import Plan
 from ..search.registry import get_algorithm
@@ -410,9 +409,9 @@ class NeuroShardPlanner(ShardingPlanner):
         memory = self._memory()
         models = self._models()
         try:
-            plan = neuroshard_shard(tables, world, memory, self._algorithm, models, bytes_per_element, self._seed,
-                                    self._calibrate, topology=self._our_topology(), optimizer=optimizer,
-                                    **self._options)
+            plan = measured_search(tables, world, memory, self._algorithm, models, bytes_per_element, self._seed,
+                                   self._calibrate, topology=self._our_topology(), optimizer=optimizer,
+                                   **self._options)
         except InfeasibleError as exc:  # the search's advice names CLI flags; say this planner's arguments
             raise InfeasibleError(self._planner_advice(str(exc))) from None
         sharding_plan = self._sharding_plan(plan)
@@ -528,9 +527,9 @@ class NeuroShardPlanner(ShardingPlanner):
         ``EmbeddingShardingPlanner``, its plan scored by our cost models), beside ours."""
         ours = float((plan.estimate or {}).get("max_device_cost_ms", float("nan")))
         try:
-            theirs = neuroshard_shard(tables, world, memory, "torchrec", models, bytes_per_element, self._seed,
-                                      topology=self._our_topology(), optimizer=optimizer,
-                                      compute_device=self._topology.compute_device)
+            theirs = measured_search(tables, world, memory, "torchrec", models, bytes_per_element, self._seed,
+                                     topology=self._our_topology(), optimizer=optimizer,
+                                     compute_device=self._topology.compute_device)
         except InfeasibleError as exc:
             why = self._planner_advice(str(exc).splitlines()[0])
             return TorchRecComparison(ours, None, len(plan.shards), None, why)
