@@ -61,6 +61,9 @@ def _plan_show(args: argparse.Namespace) -> int:
         if bound:
             print(bound)
         print(plan.format_shards())
+        splits = plan.format_splits()
+        if splits:
+            print(splits)
         if args.plot:
             print(f"wrote {plot_plan(plan, args.plot)}")
     if problems:  # shown (a reader may want to see what is wrong), then said on stderr: checked, invalid

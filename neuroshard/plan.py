@@ -446,6 +446,25 @@ class Plan:
             lines.append("every device: " + ", ".join(self.data_parallel_tables) + " (replicated)")
         return "\n".join(lines)
 
+    def format_splits(self) -> str | None:
+        """Why each split table was split (``provenance.splits``, ``SPLIT_REASONS``), one line per
+        reason; None when the plan splits no table."""
+        split = [t.name for t in self.tables if len(self.shards_of(t.name)) > 1]
+        if not split:
+            return None
+        recorded = (self.provenance or {}).get("splits") or {}
+        groups: dict[str, list[str]] = {}
+        for name in split:
+            groups.setdefault(recorded.get(name, ""), []).append(name)
+        lines = ["why tables are split:"]
+        for reason in (*SPLIT_REASONS, ""):
+            names = groups.get(reason)
+            if names:
+                shown = ", ".join(names[:8]) + (f", ... ({len(names)} tables)" if len(names) > 8 else "")
+                lines.append(f"  {reason or 'not recorded'}"
+                             f"{' (' + SPLIT_REASONS[reason] + ')' if reason else ''}: {shown}")
+        return "\n".join(lines)
+
     def format_bound(self) -> str | None:
         """The estimate's balanced bound and the plan's ratio to it, in words (None without one)."""
         est = self.estimate or {}
@@ -504,6 +523,13 @@ class Plan:
         return head + "\n" + df.to_string(index=False)
 
 
+#: why a table was split (``provenance.splits``, written by ``search.api.split_reasons``), in words
+SPLIT_REASONS = {
+    "memory": "larger than a device, or its pieces fit the devices no other way",
+    "constraints": "the layout its constraints in the tables file ask for",
+    "balance": "costlier alone than half a device's even share of the work, the balanced bound",
+    "cost": "the cost models estimated the plan cheaper with it split",
+}
 #: a batch this many times larger or smaller than the cost models' measured batch is an
 #: extrapolation of their linear scaling the estimate warns about
 FAR_BATCH_FACTOR = 4.0

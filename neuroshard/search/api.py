@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..constants import (
     DEFAULT_DATA_PARALLEL,
     DEFAULT_ROW_BLOCKS,
@@ -28,7 +30,7 @@ from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes
 from ..plan import Plan
 from ..tables import Table, TableSet
 from ..topology import device_memory, ranks_per_host, resolve_topology
-from ..types import Placement
+from ..types import Placement, whole_pieces
 from ..validate import (
     MAX_LOOKUPS_PER_BATCH,
     MAX_TABLES,
@@ -40,7 +42,9 @@ from ..validate import (
     check_seed,
 )
 from ..version import __version__
+from .baselines import GREEDY_KEYS
 from .iteration import estimate_iteration
+from .neuroshard import HALF_HEAVY_SHARE
 from .registry import REPLICATING_ALGORITHMS, get_algorithm, get_trait, make_params, with_trait
 from .replicate import check_data_parallel, forced_tables, search_with_replication
 from .rowwise import align_row_blocks, runnable_row_splits
@@ -145,11 +149,56 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
         provenance["data_parallel"] = placement.details["data_parallel"]
     if "fallback" in placement.details:  # the search could not pack: a baseline's plan, and why
         provenance["fallback"] = placement.details["fallback"]
+    splits = split_reasons(sim, placement, memory_bytes, algorithm)
+    if splits:  # why each split table was split (``plan.SPLIT_REASONS``)
+        provenance["splits"] = splits
     plan = Plan(list(sim.tables.tables), sim.to_shards(placement.pieces, placement.devices), sim.num_devices,
                 memory_bytes, sim.bytes_per_element, sim.tables.name, estimate, provenance, optimizer=sim.optimizer,
                 data_parallel_tables=list(sim.data_parallel_tables), topology=sim.topology,
                 comm_precision=sim.comm_precision)
     return plan.validate()
+
+
+#: the neuroshard search's states that split tables of its own (``details['local_search_from']``)
+SEARCH_SPLIT_STATES = ("beam-split", "heavy-split", "half-heavy-split")
+
+
+def split_reasons(sim: Simulator, placement: Placement, memory_bytes: Any, algorithm: str) -> dict[str, str]:
+    """Why each table ``placement`` splits was split, by table name (one of ``plan.SPLIT_REASONS``):
+    ``memory`` when the table is larger than a device (split before any search,
+    ``Simulator.memory_split``) or its pieces fit the devices no other way (the greedy baselines'
+    extra splits, and a search's where it kept no split of its own); ``constraints`` when the
+    tables file's constraints ask for the layout; for the splits a search chose (the neuroshard
+    search's kept split states, bayes' trials, TorchRec's planner) ``balance`` when the table
+    alone costs more than ``HALF_HEAVY_SHARE`` of the balanced bound (a device's even share; the
+    neuroshard search's heavy-split threshold), else ``cost`` (the cost models estimated the plan
+    cheaper with it split)."""
+    counts: dict[int, int] = {}
+    for piece in placement.pieces:
+        counts[piece.table] = counts.get(piece.table, 0) + 1
+    if not any(n > 1 for n in counts.values()):
+        return {}
+    details = placement.details or {}
+    params = details.get("parameters") or {}
+    start = sim.memory_split(memory_bytes, bool(params.get("row_splits", True)))
+    started: dict[int, int] = {}
+    for piece in start:
+        started[piece.table] = started.get(piece.table, 0) + 1
+    tables = whole_pieces(sim.tables)
+    whole = sim.sizes_bytes(tables)
+    largest = float(np.max(sim.memory_limits(memory_bytes)))
+    large = bool(params.get("large_task")) and len(start) * sim.num_devices >= params["large_task"]
+    searched = algorithm not in GREEDY_KEYS and algorithm != "measured-greedy" and "fallback" not in details
+    if algorithm == "neuroshard":  # its unsplit states' extra splits only pack (large tasks split up front)
+        searched = searched and (large or details.get("local_search_from") in SEARCH_SPLIT_STATES)
+    heavy = sim.single_costs_ms(tables) > HALF_HEAVY_SHARE * sim.balanced_bound_ms()
+    reasons = {}
+    for table, n in sorted(counts.items()):
+        if n > 1:
+            reasons[sim.tables[table].name] = (
+                "memory" if whole[table] > largest else "constraints" if started.get(table, 1) > 1 else
+                "memory" if not searched else "balance" if heavy[table] else "cost")
+    return reasons
 
 
 @dataclass(frozen=True)
