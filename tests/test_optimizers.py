@@ -18,10 +18,10 @@ from neuroshard.runtime.model import init_rows, train_reference
 from neuroshard.runtime.trainer import RunConfig, run
 from neuroshard.search.registry import SIMULATED_ALGORITHMS
 from neuroshard.tables import Table, TableSet
+from neuroshard.torchrec.baseline import TORCHREC_OPTIMIZERS
 from neuroshard.torchrec.export import fused_params, torchrec_sharding
 from neuroshard.torchrec.guard import torchrec_available
 from neuroshard.torchrec.import_plan import plan_from_torchrec
-from neuroshard.torchrec.planner import TORCHREC_OPTIMIZERS
 
 TBE = pytest.mark.skipif(not fbgemm_available(), reason="needs fbgemm's TBE (fbgemm-gpu-cpu)")
 

@@ -93,15 +93,15 @@ def test_torchrec_planner_gives_up_at_its_time_limit_and_says_so(monkeypatch, ca
     from neuroshard.costmodels.loading import analytic_cost_models
     from neuroshard.search.simulator import Simulator
     from neuroshard.tables import Table
-    from neuroshard.torchrec import planner
+    from neuroshard.torchrec import baseline
 
     tables = TableSet("m", [Table(f"t{i}", 1000 * (i + 1), 16, 1.0 + i) for i in range(6)], 512)
     sim = Simulator(tables, 2, analytic_cost_models())
-    whole = planner.search(sim, 2**30, "cpu", timeout_s=0)  # no limit: every proposal
+    whole = baseline.search(sim, 2**30, "cpu", timeout_s=0)  # no limit: every proposal
     assert not whole.details["torchrec_planner"]["timed_out"] and whole.details["parameters"]["timeout_s"] == 0
     monkeypatch.setattr(planners, "time", _Clock())  # every proposal takes a second
     with caplog.at_level(logging.INFO, logger="neuroshard"):
-        cut = planner.search(sim, 2**30, "cpu", timeout_s=3)
+        cut = baseline.search(sim, 2**30, "cpu", timeout_s=3)
     record = cut.details["torchrec_planner"]
     assert record["timed_out"] and 1 <= record["proposals"] < whole.details["torchrec_planner"]["proposals"]
     gave_up = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -118,10 +118,10 @@ def test_torchrec_planner_time_limit_is_checked():
     from neuroshard.search.params import TorchRecParams
     from neuroshard.search.simulator import Simulator
     from neuroshard.tables import Table
-    from neuroshard.torchrec import planner
+    from neuroshard.torchrec import baseline
 
     sim = Simulator(TableSet("m", [Table("t", 100, 8, 1.0)], 64), 2, analytic_cost_models())
     params = TorchRecParams()
     params.timeout_s = -1  # as a bad --param timeout_s=-1 would arrive
     with pytest.raises(NeuroShardError, match="parameter timeout_s must be seconds, 0 or more, got -1"):
-        planner._search(sim, 2**20, params, 0)
+        baseline._search(sim, 2**20, params, 0)

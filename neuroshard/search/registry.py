@@ -78,7 +78,7 @@ _REGISTRY: dict[str, Registered] = {
                               refine_compares=2),
     "measured-greedy": Registered("neuroshard.measured.greedy:ALGORITHM", needs_hardware=True, refine_compares=1),
     "bayes": Registered("neuroshard.search.bayes:ALGORITHM", model_guided=True),
-    "torchrec": Registered("neuroshard.torchrec.planner:ALGORITHM"),
+    "torchrec": Registered("neuroshard.torchrec.baseline:ALGORITHM"),
 }
 
 

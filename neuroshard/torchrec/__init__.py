@@ -1,6 +1,6 @@
 """TorchRec interop: export our plans as TorchRec ``ParameterSharding`` records
 (``export``), import TorchRec plans (``import_plan``), TorchRec's own planner as a
-search baseline (``planner``), and ``NeuroShardPlanner``, a TorchRec ``ShardingPlanner``
+search baseline (``baseline``), and ``NeuroShardPlanner``, a TorchRec ``ShardingPlanner``
 that plans a model's ``EmbeddingBagCollection``s with NeuroShard (``sharding_planner``,
 with ``tables_from_module``). TorchRec itself is optional (``guard``).
 
