@@ -25,7 +25,7 @@ import numpy as np
 
 from common import write_source
 from neuroshard.costmodels import load_cost_models
-from neuroshard.costmodels.measure.store import cpu_model
+from neuroshard.costmodels.samples.store import cpu_model
 from neuroshard.costmodels.metrics import gmae
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.measured.calibrate import start_calibration

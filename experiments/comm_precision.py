@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from common import write_source
-from neuroshard.costmodels.measure.comm import CommBenchmark
+from neuroshard.costmodels.samples.comm import CommBenchmark
 from neuroshard.validate import COMM_PRECISIONS
 
 

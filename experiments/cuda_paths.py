@@ -83,7 +83,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing the package
     sys.path.insert(0, str(ROOT))
 
-from neuroshard.costmodels.measure.store import load_compute_data  # noqa: E402
+from neuroshard.costmodels.samples.store import load_compute_data  # noqa: E402
 from neuroshard.costmodels.pretrain import MIN_SETS  # noqa: E402  (fewest measured sets pretrain trains on)
 
 STEPS = ("collect", "pretrain", "plans", "runtime")

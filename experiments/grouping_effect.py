@@ -5,7 +5,7 @@ default, memory raised where needed so that every table fits a device unsplit), 
 script builds several groupings of the *same unsplit tables* over the devices (the
 plans of the greedy baselines, random placements with several seeds, and one grouping
 repeated as an A/A control), and times, in ONE interleaved run of the device timer
-(``costmodels.measure.timing``): every device of every grouping, and every table alone.
+(``costmodels.samples.timing``): every device of every grouping, and every table alone.
 It does so under two protocols: the cache flushed before every timed run (what
 ``neuroshard measure`` and calibration do) and a warm cache (no flush, as in training,
 where a device's hot rows stay cached between iterations).
@@ -36,8 +36,8 @@ from scipy.stats import spearmanr
 from common import write_source
 from neuroshard.constants import FP32_BYTES
 from neuroshard.costmodels import load_cost_models
-from neuroshard.costmodels.measure.store import cpu_model
-from neuroshard.costmodels.measure.timing import time_devices
+from neuroshard.costmodels.samples.store import cpu_model
+from neuroshard.costmodels.samples.timing import time_devices
 from neuroshard.costmodels.metrics import gmae
 from neuroshard.datasets.families import family_tasks
 from neuroshard.plan import Shard

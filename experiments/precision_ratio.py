@@ -27,8 +27,8 @@ import pandas as pd
 
 from common import write_source
 from neuroshard.constants import MEASURED_BATCH_SIZE
-from neuroshard.costmodels.measure.kernel import KernelBenchmark
-from neuroshard.costmodels.measure.store import cpu_model
+from neuroshard.costmodels.samples.kernel import KernelBenchmark
+from neuroshard.costmodels.samples.store import cpu_model
 from neuroshard.costmodels.precision import SCALING_FILE
 from neuroshard.datasets.synthetic import generate
 from neuroshard.measured.collect import sample_shard_set

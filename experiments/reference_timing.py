@@ -35,9 +35,9 @@ from common import RESULTS, write_source
 
 from neuroshard.constants import DEFAULT_MAX_ROWS, TIMING_MAX_REPEATS, TIMING_MIN_PASS_MS, TIMING_REPEATS
 from neuroshard.costmodels import load_cost_models
-from neuroshard.costmodels.measure.kernel import KernelBenchmark
-from neuroshard.costmodels.measure.store import cpu_model
-from neuroshard.costmodels.measure.timing import _build, _device_times, _sized_runs, weights_numel
+from neuroshard.costmodels.samples.kernel import KernelBenchmark
+from neuroshard.costmodels.samples.store import cpu_model
+from neuroshard.costmodels.samples.timing import _build, _device_times, _sized_runs, weights_numel
 from neuroshard.datasets.families import FAMILIES, family_tasks
 from neuroshard.execution.kernels import resolve_kernel
 from neuroshard.search.api import search_plan

@@ -22,7 +22,7 @@ from .validate import device_count, int_in, positive_int, seed_int
 
 STAGE_CLIS = (
     "neuroshard.datasets.cli",
-    "neuroshard.costmodels.measure.cli",
+    "neuroshard.costmodels.samples.cli",
     "neuroshard.costmodels.cli",
     "neuroshard.search.cli",
     "neuroshard.runtime.cli",

@@ -121,7 +121,7 @@ def block_counts(num_devices: int, local_world_size: int | None = None, row_bloc
 #: ``search --data-parallel``: never replicate a table, or replicate where it pays (``search.replicate``)
 DATA_PARALLEL_CHOICES = ("never", "auto")
 DEFAULT_DATA_PARALLEL = "never"
-#: the clocks a kernel benchmark may time with (``costmodels.measure.kernel``; ``thread``: CPU only)
+#: the clocks a kernel benchmark may time with (``costmodels.samples.kernel``; ``thread``: CPU only)
 CLOCKS = ("thread", "wall")
 # Timing words, one meaning each: a timing *run* times every device of one or more plans, interleaved,
 # in *passes* over all the devices; in a pass a device runs timed *repeats* (the pass's figure is
@@ -132,7 +132,7 @@ KERNEL_REPEATS = 7
 #: ... and at most, while they still vary more than the target coefficient of variation
 KERNEL_MAX_REPEATS = 15
 #: passes of a timing run (``measure``, calibration, refine; a device's figure:
-#: ``costmodels.measure.timing.device_time``) ...
+#: ``costmodels.samples.timing.device_time``) ...
 TIMING_PASSES = 5
 #: ... whole passes run first and not counted ...
 TIMING_WARMUP_PASSES = 0

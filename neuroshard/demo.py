@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .constants import TURN_STEPS
 from .costmodels import load_cost_models
-from .costmodels.measure.store import cpu_model, same_cpu
+from .costmodels.samples.store import cpu_model, same_cpu
 from .datasets.synthetic import generate
 from .errors import NeuroShardError
 from .cli_options import progress_mode

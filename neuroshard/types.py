@@ -3,7 +3,7 @@ of candidate placements, the layout geometry TorchRec runs (ceil row blocks, col
 strips), and the device-timer protocol of the measured loop.
 
 Nothing here computes a cost or times hardware; it is the vocabulary of ``search``,
-``constraints``, ``costmodels.measure`` and the measured loop.
+``constraints``, ``costmodels.samples`` and the measured loop.
 """
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ def layout_kind(blocks_per_strip: Sequence[int], num_devices: int, local: int) -
 
 
 class DeviceTimer(Protocol):
-    """What the measured loop times devices with (``costmodels.measure.timing.time_devices``
+    """What the measured loop times devices with (``costmodels.samples.timing.time_devices``
     on real kernels; a fake in tests). Each device is a list of shards run as one fused
     kernel; the result is, per device, its time in each timed pass (ms; empty for a device
     without shards), and a dict saying how the run was made."""

@@ -25,7 +25,7 @@ import neuroshard
 import neuroshard.search.neuroshard as ns
 from neuroshard.cli import main
 from neuroshard.costmodels import DEFAULT_CHECKPOINT, load_cost_models
-from neuroshard.costmodels.measure import store
+from neuroshard.costmodels.samples import store
 from neuroshard.costmodels.pretrain import pretrain
 from neuroshard.errors import FormatError, InfeasibleError, NeuroShardError
 from neuroshard.measured import collect

@@ -63,7 +63,7 @@ def test_calibration_cache_keys_the_cpu_by_name_and_last_level_cache(monkeypatch
     """Cloud VMs give different Xeons one model name; a calibration measured under one
     last-level cache (and its cache flush) is not reused under another. The key holds the
     fingerprint that names the machine's pre-trained folder: one machine, one identity."""
-    from neuroshard.costmodels.measure import store
+    from neuroshard.costmodels.samples import store
     from neuroshard.measured import calibrate as module
     models = load_cost_models()
     key = module._cache_key(TABLES, models, 3, 12, 0)

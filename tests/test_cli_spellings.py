@@ -11,7 +11,7 @@ from neuroshard import __version__
 from neuroshard.cli import build_parser, main
 from neuroshard.cli_options import missing_input
 from neuroshard.constants import KERNEL_MAX_REPEATS, KERNEL_REPEATS
-from neuroshard.costmodels.measure.kernel import KernelBenchmark
+from neuroshard.costmodels.samples.kernel import KernelBenchmark
 
 
 def _parse(*argv: str):

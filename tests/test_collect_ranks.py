@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from neuroshard.cli import main
-from neuroshard.costmodels.measure import load_compute_data, read_meta
-from neuroshard.costmodels.measure.store import part_files, part_header
+from neuroshard.costmodels.samples import load_compute_data, read_meta
+from neuroshard.costmodels.samples.store import part_files, part_header
 from neuroshard.errors import NeuroShardError
 from neuroshard.measured.collect import collect_compute
 

@@ -12,8 +12,8 @@ from conftest import run_cli
 from neuroshard.constants import ITERATION_TIE_MARGIN
 from neuroshard.costmodels import dense
 from neuroshard.costmodels.dense import OperatorModels, load_operator_models
-from neuroshard.costmodels.measure.dense import collect_dense
 from neuroshard.costmodels.metrics import gmae, ratio_error
+from neuroshard.costmodels.samples.dense import collect_dense
 from neuroshard.errors import FormatError
 from neuroshard.execution.dense import build_dense
 from neuroshard.model_spec import DEFAULT_MODEL, ModelSpec, dense_operators, dense_parameters
@@ -166,7 +166,7 @@ def test_estimate_predicts_every_term_and_they_add_up_to_the_iteration(tmp_path,
 def test_estimate_warns_when_the_operator_costs_are_another_cpus(tmp_path, runtime_plan, runtime_tables):
     """One CPU name covers several generations: ``estimate`` compares the operator file's
     ``cpu_family`` and ``cpu_model_number`` too, and warns only when what it records differs."""
-    from neuroshard.costmodels.measure.store import cpu_generation, cpu_model, hardware_info
+    from neuroshard.costmodels.samples.store import cpu_generation, cpu_model, hardware_info
     assert hardware_info("cpu").items() >= cpu_generation().items()  # what `collect dense` records
     TableSet("rt", runtime_tables, batch_size=256).write(tmp_path / "t.json")
     runtime_plan("mixed", 2).write(tmp_path / "p.json")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from neuroshard.cli import main
-from neuroshard.costmodels.measure import (
+from neuroshard.costmodels.samples import (
     comm_arrays,
     compute_arrays,
     load_comm_data,
@@ -18,7 +18,7 @@ from neuroshard.costmodels.measure import (
     read_meta,
     record_shards,
 )
-from neuroshard.costmodels.measure.store import locked
+from neuroshard.costmodels.samples.store import locked
 from neuroshard.errors import NeuroShardError
 from neuroshard.measured.collect import collect_comm, parse_dims, sample_shard_set
 from neuroshard.tables import Table, TableSet

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from neuroshard.constants import batch_shares
-from neuroshard.costmodels.measure.comm import CommBenchmark
+from neuroshard.costmodels.samples.comm import CommBenchmark
 from neuroshard.errors import NeuroShardError
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from neuroshard.costmodels.measure.kernel import KernelBenchmark, fbgemm_available
+from neuroshard.costmodels.samples.kernel import KernelBenchmark, fbgemm_available
 from neuroshard.errors import NeuroShardError
 from neuroshard.tables import Table
 
@@ -111,8 +111,8 @@ def test_same_cpu_tells_cpus_of_one_name_apart_by_their_cache():
     """Cloud VMs name different Xeons alike: a checkpoint measured under this CPU's name but
     with another cache flush (another last-level cache) is not this CPU's (the demo then
     calibrates)."""
-    from neuroshard.costmodels.measure.kernel import cache_flush_bytes
-    from neuroshard.costmodels.measure.store import cpu_model, same_cpu
+    from neuroshard.costmodels.samples.kernel import cache_flush_bytes
+    from neuroshard.costmodels.samples.store import cpu_model, same_cpu
     here = {"hardware": {"cpu_model": cpu_model()}, "config": {"backend": "cpu", "flush_bytes": cache_flush_bytes()}}
     assert same_cpu(here)
     assert not same_cpu({**here, "config": {"backend": "cpu", "flush_bytes": cache_flush_bytes() + 4096}})

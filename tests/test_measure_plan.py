@@ -12,8 +12,8 @@ import torch
 
 from neuroshard.cli import main
 from neuroshard.constants import HUGE_PAGES_ENV
-from neuroshard.costmodels.measure.kernel import KernelBenchmark
-from neuroshard.costmodels.measure.timing import device_figures, device_time, time_devices
+from neuroshard.costmodels.samples.kernel import KernelBenchmark
+from neuroshard.costmodels.samples.timing import device_figures, device_time, time_devices
 from neuroshard.execution.kernels import FusedEmbedding, advise_huge_pages, huge_page_bytes, weights_numel
 from neuroshard.plan import Plan, Shard
 from neuroshard.runtime.evaluate import evaluate

@@ -16,7 +16,7 @@ import neuroshard
 from neuroshard.cli import main
 from neuroshard.costmodels import DEFAULT_CHECKPOINT, CostModels, load_cost_models
 from neuroshard.costmodels.dense import SHIPPED_OPERATOR_COSTS, load_operator_models
-from neuroshard.costmodels.measure import store
+from neuroshard.costmodels.samples import store
 from neuroshard.measured.machine import HELD_OUT_FAMILIES, PROFILES, TRAINING_FAMILIES, family_of
 from neuroshard.tables import TableSet
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from neuroshard.costmodels.measure.kernel import KernelBenchmark
+from neuroshard.costmodels.samples.kernel import KernelBenchmark
 from neuroshard.errors import NeuroShardError
 from neuroshard.execution.launch import free_port
 from neuroshard.plan import Plan, Shard

@@ -13,7 +13,7 @@ import pytest
 from conftest import _runtime_plan, _runtime_tables, tiered_tables
 
 from neuroshard.cli import main
-from neuroshard.costmodels.measure.tiers import TIER_SIZES, MissPathLine, TierMeasurement, fit_line, measure_tier_costs
+from neuroshard.costmodels.samples.tiers import TIER_SIZES, MissPathLine, TierMeasurement, fit_line, measure_tier_costs
 from neuroshard.costmodels.tiers import TIER_COST_SOURCE, TierCostModel
 from neuroshard.errors import NeuroShardError
 from neuroshard.optimizers import row_bytes

@@ -2,7 +2,7 @@
 
 Lin et al. predict a DLRM step from per-operator performance models plus overheads; this
 module holds the operator models of the included runtime's step, fitted on samples that
-``collect dense`` measures on the machine (``costmodels.measure.dense``). One
+``collect dense`` measures on the machine (``costmodels.samples.dense``). One
 ``OperatorModels`` is a scikit-learn estimator: hyper-parameters in ``__init__``, ``fit``
 sets ``models_`` (one regression per operator kind and target) and ``metrics_`` (each one's
 held-out error, from ``folds``-fold cross-validation over the samples' shapes).
@@ -48,8 +48,8 @@ from ..constants import ITERATION_TERMS
 from ..errors import FormatError, NeuroShardError
 from ..io import atomic_write_text
 from ..validate import is_int, read_json
-from .measure.store import MACHINE_OPERATORS_FILE, this_machine_file
 from .metrics import gmae, relative_errors
+from .samples.store import MACHINE_OPERATORS_FILE, this_machine_file
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from ..errors import NeuroShardError
 from .analytic import AnalyticCommModel, AnalyticComputeModel
 from .base import CostModels
 from .checkpoint import SHIPPED_CHECKPOINTS
-from .measure.store import MACHINE_MODEL_FILE, this_machine_file
+from .samples.store import MACHINE_MODEL_FILE, this_machine_file
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from .base import CommSamples, CostModels
 from .ensemble import EnsembleComputeModel
 from .features import FEATURE_SCHEMA_VERSION, table_features
 from .metrics import gmae
-from .measure.store import load_comm_data, load_compute_data, read_meta
 from .neural import NeuralCommModel, NeuralComputeModel
+from .samples.store import load_comm_data, load_compute_data, read_meta
 from .tree import TreeCommModel, TreeComputeModel
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ The figures are the topology's (``Topology.tier_links``: stated, or the document
 defaults of a common GPU server); this model is **analytic** by default, never measured here:
 this machine has no GPU host link and no SSD under a GPU. What this machine can measure is
 the included runtime's miss path on CPU (host-memory and memory-mapped-file backing stores,
-``measure.tiers``): given such a measurement (``measured=``), a shard's miss path is costed
+``samples.tiers``): given such a measurement (``measured=``), a shard's miss path is costed
 as the runtime runs it, ``2 m U R`` bytes (``m = 1`` without a cache: every row the batch
 looks up is loaded and written back) over the measured line of its store, host memory for
 ``host``, the memory-mapped file for ``ssd``: ``overhead + 2 m U R / gbps`` (the overhead
@@ -44,7 +44,7 @@ from ..optimizers import DEFAULT_OPTIMIZER, row_bytes
 from ..tables import Table
 from ..tiers import Tier
 from ..topology import Topology, ranks_per_host
-from .measure.tiers import TierMeasurement, as_measurement
+from .samples.tiers import TierMeasurement, as_measurement
 
 #: how the tier costs are obtained, for the plan's provenance
 TIER_COST_SOURCE = "analytic (topology figures: host link, SSD bandwidth and IOPS; not measured)"
@@ -55,7 +55,7 @@ class TierCostModel:
 
     Miss-rate curves come from ``datasets.cache_model.predict_miss_rates`` (LRU) at the
     fractions the search chooses from and any other asked for, computed once per table.
-    ``measured``: a ``measure.tiers.TierMeasurement`` (or its dict) to cost the miss path with
+    ``measured``: a ``samples.tiers.TierMeasurement`` (or its dict) to cost the miss path with
     instead of the topology's links; ``source`` says which the model uses."""
 
     def __init__(self, topology: Topology | None, num_devices: int, batch_size: int,

@@ -1,6 +1,6 @@
 """Fused embedding kernels: all shards of one device run as one operation.
 
-Shared by the kernel benchmark (``costmodels.measure.kernel``, what the cost models
+Shared by the kernel benchmark (``costmodels.samples.kernel``, what the cost models
 learn from) and the training runtime (``runtime.sharded``, what a plan is measured
 with), so a predicted and a measured cost time the same code.
 

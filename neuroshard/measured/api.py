@@ -23,9 +23,9 @@ from ..constants import (
 )
 from ..costmodels import resolve_cost_models
 from ..costmodels.ensemble import work_cost_models
-from ..costmodels.measure.store import pretrained_here
-from ..costmodels.measure.tiers import measure_tier_costs
-from ..costmodels.measure.timing import time_devices
+from ..costmodels.samples.store import pretrained_here
+from ..costmodels.samples.tiers import measure_tier_costs
+from ..costmodels.samples.timing import time_devices
 from ..errors import NeuroShardError
 from ..plan import Plan
 from ..search.api import Task, check_task, search_plan, search_task
@@ -195,7 +195,7 @@ def measured_search(tables: TableSet | list[Table], devices: int, memory: int | 
     plan measured cheapest, polished, is returned. ``tier_costs="measured"`` costs the tables
     kept in host memory or on SSD with their miss path timed on this machine first (for plans
     the included runtime trains on these CPUs; ``"analytic"``, the default, models GPU servers'
-    links), or takes such a record (``costmodels.measure.tiers.TierMeasurement``).
+    links), or takes such a record (``costmodels.samples.tiers.TierMeasurement``).
     ``calibration`` (with ``refine`` only): a ``Calibration`` of these tables whose sets are
     already timed (``start_calibration``), refined on instead of timing ``calibrate`` sets
     afresh (the demo calibrates once for its baselines and its refine rounds). ``judge`` (with

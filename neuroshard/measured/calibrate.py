@@ -10,7 +10,7 @@ tables, in a few minutes:
    shards each (1 to 3x that), some tables halved by columns or cut into row
    blocks, as the search proposes them.
 
-All are timed with ``neuroshard measure``'s protocol (``costmodels.measure.timing.time_devices``)
+All are timed with ``neuroshard measure``'s protocol (``costmodels.samples.timing.time_devices``)
 at the cost models' batch size, and described with the features the simulator gives
 the same pieces, so the calibrated model predicts exactly what the search will ask.
 
@@ -32,7 +32,7 @@ in ``hardware`` and ``metrics``.
 
 ``calibrated_models`` caches the result under ``$XDG_CACHE_HOME/neuroshard`` (default
 ``~/.cache/neuroshard``), keyed by the machine's fingerprint (the one that names its
-pre-trained folder, ``costmodels.measure.store.machine_fingerprint``), the checkpoint, the tables
+pre-trained folder, ``costmodels.samples.store.machine_fingerprint``), the checkpoint, the tables
 and the settings: ``neuroshard search --calibrate`` calibrates once per task and machine.
 """
 from __future__ import annotations
@@ -51,11 +51,11 @@ import numpy as np
 
 from ..constants import CALIBRATION_SETS, DEFAULT_MAX_ROWS, MIN_CALIBRATION_SETS
 from ..costmodels.base import CostModels
-from ..costmodels.measure.kernel import llc_bytes
-from ..costmodels.measure.store import fingerprint_id, machine_fingerprint
-from ..costmodels.measure.timing import device_figures, time_devices
 from ..costmodels.metrics import gmae
 from ..costmodels.precision import model_precision
+from ..costmodels.samples.kernel import llc_bytes
+from ..costmodels.samples.store import fingerprint_id, machine_fingerprint
+from ..costmodels.samples.timing import device_figures, time_devices
 from ..errors import NeuroShardError
 from ..search.simulator import Simulator
 from ..tables import TableSet

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..constants import FP32_BYTES, MIN_CALIBRATION_SETS
-from ..costmodels.measure.timing import MEMORY_SHARE, available_memory_bytes
+from ..costmodels.samples.timing import MEMORY_SHARE, available_memory_bytes
 from ..tables import TableSet
 from ..types import Piece
 

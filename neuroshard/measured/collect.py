@@ -29,9 +29,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..constants import COLLECT_SET_SOURCES, FP32_BYTES, MEASURED_BATCH_SIZE
-from ..costmodels.measure import store
-from ..costmodels.measure.comm import CommBenchmark
-from ..costmodels.measure.kernel import KernelBenchmark
+from ..costmodels.samples import store
+from ..costmodels.samples.comm import CommBenchmark
+from ..costmodels.samples.kernel import KernelBenchmark
 from ..datasets.sampler import shard_table
 from ..errors import NeuroShardError
 from ..io import append_jsonl, repair_jsonl_tail

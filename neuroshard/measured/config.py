@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..constants import TIMING_PASSES, TIMING_REPEATS
 
-# How the loop times things, in four words (``costmodels.measure.timing`` is the instrument):
+# How the loop times things, in four words (``costmodels.samples.timing`` is the instrument):
 # - a *repeat* is one timed run of a kernel inside a measurement: a kernel benchmark times each
 #   shard set KERNEL_REPEATS times at least (constants.py); an interleaved timing run times each
 #   device TIMING_REPEATS times at least per pass (more for a short device), the pass's figure

@@ -3,7 +3,7 @@
 1. Cut every table larger than half a device into equal row blocks
    (``rowwise.split_rows``, the fewest blocks of at most half a device).
 2. Time each unit alone on this machine: its fused kernel, forward + backward + update,
-   with ``neuroshard measure``'s protocol (``costmodels.measure.timing.time_devices``: one
+   with ``neuroshard measure``'s protocol (``costmodels.samples.timing.time_devices``: one
    pinned thread or one GPU, cache flush, interleaved passes beside a reference device).
 3. Place units largest-measured-first on the least-loaded device (sum of measured
    times) that still has memory for them; when nothing fits, halve the largest unit
@@ -20,8 +20,8 @@ import math
 import numpy as np
 
 from ..constants import trained_precision
-from ..costmodels.measure.store import cpu_model
-from ..costmodels.measure.timing import device_figures, time_devices
+from ..costmodels.samples.store import cpu_model
+from ..costmodels.samples.timing import device_figures, time_devices
 from ..search.params import MeasuredGreedyParams
 from ..search.placer import greedy_place
 from ..search.registry import SearchFunction

@@ -3,7 +3,7 @@
 On the machine it runs on, within a wall-clock budget (``minutes``, split over the stages by
 fixed shares, ``SHARES``), this collects what the search and the iteration model ask about,
 fits the cost models, holds out, reports, and keeps the result in this machine's folder
-(``costmodels.measure.store.machine_dir``: ``$XDG_CACHE_HOME/neuroshard/machines/<fingerprint>/``),
+(``costmodels.samples.store.machine_dir``: ``$XDG_CACHE_HOME/neuroshard/machines/<fingerprint>/``),
 which ``load_cost_models()`` and ``load_operator_models()`` then use by themselves whenever
 the machine's fingerprint matches:
 
@@ -25,7 +25,7 @@ the machine's fingerprint matches:
 The families ``HELD_OUT_FAMILIES`` (criteo-kaggle, criteo-terabyte, hot-few) are never
 collected: they are the held-out families of the benchmark that judges the model. The one
 exception is the dense stage's timing of a rank's data loading, which uses the operator
-benchmark's own mix of tables (``costmodels.measure.dense.INPUT_FAMILIES``, criteo-kaggle and
+benchmark's own mix of tables (``costmodels.samples.dense.INPUT_FAMILIES``, criteo-kaggle and
 hot-few tables among them): it prices the iteration model's input pipeline, not the embedding
 costs that benchmark judges.
 
@@ -52,7 +52,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from ..costmodels.measure import store
+from ..costmodels.samples import store
 from ..errors import NeuroShardError
 from ..validate import check_int, check_number
 from .machine_profiles import (DEFAULT_MINUTES, HELD_OUT_FAMILIES, MIN_COMM_SAMPLES, MIN_COMPUTE_SETS, PROFILES,

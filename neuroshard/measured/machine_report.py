@@ -16,10 +16,10 @@ import numpy as np
 from ..costmodels.base import CostModels
 from ..costmodels.dense import OperatorModels
 from ..costmodels.loading import DEFAULT_CHECKPOINT, this_machine_name
-from ..costmodels.measure import store
-from ..costmodels.measure.kernel import llc_bytes
 from ..costmodels.metrics import gmae
 from ..costmodels.pretrain import ComputeData, PretrainResult, format_table, parity_plot, pretrain
+from ..costmodels.samples import store
+from ..costmodels.samples.kernel import llc_bytes
 from ..errors import NeuroShardError
 from .machine_profiles import HELD_OUT_FAMILIES, MIXED, TRAINING_FAMILIES, family_of
 

@@ -19,9 +19,9 @@ from typing import Any, Callable, Sequence
 
 from ..costmodels.base import CostModels
 from ..costmodels.dense import OperatorModels
-from ..costmodels.measure import store
-from ..costmodels.measure.dense import PARTS as DENSE_PARTS
-from ..costmodels.measure.dense import collect_dense
+from ..costmodels.samples import store
+from ..costmodels.samples.dense import PARTS as DENSE_PARTS
+from ..costmodels.samples.dense import collect_dense
 from ..errors import NeuroShardError
 from ..io import atomic_write_text
 from ..validate import read_json

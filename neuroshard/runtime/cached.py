@@ -5,7 +5,7 @@ A shard whose tier is not device memory (``Shard.tier``, ``neuroshard.tiers``) k
 ``numpy.memmap`` file in a temporary folder (``"ssd"``; the system's, ``TMPDIR``), removed by
 ``close``. It trains on a **device cache** of ``C = tier.cache_rows(rows)`` slots. Per batch
 (``CachedShards.prepare``, before the timed compute, as fbgemm's prefetch runs before the
-kernel; the cache and its moves are ``costmodels.measure.tiers.LruRows``, which
+kernel; the cache and its moves are ``costmodels.samples.tiers.LruRows``, which
 ``search --tier-costs measured`` also times to cost such plans):
 
 1. the batch's unique row ids in the shard: those in the cache are hits, the others misses
@@ -49,7 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..costmodels.measure.tiers import LruRows, read_rows, write_rows
+from ..costmodels.samples.tiers import LruRows, read_rows, write_rows
 from ..errors import InvalidPlanError, NeuroShardError
 from ..execution.kernels import weights_dtype
 from ..optimizers import check_optimizer
@@ -100,7 +100,7 @@ class BackingStore:
 
     @property
     def rows_store(self) -> "torch.Tensor | np.memmap":
-        """The rows themselves: what the miss path's moves (``costmodels.measure.tiers``) act on."""
+        """The rows themselves: what the miss path's moves (``costmodels.samples.tiers``) act on."""
         return self._host if self.memory == "host" else self._file
 
     def read(self, ids: np.ndarray) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Measure plans device by device on one machine: ``neuroshard measure``.
 
 A device's embedding compute does not depend on the other devices, so every device of
-a plan of any device count is timed one after another (``costmodels.measure.timing``,
+a plan of any device count is timed one after another (``costmodels.samples.timing``,
 the device timer: each device's shards as one fused kernel, the devices of all plans
 taking turns round-robin in one interleaved run), and a plan's compute cost is its
 slowest device. Lookups are each table's batch (``datasets.sampler.sample_lookups``),
@@ -21,8 +21,8 @@ import numpy as np
 
 from ..constants import trained_precision
 from ..costmodels import resolve_cost_models
-from ..costmodels.measure.timing import device_figures, time_devices
 from ..costmodels.metrics import gmae
+from ..costmodels.samples.timing import device_figures, time_devices
 from ..errors import InvalidPlanError, NeuroShardError
 from ..io import atomic_write_text
 from ..plan import Plan

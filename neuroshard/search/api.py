@@ -23,7 +23,7 @@ from ..constraints import check_capacity
 from ..constraints import check_feasible as check_constraints_feasible
 from ..costmodels import CostModels, resolve_cost_models
 from ..costmodels.dense import OperatorModels, load_operator_models
-from ..costmodels.measure.tiers import as_measurement
+from ..costmodels.samples.tiers import as_measurement
 from ..errors import NeuroShardError
 from ..model_spec import DEFAULT_MODEL, ModelSpec
 from ..optimizers import DEFAULT_OPTIMIZER, check_optimizer, row_bytes
@@ -255,7 +255,7 @@ def check_tier_costs(tier_costs: Any) -> Any:
     if tier_costs == "measured":
         raise NeuroShardError("tier_costs='measured' times this machine, which the search does not do: call "
                               "neuroshard.shard (it measures first), or pass the record of "
-                              "neuroshard.costmodels.measure.tiers.measure_tier_costs()")
+                              "neuroshard.costmodels.samples.tiers.measure_tier_costs()")
     if isinstance(tier_costs, str):
         raise NeuroShardError(f"tier_costs must be 'analytic' or 'measured', got {tier_costs!r}"[:200])
     return as_measurement(tier_costs)

@@ -323,7 +323,7 @@ def _estimate(args: argparse.Namespace) -> int:
     from ..cli_options import model_option
     from ..costmodels import resolve_cost_models
     from ..costmodels.dense import load_operator_models
-    from ..costmodels.measure.store import other_cpu
+    from ..costmodels.samples.store import other_cpu
     from ..plan import Plan
     from ..tables import TableSet
     from ..validate import check_output

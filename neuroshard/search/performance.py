@@ -65,7 +65,7 @@ class Performance:
         self.topology = topology
         self._speed = None if topology is None or topology.relative_speed is None else topology.speeds()
         self._tier_model: TierCostModel | None = None  # shared by ``with_tiers`` copies: same tables and links
-        #: a ``costmodels.measure.tiers.TierMeasurement`` to cost the tiers with (None: analytic)
+        #: a ``costmodels.samples.tiers.TierMeasurement`` to cost the tiers with (None: analytic)
         self.tier_costs: Any = None
         self._replicated_ms: tuple[float, float] | None = None
         self.index = PieceIndex(tables, cost_models)

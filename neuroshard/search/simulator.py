@@ -115,7 +115,7 @@ class Simulator:
     def with_tier_costs(self, measured: Any) -> "Simulator":
         """A copy of this simulator whose tiers are costed with ``measured`` (a
         ``TierMeasurement`` or its dict; None: the analytic model). The search times nothing:
-        the caller measures (``costmodels.measure.tiers.measure_tier_costs``)."""
+        the caller measures (``costmodels.samples.tiers.measure_tier_costs``)."""
         other = self.with_tiers(self.tiers, self.tier_record)
         other.performance = other.performance.with_tier_costs(measured)
         return other
