@@ -162,9 +162,11 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"   neuroshard --refine {args.refine}: no plans timed together within the budget; written: "
               f"{refine_record['chosen']}'s plan (the plain search's)")
     elif refine_record:
+        trained = "plans" in refine_record.get("judge", {})  # the runtime judge ran (not skipped for the budget)
         print(f"   neuroshard --refine {args.refine}: its plans and the baselines' timed on this machine "
-              f"({refine_record['hardware']}), then trained together on the runtime; kept the one measured "
-              f"cheapest: {refine_record['chosen']}")
+              f"({refine_record['hardware']})" + (", then trained on the runtime, the first beside each other"
+                                                  if trained else "") +
+              f"; kept the one measured cheapest: {refine_record['chosen']}")
         if "judge" in refine_record:
             print(f"   {format_judgement(refine_record['judge'])}")
         print(f"   {format_budget(refine_record)}")

@@ -1,5 +1,6 @@
 """`neuroshard demo`: the whole path on a small task (searches, real kernels timed on gloo processes)."""
 import json
+import re
 
 import pytest
 from conftest import run_cli
@@ -17,6 +18,9 @@ def test_demo_runs_end_to_end_small(tmp_path):
     assert "memory_used" in result.stdout and "measured improvement of NeuroShard" in result.stdout
     assert "A/A control" in result.stdout  # the noise band every comparison is read against
     assert "neuroshard --refine 1:" in result.stdout  # the default: the measured loop chose the plan
+    # each stage says its time; the comparison pairs ours with each other plan, two plans held per process
+    assert re.search(r"searches and the rest of refine \(\d+ s\)", result.stdout)
+    assert re.search(r"measured \(\d+ s\)", result.stdout) and "two plans' embeddings per process" in result.stdout
     for name in ("tables.json", "plan-neuroshard.json", "summary.json", "demo-per-device.png"):
         assert (out / name).exists(), name
     assert run_cli("plan", "validate", out / "plan-neuroshard.json").returncode == 0
