@@ -119,14 +119,17 @@ def plot_plan(plan, path: str) -> Path:
         top.set_title(f"plan for '{plan.tables_name}': {len(plan.tables)} tables on {plan.num_devices} devices"
                       + ("" if "per_device_cost_ms" in estimate else " (no estimate in the plan)"))
         top.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize="small")
-        for offset, labels in ((-0.2, ("device: weights", "device: caches")), (0.2, ("host memory", "SSD"))):
-            below = np.zeros(plan.num_devices)  # device memory on the left of each device, its rows off it right
+        off_device = bool(tiers["host memory"].any() or tiers["SSD"].any())
+        half = 0.2 if off_device else 0.4  # device memory left of each device, the rows kept off it right
+        for offset, labels in ((-0.2 if off_device else 0.0, ("device: weights", "device: caches")),
+                               (0.2, ("host memory", "SSD"))):
+            below = np.zeros(plan.num_devices)
             for label in labels:
                 if tiers[label].any() or label == "device: weights":
-                    bottom.bar(devices + offset, tiers[label] / scale, 0.4, bottom=below, label=label)
+                    bottom.bar(devices + offset, tiers[label] / scale, 2 * half, bottom=below, label=label)
                     below += tiers[label] / scale
-        bottom.hlines(limits / scale, devices - 0.4, devices, colors="k", linestyles="dashed", lw=1,
-                      label="device memory")
+        bottom.hlines(limits / scale, devices - 0.4, devices - 0.4 + 2 * half, colors="k", linestyles="dashed",
+                      lw=1, label="device memory")
         bottom.set(ylabel=f"memory ({unit})", xlabel="device")
         bottom.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, fontsize="small")
         bottom.set_xticks(devices if plan.num_devices <= 64 else devices[::max(plan.num_devices // 32, 1)])
