@@ -189,10 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "few minutes on 2 cores, most of it refine); elsewhere --tables names a tables file")
     p.add_argument("--devices", type=device_count, default=None,
                    help="devices (runtime processes) (default: 4, or the CPU cores when fewer, at least 2)")
-    p.add_argument("--iterations", type=positive_int, default=12,
-                   help="measured iterations per plan and run (default: 12)")
-    p.add_argument("--runs", type=positive_int, default=3,
-                   help="measurement runs, the plans taking turns of 3 steps in each (default: 3)")
+    from .measured.config import DEMO_ITERATIONS, DEMO_RUNS
+    p.add_argument("--iterations", type=positive_int, default=None,
+                   help=f"measured iterations per plan and run (default: {DEMO_ITERATIONS}, which keeps the demo "
+                        f"within about 5 minutes on 2 cores)")
+    p.add_argument("--runs", type=positive_int, default=None,
+                   help=f"measurement runs, each plan taking turns of 3 steps with NeuroShard's (default: {DEMO_RUNS})")
     p.add_argument("--calibrate", type=int_in(0, MAX_CALIBRATION_SETS, "a set count"), default=None, metavar="SETS",
                    help="calibrate the cost models on this machine and the demo's tables first, with SETS random "
                         "sets (0: never; default: the demo's set count when this CPU is not the one the checkpoint "

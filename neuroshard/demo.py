@@ -39,7 +39,7 @@ from .cli_options import progress_mode
 from .measured.api import measured_search
 from .measured.budget import EXIT_STOPPED, Budget, format_budget, stop_on_sigterm
 from .measured.calibrate import calibrated_models, start_calibration
-from .measured.config import DEMO_BUDGET_S
+from .measured.config import DEMO_BUDGET_S, DEMO_ITERATIONS, DEMO_RUNS, DEMO_TARGET_S
 from .measured.judge import geometric_mean
 from .measured.refine import format_judgement
 from .runtime.evaluate import PairedRuns, measure_paired, paired_improvement
@@ -50,13 +50,6 @@ from .validate import check_output_folder
 
 #: random sets timed when the demo calibrates (a few seconds for its tables)
 DEMO_CALIBRATION_SETS = 48
-#: the wall clock the demo is sized for on 2 cores (s): refine's ``DEMO_BUDGET_S``, the runtime
-#: comparison's ``DEMO_RUNS`` x ``DEMO_ITERATIONS`` (about two minutes), the rest under a minute
-DEMO_TARGET_S = 300.0
-#: the comparison's runs and measured iterations per plan and run (each plan's window beside ours:
-#: ``measure_paired``); also refine's runtime judge's in the demo
-DEMO_RUNS = 2
-DEMO_ITERATIONS = 4
 
 
 def _improvement(best_baseline: float, ours: float) -> str:
