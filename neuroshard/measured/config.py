@@ -106,7 +106,7 @@ class RefineConfig:
     #: seconds fine-tuning takes per measured set, guessed before one is timed (2-core CPU: 0.2-0.3)
     fine_tune_prior_s: float = 0.3
     #: seconds one plan takes in one run of a judge of whole plans (the runtime's), guessed before it runs
-    judge_plan_run_s: float = 6.0
+    judge_plan_run_s: float = 12.0  # the runtime judge, 2 processes, the demo's tables: about 12 s
     #: plans the comparison's estimate counts on: the plain search's and one more (more are timed when the
     #: rebalance's estimate fits beside them)
     budget_compare_plans: int = 2

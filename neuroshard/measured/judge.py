@@ -38,8 +38,9 @@ class PlanJudge(abc.ABC):
 
     @abc.abstractmethod
     def costs_ms(self, plans: list[Plan], tables: TableSet) -> list[list[float]]:
-        """Per plan (in order), its measured cost (ms) in each of the judge's runs, the plans
-        interleaved inside every run so that a slow spell of the machine hits all alike.
+        """Per plan (in order), its measured cost (ms) in each of the judge's runs, each plan
+        measured in turns beside the first (or all interleaved) so that a slow spell of the
+        machine hits the plans it compares alike.
         Raises ``NeuroShardError`` (one line) when the plans cannot be measured here."""
 
     def describe(self) -> dict:
