@@ -89,6 +89,7 @@ from ..execution.launch import (
 )
 from ..faults import Fault, training_fault
 from ..model_spec import DEFAULT_MODEL, ModelSpec
+from ..measured.progress import Progress
 from ..plan import Plan
 from ..tables import Table, TableSet
 from ..validate import MAX_STEPS, check_batch_size, check_devices, check_int, check_number, check_seed
@@ -330,7 +331,6 @@ class _RunProgress:
     first step (a switch step, which measurement leaves out)."""
 
     def __init__(self, config: RunConfig) -> None:
-        from ..measured.progress import Progress
         self.config = config
         self.line = Progress(config.progress, prefix=config.progress_prefix)
 
