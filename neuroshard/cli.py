@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .plan_cli import register as register_plan_io  # plan import, plan score
     register_plan_io(plan_sub)
 
-    from .runtime.compare import register as register_compare  # compare: our plan against TorchRec's, timed here
+    from .runtime.compare_cli import register as register_compare  # compare: our plan against TorchRec's, timed here
     register_compare(sub)
 
     p = sub.add_parser("demo", help="run a small end-to-end example",

@@ -5,6 +5,12 @@ it from here; none writes the literal again.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
+# ------------------------------------------------------------------ files shipped with the package
+#: the cost-model checkpoints shipped with the package (``cpu-default.pt``), readable by name
+SHIPPED_CHECKPOINTS = Path(__file__).resolve().parent / "checkpoints"
+
 # ------------------------------------------------------------------ element sizes
 #: bytes per element of each precision a plan can name (weights or communication)
 PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}

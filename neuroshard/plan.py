@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .constants import DATA_PARALLEL, DEFAULT_ROW_BLOCKS, FP32_BYTES, MEMORY_TIERS, precision_of
+from .constants import DATA_PARALLEL, DEFAULT_ROW_BLOCKS, FP32_BYTES, MEMORY_TIERS, SHIPPED_CHECKPOINTS, precision_of
 from .constraints import plan_problems as constraint_problems
 from .errors import FormatError, InvalidPlanError, NeuroShardError
 from .io import atomic_write_text
@@ -539,7 +539,6 @@ _ANALYTIC_DEFAULTS = "unfitted analytic defaults"  # the hardware note of ``anal
 def _compute_source(prov: Mapping) -> str:
     """Where the compute model comes from, in a few words: this machine, the shipped
     checkpoint, a user's file, or unfitted defaults."""
-    from .costmodels.checkpoint import SHIPPED_CHECKPOINTS
     name, path = str(prov.get("cost_model", "")), prov.get("cost_model_path")
     if name.startswith("this machine"):
         return "pre-trained on this machine"

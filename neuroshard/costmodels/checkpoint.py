@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from ..constants import SHIPPED_CHECKPOINTS
 from ..errors import NeuroShardError, os_reason
 from ..io import atomic_write_bytes
 from ..validate import read_bounded
@@ -50,8 +51,6 @@ log = logging.getLogger(__name__)
 
 #: the largest checkpoint read (the shipped one is under 1 MB; ensembles of big MLPs stay far below)
 MAX_CHECKPOINT_BYTES = 2**30
-#: the checkpoints shipped with the package (``cpu-default.pt``), readable by name
-SHIPPED_CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 
 CHECKPOINT_FORMAT = "neuroshard.costmodels/v2"
 #: the field holding ``"sha256:" + state_checksum(the rest)``

@@ -6,11 +6,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..constants import MEASURED_BATCH_SIZE
+from ..constants import MEASURED_BATCH_SIZE, SHIPPED_CHECKPOINTS
 from ..errors import NeuroShardError
 from .analytic import AnalyticCommModel, AnalyticComputeModel
 from .base import CostModels
-from .checkpoint import SHIPPED_CHECKPOINTS
 from .samples.store import MACHINE_MODEL_FILE, this_machine_file
 
 log = logging.getLogger(__name__)

@@ -6,20 +6,19 @@ timed in one interleaved run of ``measure``'s instrument (``measure_plans``: eve
 every plan as one fused kernel, the devices taking turns round-robin), ours twice as an A/A
 control: the two figures of the same plan say how far apart identical plans measure here,
 and a ratio inside that band is a tie. The exchange is modeled, not measured (as ``measure``).
+The command is ``compare_cli``.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..costmodels import resolve_cost_models
 from ..plan import Plan
+from ..search.api import search_plan
 from ..tables import TableSet
-
-if TYPE_CHECKING:  # the instrument imports torch: only when a comparison runs (``--help`` stays fast)
-    from .measure_plan import MeasureResult
+from .measure_plan import MeasureResult, measure_plans
 
 OURS, AGAIN = "neuroshard", "neuroshard (again)"
 
@@ -31,7 +30,7 @@ class Comparison:
     against: str
     ours: Plan
     theirs: Plan
-    result: "MeasureResult"
+    result: MeasureResult
     search_s: dict
 
     @property
@@ -72,9 +71,6 @@ def compare(tables: TableSet, devices: int, memory: Any, against: str = "torchre
             seed: int = 0, **measure_options: Any) -> Comparison:
     """Our plan and ``against``'s for the same task, timed together on this machine with an
     A/A control (``measure_options`` go to ``measure_plans``: passes, batch_size, ...)."""
-    from ..costmodels import resolve_cost_models
-    from ..search.api import search_plan
-    from .measure_plan import measure_plans
     models = resolve_cost_models(cost_models)
     plans, search_s = {}, {}
     for algorithm in (OURS, against):
@@ -84,42 +80,3 @@ def compare(tables: TableSet, devices: int, memory: Any, against: str = "torchre
     result = measure_plans({OURS: plans[OURS], against: plans[against], AGAIN: plans[OURS]}, tables,
                            cost_models=models, **measure_options)
     return Comparison(against, plans[OURS], plans[against], result, search_s)
-
-
-def _compare(args: argparse.Namespace) -> int:
-    from ..io import atomic_write_text
-    from ..validate import check_output
-    output = check_output(args.output, [args.tables], "comparison file") if args.output else None
-    tables = TableSet.read(args.tables)
-    result = compare(tables, args.devices, args.memory, args.against, cost_models=args.cost_model, seed=args.seed,
-                     passes=args.passes, progress=True)
-    print(result.format())
-    if output is not None:
-        atomic_write_text(output, json.dumps(result.to_dict(), indent=1) + "\n")
-        print(f"wrote {output}")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``compare`` to the subcommands."""
-    from ..cli_options import add_input, add_output
-    from ..constants import TIMING_PASSES
-    from ..search.registry import ALGORITHMS
-    from ..validate import device_count, memory_size, positive_int, seed_int
-    p = sub.add_parser("compare", help="our plan against TorchRec's (or a baseline's), timed on this machine",
-                       description="Search our plan and another planner's for the same tables, devices and memory, "
-                                   "time both in one interleaved run of `measure` (ours twice, an A/A control) and "
-                                   "print their measured ratio. The exchange is modeled, not measured.")
-    add_input(p, "tables", "tables file (JSON, neuroshard.tables/v1)")
-    p.add_argument("-d", "--devices", type=device_count, required=True, help="number of devices")
-    p.add_argument("-m", "--memory", type=memory_size, required=True, help="memory per device, e.g. 16GiB")
-    p.add_argument("--against", default="torchrec", choices=[a for a in ALGORITHMS if a != OURS],
-                   help="the other planner (default: torchrec, TorchRec's EmbeddingShardingPlanner)")
-    p.add_argument("--passes", type=positive_int, default=TIMING_PASSES,
-                   help=f"timed passes over all devices, as `measure --passes` (default: {TIMING_PASSES})")
-    p.add_argument("--cost-model", default=None, metavar="MODEL.pt",
-                   help="cost-model checkpoint both searches and the estimates use (default: the shipped one)")
-    p.add_argument("--seed", type=seed_int, default=0)
-    add_output(p, "also write the comparison and the measurement as JSON", aliases=("--json",),
-               metavar="OUT.json")
-    p.set_defaults(func=_compare)
