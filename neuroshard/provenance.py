@@ -40,6 +40,7 @@ class Provenance(MutableMapping):
     comm_model: str | None = None             # which model costed the all-to-all, in words
     objective: dict | None = None             # objective "iteration": every candidate's predicted step, ties
     fallback: dict | None = None              # the search could not pack: a baseline's plan, and why
+    splits: dict | None = None                # why each split table was split (memory, constraints, balance, cost)
     calibration_check: dict | None = None     # search --calibrate: the models' plans measured
     refine: dict | None = None                # the measured loop that chose the plan
     source: str | None = None                 # an imported plan's file

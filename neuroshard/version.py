@@ -1,2 +1,2 @@
 """The package version (also in pyproject.toml)."""
-__version__ = "1.2.0"
+__version__ = "1.3.0"
