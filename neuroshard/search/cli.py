@@ -333,18 +333,22 @@ def _estimate(args: argparse.Namespace) -> int:
     tables = TableSet.read(args.tables)
     plan = Plan.read_checked(args.plan, tables)
     operators = load_operator_models(args.operator_costs)
-    estimate = estimate_iteration(plan, tables, resolve_cost_models(args.cost_model), operators, model_option(args),
-                                  batch_size=args.batch_size)
+    models = resolve_cost_models(args.cost_model)
+    estimate = estimate_iteration(plan, tables, models, operators, model_option(args), batch_size=args.batch_size)
     print(estimate.format())
-    print(f"sources: {estimate.sources['embedding']}; operators measured on {estimate.sources['operators']}; "
+    print(f"sources: embeddings by cost model {estimate.sources['embedding']}, measured on "
+          f"{models.describe_hardware()}; operators measured on {estimate.sources['operators']}; "
           f"GPU terms {estimate.sources['gpu_terms']}")
     if "shared_cores" in estimate.sources:
         print(f"warning: {estimate.sources['shared_cores']}")
-    elsewhere = other_cpu(operators.hardware_)
-    if elsewhere:
-        print(f"warning: the operator costs were {elsewhere}: the estimate is for that CPU; `neuroshard collect "
-              f"dense` and `collect overheads` measure this one (on a newer CPU of the same name the shipped file "
-              f"was 33.5% off per step, 7.0% after: docs/results.md#iteration-model)")
+    elsewhere = [f"the {what} were {where}" for what, where in
+                 (("operator costs", other_cpu(operators.hardware_)),
+                  ("embedding costs", other_cpu((models.hardware or {}).get("hardware") or {}))) if where]
+    if elsewhere:  # one warning, naming every term measured elsewhere
+        print(f"warning: {' and '.join(elsewhere)}: the estimate describes that hardware; `neuroshard collect "
+              f"dense` and `collect overheads` measure this one's operators, `neuroshard pretrain --here` all of it "
+              f"(on a newer CPU of the same name the shipped operator file was 33.5% off per step, 7.0% after: "
+              f"docs/results.md#iteration-model)")
     if args.output:
         from ..io import atomic_write_text
         atomic_write_text(args.output, json.dumps(estimate.to_dict(), indent=1) + "\n")

@@ -56,13 +56,14 @@ def network_for(topology: Topology | None, num_devices: int, models: CostModels)
                           f"across hosts)")
     counts = models.comm_device_counts()
     name = type(models.comm).__name__
+    span = f"{min(counts)}" if counts and min(counts) == max(counts) else f"{min(counts, default=0)}-{max(counts, default=0)}"
     if counts and num_devices > COMM_EXTRAPOLATION * max(counts):
         local = default_local_world_size(num_devices)
         network = Topology(num_devices, local, DEFAULT_INTRA_HOST_GBPS, DEFAULT_INTER_HOST_GBPS)
         return network, (f"analytic: bytes over the GPU-cluster defaults ({local} devices per host, "
                          f"{DEFAULT_INTRA_HOST_GBPS:g} and {DEFAULT_INTER_HOST_GBPS:g} GB/s): the measured {name} "
-                         f"covers {min(counts)}-{max(counts)} devices, this plan has {num_devices:,}")
-    where = f" ({min(counts)}-{max(counts)} devices)" if counts else ""
+                         f"covers {span} devices, this plan has {num_devices:,}")
+    where = f" ({span} devices)" if counts else ""
     return None, f"measured: {name}{where}"
 
 
