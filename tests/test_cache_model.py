@@ -1,4 +1,4 @@
-"""The cache model (issue 29, item 2): exact replays against a plain LRU/LFU simulation,
+"""The cache model: exact replays against a plain LRU/LFU simulation,
 predictions against replays of streams drawn from the same description, recorded
 lookups replayed, and ``neuroshard tables cache``."""
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 
 from neuroshard.cli import main
 from neuroshard.datasets.cache_model import draw_stream, predict_miss_rates, replay_miss_rates
+from neuroshard.datasets.synthetic import generate
 from neuroshard.errors import NeuroShardError
 from neuroshard.tables import Table
 
@@ -124,3 +125,32 @@ def test_tables_cache_writes_the_report_with_fractions_as_given(tables_file, tmp
     assert "LFU miss rate" in capsys.readouterr().out
     assert main(["tables", "cache", str(tables_file), "--fractions", "0.1,2", "-o", str(out)]) == 2
     assert "a cache fraction must be in (0, 1], got '2'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("alpha", [0.6, 0.9, 1.2, 1.4])
+def test_lru_prediction_within_five_points_of_a_replay_at_every_fraction(alpha):
+    """The cache model against an exact LRU replay of a stream it never saw (its own seed), at
+    cache fractions of 5-75%: within 0.05 everywhere (``zipf_alpha`` as ``access._zipf_ranks``
+    draws it: rank ``floor(x) - 1`` of ``x`` with density ``~ x^-alpha`` on ``[1, rows + 1]``)."""
+    table = Table("t", 5_000, 16, 2.0, {"zipf_alpha": alpha})
+    fractions = [0.05, 0.2, 0.5, 0.75]
+    predicted = predict_miss_rates(table, 2048, fractions, "lru")
+    _, replayed = replay_miss_rates(draw_stream(table, 2048, 200, seed=17), table.num_embeddings, fractions, "lru")
+    errors = [abs(predicted.miss_rate[f] - r) for f, r in zip(fractions, replayed)]
+    assert max(errors) < 0.05, (predicted.miss_rate, replayed)
+
+
+def test_lru_prediction_within_five_points_for_the_dlrm_reuse_histograms():
+    """The same bound for tables described by dlrm-2021's reuse histograms (the preset's)."""
+    tables = [t for t in generate("dlrm-2021", num_tables=12, seed=3).tables if t.num_embeddings <= 200_000][:4]
+    assert tables
+    fractions = [0.05, 0.2, 0.5, 0.75]
+    missed = 0.0
+    for table in tables:  # a batch large enough that the smallest caches miss (the same hot rows every batch)
+        predicted = predict_miss_rates(table, 16384, fractions, "lru")
+        _, replayed = replay_miss_rates(draw_stream(table, 16384, 20, seed=23), table.num_embeddings, fractions,
+                                        "lru")
+        errors = [abs(predicted.miss_rate[f] - r) for f, r in zip(fractions, replayed)]
+        assert max(errors) < 0.05, (table.name, predicted.miss_rate, replayed)
+        missed += sum(replayed)
+    assert missed > 0.5  # the bound was tested where caches miss
