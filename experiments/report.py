@@ -74,7 +74,7 @@ def made(records: list[dict], command: str | None = None) -> str:
     commits = list(dict.fromkeys(r["commit"] for r in records))
     commit = f"commit {commits[0]}" if len(commits) == 1 else f"{len(commits)} commits from {commits[0]} to {commits[-1]}"
     command = command or records[0]["command"]
-    shown = command if command.startswith("an ") else f"`{command}`"
+    shown = command if command.startswith(("an ", "runs ")) else f"`{command}`"
     return (f"Made by {shown}; files of {span(r['date'] for r in records)}, {commit}, "
             f"{'; '.join(sorted(set(r['cpu'] for r in records)))}.")
 
@@ -622,42 +622,42 @@ def pretrained_here() -> list[str]:
     runs = sorted(p.parent for p in HERE.glob("*/tasks.csv"))
     if not runs:
         return []
-    rows = pd.concat([pd.read_csv(r / "tasks.csv", keep_default_na=False).assign(run=r.name) for r in runs],
+    rows = pd.concat([pd.read_csv(r / "tasks.csv", dtype={"failed": str}).assign(run=r.name) for r in runs],
                      ignore_index=True)
     rows["failed"] = rows["failed"].fillna("")
     body = []
     for devices, g in rows.groupby("devices"):
         refine = g[(g["algorithm"] == "neuroshard-refine-budget") & (g["failed"] == "")]
-        seconds = pd.to_numeric(refine["search_time_s"], errors="coerce").dropna().to_numpy()
-        plain = pd.to_numeric(g[g["algorithm"] == "neuroshard"]["search_time_s"], errors="coerce").dropna()
+        seconds = refine["search_time_s"].dropna().to_numpy()
+        plain = g[g["algorithm"] == "neuroshard"]["search_time_s"].dropna()
         body.append([devices, tasks_of(g), ratio_cell(g, "neuroshard"), f"{plain.median():.1f}" if len(plain) else "",
                      ratio_cell(g, "neuroshard-refine-budget"),
                      f"{np.median(seconds):.0f} ({seconds.min():.0f}-{seconds.max():.0f})" if len(seconds) else "",
                      ratio_cell(g, "measured-greedy"), ratio_cell(g, "torchrec"), aa_cell(g)])
 
     def verdict(algorithm: str, target: tuple[float, float]) -> str:
-        r = pd.to_numeric(rows[(rows["algorithm"] == algorithm) & (rows["failed"] == "")]["ratio_to_best_baseline"],
-                          errors="coerce").dropna()
+        r = rows[(rows["algorithm"] == algorithm) & (rows["failed"] == "")]["ratio_to_best_baseline"].dropna()
         if not len(r):
             return "not run"
         met = geomean(r) <= target[0] and r.max() <= target[1]
         return (f"{f3(geomean(r))}x, worst {f3(r.max())}x over {len(r)} tasks against the target "
                 f"{target[0]:.2f}x / {target[1]:.2f}x: {'met' if met else 'not met'}")
     records = [rec for r in runs for rec in sources(r)]
-    report = next((r / "report.txt" for r in [HERE, *runs] if (r / "report.txt").exists()), None)
-    head = report.read_text().splitlines()[:1] if report else []
+    pre = json.loads((HERE / "SOURCE_pretrain.json").read_text()) if (HERE / "SOURCE_pretrain.json").exists() else {}
+    pretrained = (f" in {pre['wall_s'] / 60:.1f} minutes ({pre['date']}, commit {pre['commit']}, {pre['cpu']}; "
+                  f"load {pre['load_average']}; peak {pre['peak_rss_gb']:g} GB)" if "wall_s" in pre else "")
     families = ", ".join(sorted(set(rows["family"])))
     return ["## A model pre-trained on this machine", "",
             *table(["devices", "tasks", "`search` (plain)", "its seconds", "`search --refine`, default budget",
                     "refine's seconds: median (range)", "measured-greedy", "TorchRec's planner", "A/A control"], body),
             "",
             f"Plans over the best baseline's (geometric mean, worst in brackets) on {families}: families held out "
-            f"of the pre-training, which measured this machine with `neuroshard pretrain --here` (its report: "
-            f"`experiments/results/pretrained_here/report.txt`{'; ' + head[0] if head else ''}). Plain search: "
+            f"of the pre-training, which measured this machine with `neuroshard pretrain --here`{pretrained}; its "
+            f"report and model are in `experiments/results/pretrained_here/`. Plain search: "
             f"{verdict('neuroshard', PLAIN_TARGET)}. Refine inside its default budget: "
             f"{verdict('neuroshard-refine-budget', REFINE_TARGET)}. Each task's plans were timed in one "
             f"interleaved run with an A/A control (caches flushed before every timed run). "
-            + made(records, "an " + " and ".join(dict.fromkeys(f"`{r['command']}`" for r in records))), ""]
+            + made(records, "runs " + "; ".join(dict.fromkeys(f"`{r['command']}`" for r in records))), ""]
 
 
 def page() -> str:
