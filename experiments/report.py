@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from pathlib import Path
 
@@ -642,6 +643,20 @@ def pretrained_here() -> list[str]:
         met = geomean(r) <= target[0] and r.max() <= target[1]
         return (f"{f3(geomean(r))}x, worst {f3(r.max())}x over {len(r)} tasks against the target "
                 f"{target[0]:.2f}x / {target[1]:.2f}x: {'met' if met else 'not met'}")
+    own = []  # refine's own comparison (its record) against this run, per task it refined
+    for r in runs:
+        for path in sorted(r.glob("refine_budget_*.json")):
+            family, devices = re.match(r"refine_budget_(.+)_(\d+)dev_task\d+\.json", path.name).groups()
+            mine = json.loads(path.read_text()).get("against_best_baseline") or {}
+            here = rows[(rows["run"] == r.name) & (rows["family"] == family) & (rows["devices"] == int(devices))
+                        & (rows["algorithm"] == "neuroshard-refine-budget")]["ratio_to_best_baseline"]
+            task = rows[(rows["run"] == r.name) & (rows["family"] == family) & (rows["devices"] == int(devices))]
+            best = task[task["ratio_to_best_baseline"] == 1.0]["algorithm"]
+            if "ratio" in mine and len(here):
+                same = mine["baseline"] in set(best)
+                own.append((f"{family} at {devices} devices {mine['ratio']:.3f}x {mine['baseline']}'s, here "
+                            f"{float(here.iloc[0]):.3f}x {'the same' if same else 'the best'} baseline's",
+                            float(here.iloc[0]) / mine["ratio"] if same else 1.0))
     records = [rec for r in runs for rec in sources(r)]
     pre = json.loads((HERE / "SOURCE_pretrain.json").read_text()) if (HERE / "SOURCE_pretrain.json").exists() else {}
     pretrained = (f" in {pre['wall_s'] / 60:.1f} minutes ({pre['date']}, commit {pre['commit']}, {pre['cpu']}; "
@@ -657,6 +672,9 @@ def pretrained_here() -> list[str]:
             f"{verdict('neuroshard', PLAIN_TARGET)}. Refine inside its default budget: "
             f"{verdict('neuroshard-refine-budget', REFINE_TARGET)}. Each task's plans were timed in one "
             f"interleaved run with an A/A control (caches flushed before every timed run). "
+            + (f"Refine's own comparison run measured the plan it wrote at {'; '.join(t for t, _ in own)}: against "
+               f"the same baseline, its instrument and this run differ by up to "
+               f"{pct(max(abs(math.log(d)) for _, d in own), 0)} (log ratio). " if own else "")
             + made(records, "runs " + "; ".join(dict.fromkeys(f"`{r['command']}`" for r in records))), ""]
 
 
