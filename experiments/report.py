@@ -112,8 +112,9 @@ def tasks_of(part: pd.DataFrame) -> int:
     return len(part.drop_duplicates(TASK))
 
 
-def ratio_cell(part: pd.DataFrame, algorithm: str) -> str:
-    g = part[(part["algorithm"] == algorithm) & (part["failed"] == "")]["ratio_to_best_baseline"].dropna()
+def ratio_cell(part: pd.DataFrame, algorithm: str, column: str = "ratio_to_best_baseline") -> str:
+    """Geometric mean (worst) of ``column`` over the tasks ``algorithm`` planned."""
+    g = part[(part["algorithm"] == algorithm) & (part["failed"] == "")][column].dropna()
     if not len(g):
         return ""
     return f"{f3(geomean(g))} ({f3(g.max())})"
@@ -637,17 +638,13 @@ def pretrained_here() -> list[str]:
     rows = rows.join(least, on=["run", "family", "devices", "task"])
     rows["total_ratio"] = rows["max_total_ms"] / rows["least_total"]
 
-    def cell(part: pd.DataFrame, algorithm: str, column: str) -> str:
-        r = part[(part["algorithm"] == algorithm) & (part["failed"] == "")][column].dropna()
-        return f"{f3(geomean(r))} ({f3(r.max())})" if len(r) else ""
     body = []
     for devices, g in rows.groupby("devices"):
         seconds = g[(g["algorithm"] == REFINE_BUDGET) & (g["failed"] == "")]["search_time_s"].dropna().to_numpy()
-        body.append([devices, tasks_of(g), cell(g, "neuroshard", "ratio_to_best_baseline"),
-                     cell(g, "neuroshard", "total_ratio"), cell(g, REFINE_BUDGET, "ratio_to_best_baseline"),
-                     cell(g, REFINE_BUDGET, "total_ratio"),
+        body.append([devices, tasks_of(g), ratio_cell(g, "neuroshard"), ratio_cell(g, "neuroshard", "total_ratio"),
+                     ratio_cell(g, REFINE_BUDGET), ratio_cell(g, REFINE_BUDGET, "total_ratio"),
                      f"{np.median(seconds):.0f} ({seconds.min():.0f}-{seconds.max():.0f})" if len(seconds) else "",
-                     cell(g, "measured-greedy", "ratio_to_best_baseline"), cell(g, "torchrec", "ratio_to_best_baseline"),
+                     ratio_cell(g, "measured-greedy"), ratio_cell(g, "torchrec"),
                      aa_cell(g)])
 
     def verdict(algorithm: str, column: str, target: tuple[float, float]) -> str:

@@ -130,7 +130,7 @@ class EnsembleComputeModel(ComputeCostModel):
         basis = self._set_basis(sets)
         penalty = SET_SIZE_RIDGE * np.eye(basis.shape[1])
         penalty[0, 0] = 0.0  # the level, and (with a shard correction) the share of a table's error it keeps alone
-        if self._shard_log_factors(sets[:1]) is not None and basis.shape[1] > len(SET_SIZE_KNOTS) + 2:
+        if getattr(self, "shard_refs_", None) is not None:  # the shard factor's column
             penalty[len(SET_SIZE_KNOTS) + 2, len(SET_SIZE_KNOTS) + 2] = 0.0
         coef = np.linalg.solve(basis.T @ basis + len(sets) * penalty, basis.T @ residual)
         self.set_size_coef_ = [float(c) for c in coef]

@@ -379,13 +379,13 @@ def held_out_set_head(compute: ComputeData, train_rows: np.ndarray, test_rows: n
         return {"kept": False, "why": f"{len(test)} held-out sets: too few to judge the head"}
     model = trained or EnsembleComputeModel(ensemble, member_params=hparams).fit(train.sets, train.costs_ms)
     crowded = np.array([len(s) >= CROWDED_SET for s in test.sets])
-    before, before_crowded = gmae(model.predict(test.sets), test.costs_ms), math.nan
-    if crowded.sum() >= 3:
-        before_crowded = gmae(model.predict([s for s, c in zip(test.sets, crowded) if c]), test.costs_ms[crowded])
-    model = copy.deepcopy(model).fit_set_head(train.sets, train.costs_ms, *set_head)
-    after, after_crowded = gmae(model.predict(test.sets), test.costs_ms), math.nan
-    if crowded.sum() >= 3:
-        after_crowded = gmae(model.predict([s for s, c in zip(test.sets, crowded) if c]), test.costs_ms[crowded])
+
+    def errors(m: EnsembleComputeModel) -> tuple[float, float]:  # (all held-out sets, the crowded ones)
+        predicted = m.predict(test.sets)
+        return gmae(predicted, test.costs_ms), (gmae(predicted[crowded], test.costs_ms[crowded])
+                                                if crowded.sum() >= 3 else math.nan)
+    before, before_crowded = errors(model)
+    after, after_crowded = errors(copy.deepcopy(model).fit_set_head(train.sets, train.costs_ms, *set_head))
     return {"kept": bool(after < before), "held_out_sets": len(test), "gmae_without": float(before),
             "gmae_with": float(after), "crowded_sets": int(crowded.sum()), "crowded_gmae_without": float(before_crowded),
             "crowded_gmae_with": float(after_crowded), "knee_bytes": int(set_head[0]), "row_cap": int(set_head[1])}

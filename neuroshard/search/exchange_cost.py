@@ -56,7 +56,7 @@ def network_for(topology: Topology | None, num_devices: int, models: CostModels)
                           f"across hosts)")
     counts = models.comm_device_counts()
     name = type(models.comm).__name__
-    span = f"{min(counts)}" if counts and min(counts) == max(counts) else f"{min(counts, default=0)}-{max(counts, default=0)}"
+    span = "" if not counts else f"{min(counts)}" if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
     if counts and num_devices > COMM_EXTRAPOLATION * max(counts):
         local = default_local_world_size(num_devices)
         network = Topology(num_devices, local, DEFAULT_INTRA_HOST_GBPS, DEFAULT_INTER_HOST_GBPS)
