@@ -286,7 +286,7 @@ def test_tables_of_more_than_half_a_device_are_split_together(shipped_models):
     split_tables = {p.table for p in forced.pieces
                     if p.num_cols < tables[p.table].embedding_dim or p.num_rows < tables[p.table].num_embeddings}
     assert split_tables == {0, 1, 2}  # the three hot tables, together
-    assert forced.cost_ms == pytest.approx(default.cost_ms * (1 - gains["half-heavy-split"]), rel=1e-6)
+    assert forced.cost_ms == pytest.approx(default.cost_ms * (1 - gains["half-heavy-split"]), rel=1e-5)  # the gain is rounded to 5 decimals
     with pytest.raises(NeuroShardError, match="split_margin"):
         NeuroShardParams(split_margin=-1.5)
 

@@ -47,7 +47,7 @@ from .iteration import estimate_iteration
 from .neuroshard import HALF_HEAVY_SHARE
 from .registry import REPLICATING_ALGORITHMS, get_algorithm, get_trait, make_params, with_trait
 from .replicate import check_data_parallel, forced_tables, search_with_replication
-from .rowwise import align_row_blocks, runnable_row_splits
+from .rowwise import written_layout
 from .simulator import Simulator, replicated_bytes
 from .tiers import choose_tiers
 
@@ -110,15 +110,7 @@ def make_plan(sim: Simulator, placement: Placement, memory_bytes: int, algorithm
     with ``row_blocks="any"`` only aligned (``rowwise.align_row_blocks``: a strip's blocks on one
     device joined), as NeuroShard's runtime runs them."""
     room = sim.memory_limits(memory_bytes) - replicated_bytes(sim, sim.data_parallel_tables)  # what shards may use
-    if sim.row_blocks == "any":
-        pieces, devices = align_row_blocks(placement.pieces, placement.devices, sim.footprint, room)
-        if not sim.allows_placement(pieces, devices):  # joining a strip may leave a constrained table too few shards
-            pieces, devices = placement.pieces, placement.devices
-    else:
-        pieces, devices = runnable_row_splits(
-            placement.pieces, placement.devices, sim.num_devices, sim.footprint, room,
-            lambda pieces, devices: float(sim.evaluate(pieces, devices[None, :]).max_ms[0]),
-            local_world_size=sim.local_world_size, allowed=sim.allows_placement)
+    pieces, devices = written_layout(sim, placement.pieces, placement.devices, room, quiet=False)
     placement = Placement(pieces, devices, placement.cost_ms, placement.details)
     estimate = sim.plan_estimate(sim.evaluate(placement.pieces, placement.devices[None, :], risk=0.0))  # the mean
     models = sim.cost_models

@@ -203,7 +203,7 @@ class RowBlockRule:
     placement is allowed."""
 
     def __init__(self, sim: "Simulator", pieces: Sequence[Piece]):
-        keep = sim.row_blocks != "any" and sim.tiers is not None
+        keep = sim.row_blocks != "any"
         self.groups = strip_groups(pieces) if keep else np.full(len(pieces), -1)
         self.active = bool((self.groups >= 0).any())
         self.local = sim.local_world_size if sim.local_world_size < sim.num_devices else None
@@ -268,6 +268,22 @@ def _runnable(strips: dict[tuple[int, int], list[tuple[Piece, int]]], num_device
         if len(blocks) != local or devices[0] % local or devices != list(range(devices[0], devices[0] + local)):
             return False
     return True
+
+
+def written_layout(sim: "Simulator", pieces: Sequence[Piece], devices: np.ndarray, room: int | np.ndarray,
+                   quiet: bool = True) -> tuple[list[Piece], np.ndarray]:
+    """The pieces and devices as a plan writes them (``search.api.make_plan``): with
+    ``row_blocks="any"`` only aligned (``align_row_blocks``, kept as they are when joining a
+    strip would break a per-table constraint), else laid out as TorchRec runs them
+    (``runnable_row_splits``, costed by ``sim``; ``quiet``: no warning for a table no runnable
+    layout fits). ``room``: the bytes each device has for shards.
+    The search compares candidates in this layout, so the plan it writes is the one it chose."""
+    if sim.row_blocks == "any":
+        aligned = align_row_blocks(pieces, devices, sim.footprint, room)
+        return aligned if sim.allows_placement(*aligned) else (list(pieces), np.asarray(devices))
+    return runnable_row_splits(pieces, devices, sim.num_devices, sim.footprint, room,
+                               lambda p, d: float(sim.evaluate(p, d[None, :]).max_ms[0]),
+                               local_world_size=sim.local_world_size, allowed=sim.allows_placement, quiet=quiet)
 
 
 def runnable_row_splits(pieces: Sequence[Piece], devices: np.ndarray, num_devices: int, footprint: Footprint,
