@@ -1,69 +1,68 @@
-"""Pre-train, then search, on one CUDA GPU: GPU cost data, a GPU checkpoint, plans timed on the GPU.
+"""On one CUDA GPU: pre-train as a user does (``neuroshard pretrain --here``), then search and time plans.
 
-    PYTHONPATH=. python experiments/cuda_paths.py --out DIR     # repo root, one CUDA GPU: 7-8 minutes
+    PYTHONPATH=. python experiments/cuda_paths.py --out DIR     # repo root, one CUDA GPU: 6-8 minutes
 
 (The package need not be installed: the script puts the repository root on the path of
 itself and of every step it starts; ``PYTHONPATH=.`` only makes that explicit.)
 
-The project's machine has no GPU; this script runs the project's whole loop on one GPU in one
-call (it ran on an H200 without fbgemm-gpu, so the kernel was ``torch.nn.EmbeddingBag``:
-``results/cuda_paths``). Steps, in this
-order; each is its own process with its own wall-clock limit, writes its results to
-``--out`` as soon as it ends (so a kill loses nothing already finished), and is skipped,
-said so in ``summary.txt``, when what is left of ``--budget-s`` (default 510 s) cannot fit
-it (the later steps' expected times are kept in reserve). The run ends within the budget
-but for a killed step's grace (at most 20 s).
+Steps, in this order; each is its own process with its own wall-clock limit (at its limit it
+is sent SIGTERM, then SIGKILL 10 s later), writes its results to ``--out`` as soon as it ends
+(so a kill loses nothing already finished), and is skipped, said so in ``summary.txt``, when
+what is left of ``--budget-s`` (default 510 s) cannot fit it (the later steps' expected times
+are kept in reserve).
 
-A. ``collect``: ``neuroshard collect compute --device cuda``: random shard sets (1 to
-   ``--max-tables-per-device`` shards, default 32, at most 3 GiB a set, 30% row slices,
-   widths 4..128, rows allocated at most ``--row-cap``) of the tables the shipped CPU
-   checkpoint's wide data was drawn from (broad, dlrm-2022, hot-few: the benchmark
-   families stay held out), each timed fused forward+backward+update with CUDA events,
-   stopping cleanly after ``--collect-minutes`` (default 3; ``--collect-samples`` is only
-   a cap). Records are appended one by one, so whatever is on disk is used even after a
-   kill, and rerunning into the same ``--out`` continues. About 3.5 minutes (3 of timing
-   plus the start and the last sample).
-B. ``pretrain``: ``neuroshard pretrain`` on that data (no optuna trials, no comm data: the
-   checkpoint carries the analytic comm model) into ``DIR/gpu.pt``; its held-out table
-   (neural, tree, analytic: GMAE, MAPE, Kendall tau, pair accuracy) goes to the summary.
-   ``--epochs auto`` scales the epochs with the sets measured (250,000 set-epochs: 200
-   epochs at 1,250 sets, 50 at 5,000), so the run takes about a minute whatever collect
-   measured: 800 sets (1-40 shards) at 100 epochs took 24 s in all on one core of the
-   project's 2-core VM, 8 s of it each of the two neural fits (held-out split, then all
-   data), which grow with sets x epochs. With sets of up to 32 shards few sets are made
-   only of held-out tables, so pretrain usually holds out random sets instead (it warns:
-   those metrics include tables seen in training); step C is the held-out test.
-C. ``plans``: per family (default criteo-terabyte and dlrm-2021, held out of both
-   checkpoints' data), one task at ``--devices`` (default 8; 8-12 tables per device, seed
-   31): NeuroShard searched with the GPU checkpoint and with the shipped CPU checkpoint,
-   the greedy baselines (all but random), and an A/A copy of size-lookup, every device of
-   every plan timed on the GPU in one interleaved ``measure_plans`` run (CUDA events, the
-   fastest of ``--passes`` after one warm-up pass). Printed: each plan's measured max
-   device over the best baseline's, its total compute, and the GPU and CPU models'
-   predicted max device against the measured one. About a minute per family (own process).
-D. ``runtime`` (not run by default, ``--steps ... runtime``):
-   ``train`` and ``evaluate`` a one-device plan of 16 dlrm-2021 tables on one GPU (NCCL,
-   one process: one GPU cannot hold two NCCL ranks), and ``estimate`` it with the shipped
-   CPU iteration-time model. Several minutes (an iteration there was 1.2 s of host-side
-   data loading at batch 65,536): needs 120 s of budget left, so with A-C it needs a larger
-   ``--budget-s``.
+H. ``here`` (default): ``neuroshard pretrain --here --device cuda --minutes M --size S``
+   (``--here-minutes``, default 4.5; ``--here-size``, default ``default``) with
+   ``XDG_CACHE_HOME=DIR/cache``, so the machine's folder
+   (``DIR/cache/neuroshard/machines/<fingerprint>/``: ``model.pt``, ``report.txt``,
+   ``machine.json`` and the data) comes back with the results and a rerun into the same
+   ``--out`` continues it. Limit: M minutes + 90 s, within the budget less step C's reserve;
+   about 5 minutes at the default. On one GPU its stages measure:
+   compute (48% of M): shard sets of dlrm-2021, dlrm-2022 and broad tables (devices of searched
+   plans, random sets of up to 80 shards, hot tables beside small ones) timed on the GPU;
+   comm: nothing, the exchange is timed at 2 to min(GPUs, 4) processes, so the model keeps the
+   analytic exchange model; fit (on the CPU): neural, tree and analytic models held out per
+   family beside the shipped checkpoint; dense: the operators of a training step on the host
+   CPU, not the GPU (``collect_dense`` takes no device); overheads: real training runs of 2 and
+   3 processes on the runtime's default backend, NCCL where torch sees a GPU, whose ranks would
+   share the one GPU (NCCL refuses that), so the command can end there with an error, after
+   ``model.pt`` is written. Step C's GPU model is that ``model.pt``; ``summary.txt`` gets the
+   report's held-out tables (from ``machine.json`` when ``report.txt`` was not written).
+A. ``collect`` (older runs, ``--steps``): ``neuroshard collect compute --device cuda`` of
+   random sets (1 to ``--max-tables-per-device`` shards, default 32, at most 3 GiB, 30% row
+   slices, widths 4..128, rows at most ``--row-cap``) of the shipped CPU checkpoint's wide
+   tables, for ``--collect-minutes`` (default 3) into ``DIR/gpu-compute``; resumable.
+B. ``pretrain`` (older runs): ``neuroshard pretrain`` on that data into ``DIR/gpu.pt``
+   (``--epochs auto``: 250,000 set-epochs over the sets, 30 to 200); its held-out table goes to
+   the summary. Step C's GPU model is the last made in this run (``pretrain``'s, then
+   ``here``'s), else ``--gpu-checkpoint``, else that of a ``here`` run before into the same ``--out``.
+C. ``plans``: per family (default criteo-terabyte and dlrm-2021, never collected), one task
+   at ``--devices`` (default 8; 8-12 tables per device, seed 31) on one host of that many GPUs
+   (``Topology(devices, local_world_size=devices)``: the exchange is costed analytically over
+   the host's links): NeuroShard searched with the GPU model and with the shipped CPU
+   checkpoint, the greedy baselines (all but random), and an A/A copy of size-lookup, every
+   device of every plan timed on the GPU in one interleaved ``measure_plans`` run (CUDA
+   events, the fastest of ``--passes`` after one warm-up pass). Printed: each plan's measured
+   max device over the best baseline's, its total compute, each model's predicted max against
+   the measured one, and which model a search with no ``--cost-model`` loads here (the
+   machine's, when ``here`` ran). About a minute per family (own process).
+D. ``runtime`` (not by default): ``train`` and ``evaluate`` a one-device plan of 16 dlrm-2021
+   tables on one GPU (NCCL, one process: one GPU cannot hold two NCCL ranks), and
+   ``estimate`` it with the shipped CPU iteration model; needs 120 s of budget left.
 
-Options keep the older runs reachable: ``--steps plans`` alone is the first version's step 2
-(no GPU checkpoint: the CPU checkpoint's NeuroShard against the baselines), ``--steps
-runtime`` its step 1, ``--steps collect`` its step 3 (steps always run in the order A-D);
-``--gpu-checkpoint MODEL.pt`` gives step C a checkpoint made before.
+``--steps here`` and then ``--steps plans`` into the same ``--out`` split the run in two calls
+(step C finds the machine's model there); ``--steps collect pretrain plans`` is the earlier default.
 
-``--backend cpu`` is for a dry run on a machine without a GPU only (every CUDA step on the
-CPU instead, NCCL replaced by gloo; the kernel is fbgemm's where fbgemm-gpu-cpu is
-installed), with tiny sizes (about 30 s on a 2-core VM), e.g.::
+``--backend cpu`` is a dry run on a machine without a GPU (every CUDA step on the CPU, NCCL
+replaced by gloo; ``here`` then measures the CPU, comm included), with tiny sizes (about 2.5
+minutes on a 2-core VM; below 4 ``--here-minutes`` tiny may time fewer than the 18 sets it fits on)::
 
-    python experiments/cuda_paths.py --out /tmp/dry --backend cpu --collect-samples 20 \\
-        --max-tables-per-device 4 --devices 2 --families dlrm-2021 --tables-per-device 2 3 \\
-        --row-cap 100000 --passes 2 --budget-s 300
+    python experiments/cuda_paths.py --out /tmp/dry --backend cpu --here-size tiny --here-minutes 4 \\
+        --devices 2 --families dlrm-2021 --tables-per-device 2 3 --row-cap 100000 --passes 2 --budget-s 400
 
-Everything lands in ``--out``: ``log.txt`` (every step's output), ``gpu-compute/`` (the
-cost data), ``gpu.pt`` (+ parity plot, ``pretrain.txt``), ``measured-FAMILY.txt`` and
-``plans-FAMILY.json`` per family, ``plans.json`` (all rows), ``status.json`` and
+Everything lands in ``--out``: ``log.txt`` (every step's output), ``cache/`` (``here``'s
+machine folder), ``gpu-compute/`` and ``gpu.pt`` (collect, pretrain), ``measured-FAMILY.txt``
+and ``plans-FAMILY.json`` per family, ``plans.json`` (all rows), ``status.json`` and
 ``summary.txt`` (rewritten after every step).
 """
 from __future__ import annotations
@@ -83,15 +82,20 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout without installing the package
     sys.path.insert(0, str(ROOT))
 
-from neuroshard.costmodels.samples.store import load_compute_data  # noqa: E402
+from neuroshard.costmodels.loading import DEFAULT_CHECKPOINT  # noqa: E402  (the shipped CPU checkpoint)
+from neuroshard.costmodels.samples import store  # noqa: E402
 from neuroshard.costmodels.pretrain import MIN_SETS  # noqa: E402  (fewest measured sets pretrain trains on)
 
-STEPS = ("collect", "pretrain", "plans", "runtime")
-DEFAULT_STEPS = ("collect", "pretrain", "plans")
+STEPS = ("here", "collect", "pretrain", "plans", "runtime")
+DEFAULT_STEPS = ("here", "plans")
+#: seconds the ``here`` step may run beyond its ``--minutes``: start-up, the fit's and the sized stages' overrun
+HERE_OVER_S = 90
+#: seconds between a step's SIGTERM at its limit and its SIGKILL
+GRACE_S = 10
 #: the tables the shipped CPU checkpoint's wide data was drawn from (no benchmark family)
 COLLECT_TABLES = ROOT / "neuroshard/checkpoints/data/cpu/compute-wide/tables.json"
 #: expected seconds of a step (the reserve kept for it while an earlier step runs), and its limit
-EXPECTED_S = {"pretrain": 70, "plans": 85, "runtime": 300}
+EXPECTED_S = {"collect": 210, "pretrain": 70, "plans": 85, "runtime": 300}
 #: a collect step's start (imports, CUDA context, reading the tables) and its last sample, seconds
 COLLECT_OVERHEAD_S = 30
 #: set-epochs of ``--epochs auto``: epochs = this / sets, within [EPOCHS_MIN, EPOCHS_MAX]
@@ -99,8 +103,8 @@ AUTO_SET_EPOCHS, EPOCHS_MIN, EPOCHS_MAX = 250_000, 30, 200
 AA_NAME = "A/A size-lookup again"
 
 
-def _env() -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def _env(extra: dict | None = None) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra or {}))
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
 
@@ -109,9 +113,9 @@ def _env() -> dict:
 _RUNNING: list[subprocess.Popen] = []
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen, signum: int = signal.SIGKILL) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -125,21 +129,27 @@ def _stop(signum, frame) -> None:
     os._exit(128 + signum)
 
 
-def run(cmd: list[str], log: Path, timeout: float, label: str) -> tuple[int, float]:
-    """One step's process, its output appended to ``log``; (exit status, seconds). On
-    timeout its whole process group is killed and the status is 124."""
+def run(cmd: list[str], log: Path, timeout: float, label: str, env: dict | None = None) -> tuple[int, float]:
+    """One step's process (``env``: variables added to this one's), its output appended to
+    ``log``; (exit status, seconds). On timeout its whole process group is sent SIGTERM, then
+    SIGKILL ``GRACE_S`` later, and the status is 124."""
     start = time.monotonic()
     with log.open("a") as f:
-        f.write(f"\n$ {' '.join(cmd)}    # limit {timeout:.0f} s\n")
+        shown = " ".join(f"{k}={v}" for k, v in (env or {}).items())
+        f.write(f"\n$ {shown + ' ' if shown else ''}{' '.join(cmd)}    # limit {timeout:.0f} s\n")
         f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT,
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env(env), cwd=ROOT,
                                 start_new_session=True)
         _RUNNING.append(proc)
         try:
             rc = proc.wait(timeout=max(1.0, timeout))
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            proc.wait()
+            _kill_group(proc, signal.SIGTERM)  # pretrain --here and collect keep what they measured
+            try:
+                proc.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                proc.wait()
             rc = 124
         finally:
             _RUNNING.remove(proc)
@@ -154,6 +164,7 @@ def plans_worker(args: argparse.Namespace) -> int:
     """Step C for one family: search, then time every device of every plan on ``--backend``;
     writes ``measured-FAMILY.txt``/``.json`` and ``plans-FAMILY.json``."""
     from neuroshard.costmodels import load_cost_models
+    from neuroshard.costmodels.loading import this_machine_name
     from neuroshard.datasets.families import family_tasks
     from neuroshard.runtime.measure_plan import estimate_gmae, measure_plans
     from neuroshard.search.api import search_plan
@@ -163,13 +174,14 @@ def plans_worker(args: argparse.Namespace) -> int:
 
     family, devices, out = args.plans_worker, args.devices, args.out
     started = time.monotonic()
-    cpu_models = load_cost_models(args.cpu_checkpoint)
+    cpu_models = load_cost_models(args.cpu_checkpoint or DEFAULT_CHECKPOINT)
+    default = store.this_machine_file(store.MACHINE_MODEL_FILE)  # what a search with no --cost-model loads here
     gpu_models = load_cost_models(args.gpu_checkpoint) if args.gpu_checkpoint else None
     models = {"CPU": cpu_models, **({"GPU": gpu_models} if gpu_models is not None else {})}
     tables, memory = family_tasks(family, devices, 1, tables_per_device=tuple(args.tables_per_device),
                                   seed=args.task_seed)[0]
     tables.batch_size = cpu_models.batch_size
-    topology = Topology(devices, local_world_size=devices)
+    topology = Topology(devices, local_world_size=devices)  # one host: the exchange over its links, analytic
     plans, search_s = {}, {}
     searches = ([("neuroshard (GPU ckpt)", "neuroshard", gpu_models)] if gpu_models is not None else []) + \
         [("neuroshard (CPU ckpt)", "neuroshard", cpu_models)] + \
@@ -205,6 +217,8 @@ def plans_worker(args: argparse.Namespace) -> int:
                "best_baseline": min(baselines, key=lambda p: p.max_compute_ms).name,
                "measure_seconds": result.config["seconds"], "kernel": result.config["kernel"],
                "hardware": result.config["hardware"], "step_seconds": round(time.monotonic() - started, 1),
+               "default_model": this_machine_name(default.parent.name) if default else DEFAULT_CHECKPOINT.name,
+               "default_is_gpu_model": bool(default and args.gpu_checkpoint and default.samefile(args.gpu_checkpoint)),
                "rows": rows}
     (out / f"plans-{family}.json").write_text(json.dumps(summary, indent=1) + "\n")
     return 0
@@ -234,6 +248,9 @@ def format_plans(summary: dict) -> list[str]:
         error = 100 * (r["GPU_model_est_max_ms"] / r["max_compute_ms"] - 1)
         lines.append(f"  GPU checkpoint's plan: predicted max {r['GPU_model_est_max_ms']:.3f} ms by its model, "
                      f"measured {r['max_compute_ms']:.3f} ms ({error:+.1f}%)")
+    if summary.get("default_model"):
+        lines.append(f"  a search with no --cost-model loads {summary['default_model']} here"
+                     + (" (the GPU model)" if summary.get("default_is_gpu_model") else ""))
     return lines
 
 
@@ -277,13 +294,62 @@ class Run:
 
 def _records(folder: Path) -> int:
     """Shard sets measured in ``folder`` so far, as pretrain will read them (torn lines left out)."""
-    return len(load_compute_data(folder)) if folder.exists() else 0
+    return len(store.load_compute_data(folder)) if folder.exists() else 0
 
 
 def _epochs(text: str, sets: int) -> int:
     if text != "auto":
         return int(text)
     return max(EPOCHS_MIN, min(EPOCHS_MAX, AUTO_SET_EPOCHS // max(sets, 1)))
+
+
+def machine_folder(out: Path, backend: str) -> Path:
+    """This machine's folder of ``pretrain --here --device backend`` under ``out/cache`` (the
+    command's ``store.machine_dir`` with ``XDG_CACHE_HOME=out/cache``)."""
+    return out / "cache" / "neuroshard" / "machines" / store.fingerprint_id(store.machine_fingerprint(backend))
+
+
+def report_lines(folder: Path) -> list[str]:
+    """The held-out part of the machine's ``report.txt`` (what was measured, the held-out errors
+    per family and model kind, pretrain's table, the stages' seconds); from ``machine.json``'s
+    fit when the command ended before writing the report."""
+    report = folder / store.MACHINE_REPORT_FILE
+    if report.exists():
+        lines = report.read_text().splitlines()
+        start = next((i for i, ln in enumerate(lines) if ln.startswith("compute:")), len(lines))
+        end = next((i for i, ln in enumerate(lines) if ln.startswith("operator costs")), len(lines))
+        return [ln for ln in lines[start:end] if ln.strip()] + [ln for ln in lines if ln.startswith("last run:")]
+    state = folder / "machine.json"
+    fit = (json.loads(state.read_text()).get("fit") or {}) if state.exists() else {}
+    if not fit:
+        return ["no report.txt and no fit in machine.json (see log.txt)"]
+    lines = ["no report.txt (the command ended after its fit: see log.txt); machine.json's fit:"]
+    for row in fit.get("families") or []:
+        lines.append(f"held-out GMAE, {row['family']} ({row['sets']} sets): " + ", ".join(
+            f"{k} {100 * v:.1f}%" for k, v in row.items() if k not in ("family", "sets")))
+    return lines + (fit.get("table") or "").splitlines()
+
+
+def step_here(r: Run, cli: list[str], reserve: float) -> Path | None:
+    """``pretrain --here`` as a user runs it, its machine folder under ``--out``; the model it wrote."""
+    args = r.args
+    limit = min(60.0 * args.here_minutes + HERE_OVER_S, r.left() - reserve)
+    if limit < 60:
+        r.skip("here", f"{r.left():.0f} s left, {reserve:.0f} s kept for the later steps")
+        return None
+    cmd = cli + ["pretrain", "--here", "--device", args.backend, "--minutes", f"{args.here_minutes:g}",
+                 "--size", args.here_size]
+    rc, seconds = run(cmd, r.log, limit, "pretrain --here", env={"XDG_CACHE_HOME": str(r.out / "cache")})
+    folder = machine_folder(r.out, args.backend)
+    model = folder / store.MACHINE_MODEL_FILE
+    made = model.exists()
+    r.record("here", rc=rc, ok=made, seconds=round(seconds, 1), limit_s=round(limit), folder=str(folder),
+             model=str(model) if made else None)
+    r.note(f"here: `neuroshard pretrain --here --device {args.backend} --minutes {args.here_minutes:g} --size "
+           f"{args.here_size}`: exit {rc} after {seconds:.0f} s (limit {limit:.0f} s); "
+           + (f"model {model}" if made else f"no model in {folder}"),
+           *(f"  {ln}" for ln in report_lines(folder)))
+    return model if made else None
 
 
 def step_collect(r: Run, cli: list[str], reserve: float) -> None:
@@ -354,7 +420,7 @@ def step_plans(r: Run, gpu_checkpoint: Path | None) -> None:
         result = r.out / f"plans-{family}.json"
         if result.exists():
             result.unlink()  # a result left by an earlier run must not pass for this one's
-        rc, seconds = run(cmd, r.log, limit, f"plans {family}")
+        rc, seconds = run(cmd, r.log, limit, f"plans {family}", env={"XDG_CACHE_HOME": str(r.out / "cache")})
         r.record(f"plans {family}", rc=rc, seconds=round(seconds, 1))
         if rc == 0 and result.exists():
             summary = json.loads(result.read_text())
@@ -402,7 +468,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      epilog="\n".join(__doc__.splitlines()[1:]))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", nargs="+", default=list(DEFAULT_STEPS), choices=STEPS,
-                        help="steps to run, always in the order collect, pretrain, plans, runtime "
+                        help="steps to run, always in the order here, collect, pretrain, plans, runtime "
                              f"(default: {' '.join(DEFAULT_STEPS)})")
     parser.add_argument("--skip", nargs="*", default=[], choices=STEPS, help="steps left out of --steps")
     parser.add_argument("--budget-s", type=float, default=510.0,
@@ -410,6 +476,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(default 510)")
     parser.add_argument("--backend", choices=("cuda", "cpu"), default="cuda",
                         help="cuda (default); cpu only for a dry run of the script on a machine without a GPU")
+    g = parser.add_argument_group("H: here")
+    g.add_argument("--here-minutes", type=float, default=4.5,
+                   help="pretrain --here's --minutes (default 4.5; the step's limit is 90 s more)")
+    g.add_argument("--here-size", choices=("default", "tiny"), default="default",
+                   help="pretrain --here's --size (tiny: a smoke test, for a dry run)")
     g = parser.add_argument_group("A: collect")
     g.add_argument("--collect-minutes", type=float, default=3.0, help="minutes of timing in collect (default 3)")
     g.add_argument("--collect-samples", "--samples", dest="collect_samples", type=int, default=4000,
@@ -437,6 +508,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.epochs != "auto" and not (args.epochs.isdigit() and int(args.epochs) >= 1):
         parser.error(f"--epochs must be auto or a positive integer, got {args.epochs!r}")
+    if not 0 < args.here_minutes <= 24 * 60:
+        parser.error(f"--here-minutes must be in (0, 1440], got {args.here_minutes:g}")
     return args
 
 
@@ -465,21 +538,25 @@ def main(argv: list[str] | None = None) -> int:
     r = Run(args, head)
     cli = [sys.executable, "-m", "neuroshard.cli"]
     plans_reserve = EXPECTED_S["plans"] * len(args.families) if "plans" in steps else 0
-    gpu_checkpoint = args.gpu_checkpoint
+    earlier = machine_folder(args.out, args.backend) / store.MACHINE_MODEL_FILE  # a here step run before
+    gpu_checkpoint = args.gpu_checkpoint or (earlier if earlier.exists() else None)
+    if "here" in steps:
+        later = sum(EXPECTED_S[s] for s in ("collect", "pretrain") if s in steps) + plans_reserve
+        gpu_checkpoint = step_here(r, cli, later) or gpu_checkpoint
     if "collect" in steps:
         step_collect(r, cli, (EXPECTED_S["pretrain"] if "pretrain" in steps else 0) + plans_reserve)
     if "pretrain" in steps:
         gpu_checkpoint = step_pretrain(r, cli, plans_reserve) or gpu_checkpoint
     if "plans" in steps:
-        if gpu_checkpoint is None:
-            r.note("plans: no GPU checkpoint (pretrain did not run or failed, no --gpu-checkpoint): NeuroShard is "
-                   "searched with the CPU checkpoint only")
+        r.note(f"plans: GPU model {gpu_checkpoint}" if gpu_checkpoint is not None else
+               "plans: no GPU model (here and pretrain made none, no --gpu-checkpoint): NeuroShard is searched "
+               "with the CPU checkpoint only")
         step_plans(r, gpu_checkpoint)
     if "runtime" in steps:
         step_runtime(r, cli)
     r.write()
     print(f"summary: {args.out / 'summary.txt'}")
-    return 0 if all(v.get("rc", 0) == 0 for v in r.status.values()) else 1
+    return 0 if all(v.get("ok", v.get("rc", 0) == 0) for v in r.status.values()) else 1
 
 
 def _has_fbgemm() -> bool:
