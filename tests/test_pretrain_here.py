@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import neuroshard
 from neuroshard.cli import main
@@ -150,3 +151,15 @@ def test_a_machine_with_another_fingerprint_gets_the_shipped_models(machine, mon
 def test_pretrain_options_of_here_and_of_data_are_kept_apart(args, message, capsys):
     assert main(args) != 0
     assert message in capsys.readouterr().err
+
+
+def test_overhead_runs_follow_the_device():
+    """The overheads stage trains with gloo on the CPU (even where torch sees a GPU: NCCL would put
+    the ranks on it), and with nccl on the GPUs only in configurations of at most one process a GPU."""
+    from neuroshard.measured.machine_profiles import overhead_runs
+    from neuroshard.runtime.overheads import CALIBRATION_CONFIGS
+    assert overhead_runs("cpu", CALIBRATION_CONFIGS) == ("gloo", list(CALIBRATION_CONFIGS))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend, runnable = overhead_runs("cuda", CALIBRATION_CONFIGS)
+    assert backend == "nccl" and runnable == [c for c in CALIBRATION_CONFIGS if c[-1] <= gpus]
+    assert {c[-1] for c in CALIBRATION_CONFIGS} >= {2, 3}  # so on this machine (no GPU) none is runnable

@@ -172,6 +172,18 @@ def comm_device_counts(backend: str) -> list[int]:
     return list(range(2, min(available, MAX_COMM_DEVICES) + 1))
 
 
+def overhead_runs(backend: str, configs: Sequence[tuple]) -> tuple[str, list[tuple]]:
+    """The torch.distributed backend of the overheads stage's real runs and the configurations
+    it can run (a configuration's last field is its process count): gloo processes of any count
+    for ``cpu`` (even on a machine with GPUs), nccl for ``cuda`` with one GPU a process, so only
+    configurations of at most the GPUs (none on one GPU: nccl refuses two ranks on one device)."""
+    if backend != "cuda":
+        return "gloo", list(configs)
+    import torch
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return "nccl", [c for c in configs if c[-1] <= gpus]
+
+
 def choose_overhead_configs(configs: Sequence[tuple], profile: Profile, seconds: float) -> list[tuple]:
     """The overhead configurations of the training families (a configuration is ``(family,
     tables, seed, model, batch, processes)``), alternating process counts, as many as

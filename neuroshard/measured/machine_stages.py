@@ -28,7 +28,7 @@ from ..validate import read_json
 from .collect import collect_comm, collect_compute
 from .machine_profiles import (CEILING_COMM_SAMPLES, CEILING_COMPUTE_SETS, MIN_COMM_SAMPLES, MIN_COMPUTE_SETS,
                                SHARES, Profile, choose_overhead_configs, comm_device_counts, dense_size,
-                               machine_pace, split_count, write_pools)
+                               machine_pace, overhead_runs, split_count, write_pools)
 from .machine_report import fit_models, format_report
 from .progress import Progress
 
@@ -304,7 +304,11 @@ class MachineRun:
             self.result.skipped.append("overheads")
             return
         chosen: list[tuple] = []
-        if calibrate is not None:
+        distributed, configs = overhead_runs(self.backend, configs)
+        if calibrate is not None and not configs:
+            self.say(f"overheads: no real training run fits this machine's devices for {self.backend} "
+                     f"(one {distributed} process a device, 2 at least): operator costs without overheads")
+        if calibrate is not None and configs:
             room = min(self.share("overheads"),
                        self.deadline - time.monotonic() - 60.0 * self.minutes * (1.0 - sum(SHARES.values())))
             if self.profile.overhead_configs is None:
@@ -325,7 +329,7 @@ class MachineRun:
             runs.append(config)
         try:
             fitted = calibrate(models, operators, chosen, iterations=self.profile.overhead_iterations,
-                               progress=on_config)
+                               progress=on_config, backend=distributed)
         finally:
             self.spend("overheads", time.monotonic() - started)
         self.say(f"overheads: {len(chosen)} real training run{'s' if len(chosen) != 1 else ''} "

@@ -57,15 +57,16 @@ CALIBRATION_ALGORITHMS = ("neuroshard", "size-lookup", "size", "dim")
 
 
 def calibration_run(config: tuple, cost_models: CostModels, iterations: int = 12, warmup: int = 3,
-                    algorithms: Sequence[str] = CALIBRATION_ALGORITHMS) -> list[tuple]:
+                    algorithms: Sequence[str] = CALIBRATION_ALGORITHMS, backend: str = "auto") -> list[tuple]:
     """Train one calibration configuration's plans (one per algorithm) interleaved: ``(name,
-    plan, tables, model, batch, measurement)`` per plan."""
+    plan, tables, model, batch, measurement)`` per plan. ``backend``: the runs' torch.distributed
+    backend (auto: nccl where torch sees a GPU, else gloo)."""
     family, count, seed, model, batch, devices = config
     tables = generate(family, num_tables=count, seed=seed)
     tables.batch_size = batch
     plans = [search_plan(tables, devices, "64GiB", name, cost_models=cost_models) for name in algorithms]
     measured = evaluate_together(plans, tables, devices, iterations=iterations, warmup=warmup, batch_size=batch,
-                                 model=model)
+                                 model=model, backend=backend)
     return [(name, plan, tables, model, batch, m) for name, plan, m in zip(algorithms, plans, measured)]
 
 
@@ -90,14 +91,16 @@ def overhead_points(config: tuple, runs: list[tuple], cost_models: CostModels, o
 
 def calibrate_overheads(cost_models: CostModels, operators: OperatorModels,
                         configs: Sequence[tuple] = CALIBRATION_CONFIGS, iterations: int = 12,
-                        progress=None, algorithms: Sequence[str] = CALIBRATION_ALGORITHMS) -> OperatorModels:
-    """``operators`` with the overheads of real runs of ``configs`` (module docstring)."""
+                        progress=None, algorithms: Sequence[str] = CALIBRATION_ALGORITHMS,
+                        backend: str = "auto") -> OperatorModels:
+    """``operators`` with the overheads of real runs of ``configs`` (module docstring), each run on
+    ``backend`` (``calibration_run``)."""
     points: list[dict] = []
     runs = []
     for run, config in enumerate(configs):
         if progress is not None:
             progress(config)
-        runs.append(calibration_run(config, cost_models, iterations, algorithms=algorithms))
+        runs.append(calibration_run(config, cost_models, iterations, algorithms=algorithms, backend=backend))
         points += overhead_points(config, runs[-1], cost_models, operators, run=run)
     terms = OperatorModels(**operators.get_params()).fit(operators.samples_, operators.hardware_, points)
     # then the period: with more ranks than cores the ranks take turns on them, which no term's
