@@ -24,9 +24,8 @@ H. ``here`` (default): ``neuroshard pretrain --here --device cuda --minutes M --
    analytic exchange model; fit (on the CPU): neural, tree and analytic models held out per
    family beside the shipped checkpoint; dense: the operators of a training step on the host
    CPU, not the GPU (``collect_dense`` takes no device); overheads: real training runs of 2 and
-   3 processes on the runtime's default backend, NCCL where torch sees a GPU, whose ranks would
-   share the one GPU (NCCL refuses that), so the command can end there with an error, after
-   ``model.pt`` is written. Step C's GPU model is that ``model.pt``; ``summary.txt`` gets the
+   3 NCCL processes, one a GPU, so none on one GPU (the operator costs then carry no overheads,
+   and the command says so). Step C's GPU model is that ``model.pt``; ``summary.txt`` gets the
    report's held-out tables (from ``machine.json`` when ``report.txt`` was not written).
 A. ``collect`` (older runs, ``--steps``): ``neuroshard collect compute --device cuda`` of
    random sets (1 to ``--max-tables-per-device`` shards, default 32, at most 3 GiB, 30% row
