@@ -622,6 +622,15 @@ def honest_limits(runs, rows) -> list[str]:
 
 #: the network a pre-trained-here run's plans are for, by its command
 ONE_HOST, THIS_MACHINE = "one host of D GPUs", "this machine's exchange"
+ANY_BLOCKS = ONE_HOST + ", `--row-blocks any`"  # our searches may cut row blocks TorchRec does not run
+
+
+def network_of(records: list[dict]) -> str:
+    """The network a pre-trained-here run's plans are for (and the row blocks), by its command."""
+    command = " ".join(rec["command"] for rec in records)
+    if "--one-host" not in command:
+        return THIS_MACHINE
+    return ANY_BLOCKS if "--row-blocks any" in command else ONE_HOST
 
 
 def pretrained_here() -> list[str]:
@@ -636,8 +645,7 @@ def pretrained_here() -> list[str]:
     runs = sorted(p.parent for p in HERE.glob("*/tasks.csv"))
     if not runs:
         return []
-    network = {r.name: ONE_HOST if any("--one-host" in rec["command"] for rec in sources(r)) else THIS_MACHINE
-               for r in runs}
+    network = {r.name: network_of(sources(r)) for r in runs}
     rows = pd.concat([pd.read_csv(r / "tasks.csv", dtype={"failed": str}).assign(run=r.name, network=network[r.name])
                       for r in runs], ignore_index=True)
     rows["failed"] = rows["failed"].fillna("")
@@ -647,7 +655,8 @@ def pretrained_here() -> list[str]:
     rows["total_ratio"] = rows["max_total_ms"] / rows["least_total"]
 
     body = []
-    for (net, devices), g in sorted(rows.groupby(["network", "devices"]), key=lambda kv: (kv[0][0] != ONE_HOST,
+    order = (ONE_HOST, ANY_BLOCKS, THIS_MACHINE)
+    for (net, devices), g in sorted(rows.groupby(["network", "devices"]), key=lambda kv: (order.index(kv[0][0]),
                                                                                           kv[0][1])):
         seconds = g[(g["algorithm"] == REFINE_BUDGET) & (g["failed"] == "")]["search_time_s"].dropna().to_numpy()
         body.append([net, devices, tasks_of(g), ratio_cell(g, "neuroshard"),
@@ -661,9 +670,10 @@ def pretrained_here() -> list[str]:
         if not len(r):
             return "not run"
         met = geomean(r) <= target[0] and r.max() <= target[1]
-        return f"{f3(geomean(r))}x, worst {f3(r.max())}x over {len(r)} tasks: {'met' if met else 'not met'}"
+        return (f"{f3(geomean(r))}x, worst {f3(r.max())}x over {len(r)} task{'s' if len(r) != 1 else ''}: "
+                f"{'met' if met else 'not met'}")
     verdicts = []
-    for net in (ONE_HOST, THIS_MACHINE):
+    for net in order:
         part = rows[rows["network"] == net]
         if len(part):
             verdicts.append(f"plans for {net}: plain {verdict(part, 'neuroshard', 'ratio_to_best_baseline', PLAIN_TARGET)}"
@@ -705,7 +715,9 @@ def pretrained_here() -> list[str]:
             f"than on a GPU and which the instrument does not time (docs/decisions.md#held-out-judge). "
             f"Measured-greedy cuts a table over half a device into the fewest row blocks that fit, counts TorchRec "
             f"may not run; the search keeps TorchRec's (docs/decisions.md#row-blocks-torchrec-default), which "
-            f"for huge hot tables means more blocks and more work (hot-few). Against the "
+            f"for huge hot tables means more blocks and more work (hot-few); with `--row-blocks any` our "
+            f"searches may cut any count too, and the same run times the plain search with TorchRec's layouts "
+            f"(`neuroshard-torchrec-layouts`). Against the "
             f"targets on compute (plain at most {PLAIN_TARGET[0]:.2f}x, worst {PLAIN_TARGET[1]:.2f}x; refine inside "
             f"its default budget at most {REFINE_TARGET[0]:.2f}x, worst {REFINE_TARGET[1]:.2f}x): "
             + "; ".join(verdicts) + "." + exchange + " "
