@@ -176,8 +176,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="wall-clock budget, split over the stages by fixed shares (default 25: the whole "
                            "command within 30 minutes on a 2-core machine)")
     here.add_argument("--size", choices=("default", "tiny"), default=None,
-                      help="default, or tiny: a smoke test of the command (a minute or two) whose model is not "
-                           "worth searching with")
+                      help="default, or tiny: a smoke test of the command (a minute or two, with --minutes 4 or more: "
+                           "each stage's share of a smaller budget may not time the sets it needs) whose model is "
+                           "not worth searching with")
     here.add_argument("--compute-sets", type=int_in(18, 10**6, "a set count >= 18"), default=None, metavar="N",
                       help="shard sets to measure in all (default: as many as the compute share of the budget "
                            "allows)")
