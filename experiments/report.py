@@ -653,6 +653,11 @@ def pretrained_here() -> list[str]:
     least = rows[baseline].groupby(["run", "family", "devices", "task"])["max_total_ms"].min().rename("least_total")
     rows = rows.join(least, on=["run", "family", "devices", "task"])
     rows["total_ratio"] = rows["max_total_ms"] / rows["least_total"]
+    # against the baselines whose row blocks are TorchRec's (not measured-greedy's, cut to any count)
+    runnable = rows["algorithm"].isin([b for b in BASELINES if b != "measured-greedy"]) & (rows["failed"] == "")
+    best_runnable = rows[runnable].groupby(["run", "family", "devices", "task"])["max_compute_ms"].min()
+    rows = rows.join(best_runnable.rename("best_runnable"), on=["run", "family", "devices", "task"])
+    rows["runnable_ratio"] = rows["max_compute_ms"] / rows["best_runnable"]
 
     body = []
     order = (ONE_HOST, ANY_BLOCKS, THIS_MACHINE)
@@ -660,6 +665,7 @@ def pretrained_here() -> list[str]:
                                                                                           kv[0][1])):
         seconds = g[(g["algorithm"] == REFINE_BUDGET) & (g["failed"] == "")]["search_time_s"].dropna().to_numpy()
         body.append([net, devices, tasks_of(g), ratio_cell(g, "neuroshard"),
+                     ratio_cell(g, "neuroshard", "runnable_ratio"),
                      ratio_cell(g, "neuroshard", "total_ratio"), ratio_cell(g, REFINE_BUDGET),
                      ratio_cell(g, REFINE_BUDGET, "total_ratio"),
                      f"{np.median(seconds):.0f} ({seconds.min():.0f}-{seconds.max():.0f})" if len(seconds) else "",
@@ -701,7 +707,8 @@ def pretrained_here() -> list[str]:
                     f"{verdict(mine_here, 'neuroshard', 'total_ratio', PLAIN_TARGET)}; refine "
                     f"{verdict(mine_here, REFINE_BUDGET, 'total_ratio', REFINE_TARGET)}.")
     return ["## A model pre-trained on this machine", "",
-            *table(["plans for", "devices", "tasks", "`search`: compute", "`search`: + exchange",
+            *table(["plans for", "devices", "tasks", "`search`: compute", "`search`: compute, TorchRec's layouts' best",
+                    "`search`: + exchange",
                     "`search --refine`: compute", "`search --refine`: + exchange", "refine's seconds: median (range)",
                     "measured-greedy: compute", "TorchRec's planner: compute", "A/A control"], body),
             "",
@@ -709,7 +716,8 @@ def pretrained_here() -> list[str]:
             f"of the pre-training, which measured this machine with `neuroshard pretrain --here`{pretrained}; its "
             f"report and model are in `experiments/results/pretrained_here/`. *Compute*: the slowest device's "
             f"measured compute (as everywhere on this page). *+ exchange*: each device's measured compute plus its "
-            f"modelled exchange, over the least baseline's. *Plans for {ONE_HOST}* (`--one-host`): the exchange "
+            f"modelled exchange, over the least baseline's. *TorchRec's layouts' best*: over the best "
+            f"baseline but measured-greedy (whose row blocks TorchRec may not run). *Plans for {ONE_HOST}* (`--one-host`): the exchange "
             f"costed over NVLink, so every algorithm weighs compute, as the instrument does; *{THIS_MACHINE}*: the "
             f"gloo all-to-all between processes on 2 cores that `pretrain --here` measured, which weighs far more "
             f"than on a GPU and which the instrument does not time (docs/decisions.md#held-out-judge). "
