@@ -641,13 +641,18 @@ def pretrained_here() -> list[str]:
     costed over NVLink, so the search weighs compute as the instrument does; else this machine's
     measured gloo exchange, docs/decisions.md#held-out-judge). Two measures: the measured compute
     of the slowest device (the benchmark's), and the same with the modelled exchange added per
-    device (``max_total_ms``: what refine and the search minimise)."""
+    device (``max_total_ms``: what refine and the search minimise). A task of one network measured in
+    several runs counts as its latest run measured it (by date, then folder name)."""
     runs = sorted(p.parent for p in HERE.glob("*/tasks.csv"))
     if not runs:
         return []
     network = {r.name: network_of(sources(r)) for r in runs}
-    rows = pd.concat([pd.read_csv(r / "tasks.csv", dtype={"failed": str}).assign(run=r.name, network=network[r.name])
-                      for r in runs], ignore_index=True)
+    runs = sorted(runs, key=lambda r: (sources(r)[0]["date"], r.name))  # the latest run of a task counts
+    rows = pd.concat([pd.read_csv(r / "tasks.csv", dtype={"failed": str}).assign(run=r.name, network=network[r.name],
+                                                                              order=i)
+                      for i, r in enumerate(runs)], ignore_index=True)
+    latest = rows.groupby(["network", "family", "devices", "task"])["order"].transform("max")
+    rows = rows[rows["order"] == latest].copy()
     rows["failed"] = rows["failed"].fillna("")
     baseline = rows["algorithm"].isin(BASELINES) & (rows["failed"] == "")
     least = rows[baseline].groupby(["run", "family", "devices", "task"])["max_total_ms"].min().rename("least_total")
