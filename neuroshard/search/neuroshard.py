@@ -364,6 +364,8 @@ def place_many(sim: Simulator, states: list[list[Piece]], memory_bytes: int,
         kept = [(ids, row, pieces) for row in distinct.values() if blocks.keeps(row)]
         if not kept and blocks.active:  # none does: each laid out as TorchRec runs it, where memory allows
             kept = [placed for row in distinct.values() if (placed := _runnable(sim, pieces, row, memory_bytes))]
+            if not kept and sim.tiers is None:  # no layout TorchRec runs fits: placed freely, written as
+                kept = [(ids, row, pieces) for row in distinct.values()]  # make_plan can (it warns)
         candidates += kept
         owners += [s] * len(kept)
     out: list[Placement | None] = [None] * len(states)

@@ -195,11 +195,13 @@ class RowBlockRule:
     0..W-1, joined into one strip: row-wise; ``L`` blocks on one host's ranks: table-row-wise
     or a grid). ``allows``: a move keeps the rule; ``keeps``: a placement does.
 
-    Without tiers the search places freely and ``rowwise.runnable_row_splits`` re-cuts
-    what breaks the rule before the plan is written, in the room the devices have left.
-    The tier search fills the devices with caches (``TIER_PACKING_HEADROOM``), so that
-    re-cut seldom fits: with ``row_blocks="torchrec"`` and tables outside device memory,
-    the search keeps the rule as it places. Otherwise (``active`` false) every move and
+    With ``row_blocks="torchrec"`` the search keeps the rule as it places: placed freely,
+    row blocks were re-cut or joined (``runnable_row_splits``) before the plan was written,
+    at costs the search never compared (docs/decisions.md#row-blocks-torchrec-default).
+    Where no placement keeps it and no re-cut fits, an untiered search still places
+    freely (the plan is then written as ``runnable_row_splits`` can, with a warning); a
+    tiered one does not (its caches fill the devices, ``TIER_PACKING_HEADROOM``, so the
+    re-cut seldom fits). With ``row_blocks="any"`` (``active`` false) every move and
     placement is allowed."""
 
     def __init__(self, sim: "Simulator", pieces: Sequence[Piece]):
