@@ -305,7 +305,7 @@ def _epochs(text: str, sets: int) -> int:
 def machine_folder(out: Path, backend: str) -> Path:
     """This machine's folder of ``pretrain --here --device backend`` under ``out/cache`` (the
     command's ``store.machine_dir`` with ``XDG_CACHE_HOME=out/cache``)."""
-    return out / "cache" / "neuroshard" / "machines" / store.fingerprint_id(store.machine_fingerprint(backend))
+    return out / "cache" / store.machine_dir(backend).relative_to(store.cache_root().parent)
 
 
 def report_lines(folder: Path) -> list[str]:

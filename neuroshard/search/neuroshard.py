@@ -53,8 +53,8 @@ from ..types import Piece, Placement
 from .baselines import GREEDY_KEYS, best_packing_greedy, greedy_by_key
 from .params import NeuroShardParams
 from .placer import greedy_place
-from .rowwise import (RowBlockRule, halve_strip_cols, place_with_splits, runnable_row_splits, split_table_rows,
-                      strip_groups, written_layout)
+from .rowwise import (RowBlockRule, halve_strip_cols, place_with_splits, split_table_rows, strip_groups,
+                      written_layout)
 from .simulator import Simulator
 
 log = logging.getLogger(__name__)
@@ -381,11 +381,8 @@ def place_many(sim: Simulator, states: list[list[Piece]], memory_bytes: int,
 def _runnable(sim: Simulator, pieces: list[Piece], devices: np.ndarray,
               memory_bytes: int) -> tuple[np.ndarray, np.ndarray, list[Piece]] | None:
     """A placement whose row blocks break ``RowBlockRule`` re-laid out as the plan is before it is
-    written (``rowwise.runnable_row_splits``), as (ids, devices, pieces); None when it still breaks it."""
-    pieces, devices = runnable_row_splits(pieces, devices, sim.num_devices, sim.footprint, memory_bytes,
-                                          lambda p, d: float(sim.evaluate(p, d[None, :]).max_ms[0]),
-                                          local_world_size=sim.local_world_size, allowed=sim.allows_placement,
-                                          quiet=True)
+    written (``rowwise.written_layout``), as (ids, devices, pieces); None when it still breaks it."""
+    pieces, devices = written_layout(sim, pieces, devices, memory_bytes)
     if not RowBlockRule(sim, pieces).keeps(devices):
         return None
     return sim.piece_ids(pieces), devices, list(pieces)
