@@ -53,7 +53,8 @@ Results go
 to ``--out`` (default ``experiments/results/plans_vs_baselines/<date>_<devices>dev_seed<seed>``):
 ``SOURCE.json`` (the command, date, commit and CPU), ``tasks.csv`` (one row per task and plan,
 appended as each task finishes, so an interrupted run resumes where it stopped),
-``summary.csv``, ``summary.md``, ``ratios.png`` and, with ``--refine-rounds``, each task's
+``devices.csv`` (one row per task, plan and device: measured and estimated compute, shards,
+rows and widths: the cost model's per-device errors on held-out tasks), ``summary.csv``, ``summary.md``, ``ratios.png`` and, with ``--refine-rounds``, each task's
 refine record (``refine_<family>_<D>dev_task<N>.json``: every plan refine timed, its finalists'
 two runs, polish's steps).
 """
@@ -152,8 +153,9 @@ def refine_columns(refine: dict) -> dict:
             "polish_accepted": refine.get("polish", {}).get("accepted", math.nan)}
 
 
-def run_task(family: str, devices: int, index: int, tables, memory: int, args, models) -> list[dict]:
-    """Plan the task with every algorithm, measure all plans in one interleaved run."""
+def run_task(family: str, devices: int, index: int, tables, memory: int, args, models) -> tuple[list[dict], list[dict]]:
+    """Plan the task with every algorithm, measure all plans in one interleaved run. Returns the
+    task's rows (tasks.csv) and its devices' (devices.csv)."""
     plans, rows = {}, []
     # --one-host: every plan is for one host of D GPUs (analytic NVLink exchange, TorchRec's constants)
     network = {"topology": Topology(devices, local_world_size=devices)} if args.one_host else {}
@@ -295,6 +297,12 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
             r["total_ratio_to_least_baseline"] = r["total_compute_ms"] / least_total
             r["work_bound_ratio"] = work_bound / best
             r["a2a_ratio_to_best_baseline"] = r["a2a_bytes_per_device"] / best_bytes
+    per_device = [{"family": family, "devices": devices, "task": index, "algorithm": p.name, "device": d,
+                   "measured_ms": p.compute_ms[d], "estimated_ms": p.estimated_compute_ms[d],
+                   "shards": len(p.plan.shards_on(d)),
+                   "rows": sum(s.num_rows for s in p.plan.shards_on(d)),
+                   "width": sum(s.num_cols for s in p.plan.shards_on(d))}
+                  for p in result.plans for d in range(p.plan.num_devices)]
     if CONTROL in measured:
         by_name = {p.name: p.compute_ms for p in result.plans}
         rows.append({**{k: rows[0][k] for k in ("family", "devices", "task", "tables", "memory_bytes",
@@ -302,7 +310,7 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
                      "algorithm": "A/A", "aa_ratio": measured[CONTROL] / measured["measured-greedy"], "failed": "",
                      # the noise ceiling of a within-plan Spearman: the same plan's devices, measured twice
                      "aa_spearman": estimate_spearman(by_name[CONTROL], by_name["measured-greedy"])})
-    return rows
+    return rows, per_device
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
@@ -466,13 +474,15 @@ def main() -> None:
                     continue
                 t0 = time.perf_counter()
                 try:
-                    rows = run_task(family, devices, index, tables, memory, args, models)
+                    rows, per_device = run_task(family, devices, index, tables, memory, args, models)
                 except NeuroShardError as exc:  # e.g. no memory for a device set now: the next tasks still run
                     log.warning("%s, %d devices, task %d failed (a rerun retries it): %s", family, devices, index,
                                 str(exc).splitlines()[0])
                     continue
                 frame = pd.DataFrame(rows).reindex(columns=columns)
                 frame.to_csv(csv, mode="a", header=not csv.exists(), index=False)
+                device_csv = out / "devices.csv"
+                pd.DataFrame(per_device).to_csv(device_csv, mode="a", header=not device_csv.exists(), index=False)
                 ns = frame.set_index("algorithm")
                 log.info("%s, %d devices, task %d (%d tables): neuroshard %.3f, A/A %.3f of the best baseline; "
                          "%.0f s", family, devices, index, len(tables),
