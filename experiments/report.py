@@ -56,6 +56,41 @@ def table(headers: list[str], rows: list[list]) -> list[str]:
     return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
 
 
+def held_out_runtime_check() -> list[str]:
+    """The held-out families' line of ``measure_vs_runtime.py --refine-candidates``: how often the plan
+    ``measure`` (refine's instrument) finds fastest among refine's compared plans is also the training
+    runtime's fastest, and what it costs there."""
+    folders = sorted((RESULTS / "measure_vs_runtime").glob("held_out_*"))
+    if not folders:
+        return []
+    picks, regrets, aa, families, devices = [], [], {"measure": [], "runtime": []}, [], set()
+    for folder in folders:
+        df = pd.read_csv(folder / "measure_vs_runtime.csv")
+        families.append(folder.name.split("_", 3)[-1])
+        devices.add(int(df["device"].max()) + 1)
+        for _, task in df.groupby("task"):
+            slowest = task.groupby("plan")[["measure_ms", "runtime_ms"]].max()
+            copy = slowest.index.str.endswith("(copy)")
+            plans = slowest[~copy]
+            pick = plans["measure_ms"].idxmin()
+            picks.append(pick == plans["runtime_ms"].idxmin())
+            regrets.append(plans.loc[pick, "runtime_ms"] / plans["runtime_ms"].min())
+            if copy.any():
+                first = slowest.loc[slowest.index[copy][0].removesuffix(" (copy)")]
+                for kind in aa:
+                    aa[kind].append(abs(np.log(slowest[copy][f"{kind}_ms"].iloc[0] / first[f"{kind}_ms"])))
+    runs = [r for f in folders for r in sources(f)]
+    return [f"- **Does refine's instrument choose as training would?** On held-out families ({', '.join(families)}; "
+            f"{'/'.join(map(str, sorted(devices)))} devices, {len(picks)} tasks, plans for one host), among the plans "
+            f"refine's comparison times first (the plain search's, lookup's, size-lookup's, dim's), the one `measure` "
+            f"finds fastest (caches flushed, one device at a time) is the included runtime's fastest (one gloo "
+            f"process per device, warm from step to step) in {sum(picks)} of {len(picks)} tasks; on the runtime it "
+            f"runs {f3(geomean(regrets))}x the runtime's fastest (geometric mean; worst {f3(max(regrets))}). A/A "
+            f"control, a copy of the plain search's plan: {100 * np.mean(aa['measure']):.1f}% on `measure`, "
+            f"{100 * np.mean(aa['runtime']):.1f}% on the runtime (mean |log| of the slowest device). "
+            + made(runs, "runs " + "; ".join(f"`{r['command']}`" for r in runs))]
+
+
 def sources(folder: Path) -> list[dict]:
     """Every run a results folder records (``SOURCE*.json``: one run, or ``{"runs": [...]}``)."""
     out = []
@@ -495,6 +530,7 @@ def other_measurements() -> list[str]:
             f"{mvr.groupby(['task', 'plan'])['same_slowest_device'].all().mean():.0%} of plans, the plans in the "
             f"same order in {'every' if order_ok else 'not every'} task. "
             + made(sources(RESULTS / "measure_vs_runtime"))]
+    out += held_out_runtime_check()
     text = (RESULTS / "reference_timing" / "amd_epyc.txt").read_text()
     figures = dict(re.findall(r"^(\w[\w ]*?)\s+mean \|log A/A\| ([\d.]+%)", text, flags=re.M))
     out += [f"- **A reference device beside every turn** (criteo-kaggle, 8 devices, 4 runs): the A/A control's "
@@ -633,6 +669,12 @@ def network_of(records: list[dict]) -> str:
     return ANY_BLOCKS if "--row-blocks any" in command else ONE_HOST
 
 
+def bound_cell(g: pd.DataFrame) -> str:
+    """The work bound of ``g``'s tasks (``work_bound_ratio``, one per task): geometric mean (least)."""
+    bounds = g.groupby(["family", "devices", "task"])["work_bound_ratio"].first().dropna()
+    return f"{f3(geomean(bounds))} ({f3(bounds.min())})" if len(bounds) else ""
+
+
 def pretrained_here() -> list[str]:
     """The plain search with a model pre-trained on the timing machine (``pretrain --here``), and
     ``search --refine`` inside its default budget, on families held out of that pre-training:
@@ -674,7 +716,7 @@ def pretrained_here() -> list[str]:
                      ratio_cell(g, "neuroshard", "total_ratio"), ratio_cell(g, REFINE_BUDGET),
                      ratio_cell(g, REFINE_BUDGET, "total_ratio"),
                      f"{np.median(seconds):.0f} ({seconds.min():.0f}-{seconds.max():.0f})" if len(seconds) else "",
-                     ratio_cell(g, "measured-greedy"), ratio_cell(g, "torchrec"), aa_cell(g)])
+                     ratio_cell(g, "measured-greedy"), ratio_cell(g, "torchrec"), aa_cell(g), bound_cell(g)])
 
     def verdict(part: pd.DataFrame, algorithm: str, column: str, target: tuple[float, float]) -> str:
         r = part[(part["algorithm"] == algorithm) & (part["failed"] == "")][column].dropna()
@@ -688,7 +730,8 @@ def pretrained_here() -> list[str]:
         part = rows[rows["network"] == net]
         if len(part):
             verdicts.append(f"plans for {net}: plain {verdict(part, 'neuroshard', 'ratio_to_best_baseline', PLAIN_TARGET)}"
-                            f"; refine {verdict(part, REFINE_BUDGET, 'ratio_to_best_baseline', REFINE_TARGET)}")
+                            f"; refine {verdict(part, REFINE_BUDGET, 'ratio_to_best_baseline', REFINE_TARGET)}"
+                            f"; the work bound of those tasks {bound_cell(part)}")
     mine_here = rows[rows["network"] == THIS_MACHINE]
     own = []  # refine's own comparison (its record) beside this run's figure of the same objective
     for r in runs:
@@ -715,7 +758,7 @@ def pretrained_here() -> list[str]:
             *table(["plans for", "devices", "tasks", "`search`: compute", "`search`: compute, TorchRec's layouts' best",
                     "`search`: + exchange",
                     "`search --refine`: compute", "`search --refine`: + exchange", "refine's seconds: median (range)",
-                    "measured-greedy: compute", "TorchRec's planner: compute", "A/A control"], body),
+                    "measured-greedy: compute", "TorchRec's planner: compute", "A/A control", "work bound"], body),
             "",
             f"Plans over the best baseline's (geometric mean, worst in brackets) on {families}: families held out "
             f"of the pre-training, which measured this machine with `neuroshard pretrain --here`{pretrained}; its "
@@ -730,7 +773,9 @@ def pretrained_here() -> list[str]:
             f"may not run; the search keeps TorchRec's (docs/decisions.md#row-blocks-torchrec-default), which "
             f"for huge hot tables means more blocks and more work (hot-few); with `--row-blocks any` our "
             f"searches may cut any count too, and the same run times the plain search with TorchRec's layouts "
-            f"(`neuroshard-torchrec-layouts`). Against the "
+            f"(`neuroshard-torchrec-layouts`). *Work bound*: the least total compute any plan of the task reached, "
+            f"spread evenly over its devices, over the best baseline's slowest device: below it a plan must do less "
+            f"work than every plan timed, not balance better (the least task's in brackets). Against the "
             f"targets on compute (plain at most {PLAIN_TARGET[0]:.2f}x, worst {PLAIN_TARGET[1]:.2f}x; refine inside "
             f"its default budget at most {REFINE_TARGET[0]:.2f}x, worst {REFINE_TARGET[1]:.2f}x): "
             + "; ".join(verdicts) + "." + exchange + " "
