@@ -63,7 +63,7 @@ def held_out_runtime_check() -> list[str]:
     folders = sorted((RESULTS / "measure_vs_runtime").glob("held_out_*"))
     if not folders:
         return []
-    picks, regrets, aa, families, devices = [], [], {"measure": [], "runtime": []}, [], set()
+    picks, regrets, aa, families, devices, misses = [], [], {"measure": [], "runtime": []}, [], set(), []
     for folder in folders:
         df = pd.read_csv(folder / "measure_vs_runtime.csv")
         families.append(folder.name.split("_", 3)[-1])
@@ -79,13 +79,17 @@ def held_out_runtime_check() -> list[str]:
                 first = slowest.loc[slowest.index[copy][0].removesuffix(" (copy)")]
                 for kind in aa:
                     aa[kind].append(abs(np.log(slowest[copy][f"{kind}_ms"].iloc[0] / first[f"{kind}_ms"])))
+            if not picks[-1]:
+                misses.append(f"{families[-1]}: {f3(regrets[-1])}x"
+                              + (f", the task's runtime A/A {100 * aa['runtime'][-1]:.1f}%" if copy.any() else ""))
     runs = [r for f in folders for r in sources(f)]
     return [f"- **Does refine's instrument choose as training would?** On held-out families ({', '.join(families)}; "
             f"{'/'.join(map(str, sorted(devices)))} devices, {len(picks)} tasks, plans for one host), among the plans "
             f"refine's comparison times first (the plain search's, lookup's, size-lookup's, dim's), the one `measure` "
             f"finds fastest (caches flushed, one device at a time) is the included runtime's fastest (one gloo "
             f"process per device, warm from step to step) in {sum(picks)} of {len(picks)} tasks; on the runtime it "
-            f"runs {f3(geomean(regrets))}x the runtime's fastest (geometric mean; worst {f3(max(regrets))}). A/A "
+            f"runs {f3(geomean(regrets))}x the runtime's fastest (geometric mean; worst {f3(max(regrets))}"
+            + (f"; {'; '.join(misses)}" if misses else "") + "). A/A "
             f"control, a copy of the plain search's plan: {100 * np.mean(aa['measure']):.1f}% on `measure`, "
             f"{100 * np.mean(aa['runtime']):.1f}% on the runtime (mean |log| of the slowest device). "
             + made(runs, "runs " + "; ".join(f"`{r['command']}`" for r in runs))]
