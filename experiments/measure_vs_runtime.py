@@ -30,6 +30,7 @@ import pandas as pd
 from common import write_source
 from neuroshard.costmodels import load_cost_models
 from neuroshard.datasets.families import FAMILIES, family_tasks
+from neuroshard.measured.judge import geometric_mean
 from neuroshard.runtime.evaluate import measure_alternating
 from neuroshard.runtime.measure_plan import measure_plans
 from neuroshard.search.api import search_plan
@@ -94,7 +95,7 @@ def main() -> None:
                f"same slowest device: {df.groupby(['task', 'plan'])['same_slowest_device'].first().mean():.0%} of plans; "
                f"same order of the {len(algorithms)} plans: {np.mean(same_order):.0%} of tasks; "
                f"same best plan: {np.mean(best_same):.0%} of tasks; on the runtime, measure's fastest plan over "
-               f"the runtime's fastest: {_geomean(regret):.3f} (geometric mean), worst {max(regret):.3f}")
+               f"the runtime's fastest: {geometric_mean(regret):.3f} (geometric mean), worst {max(regret):.3f}")
     if args.refine_candidates:
         aa = [(g.loc[g["plan"] == COPY, kind].iloc[0] / g.loc[g["plan"] == algorithms[0], kind].iloc[0])
               for _, g in by_task.groupby("task") for kind in ("measure_max", "runtime_max")]
@@ -110,10 +111,6 @@ def main() -> None:
     (out / "measure_vs_runtime.md").write_text(
         f"# measure vs the training runtime ({args.family}, {devices} devices, {args.tasks} tasks)\n\n"
         f"`python experiments/measure_vs_runtime.py {' '.join(sys.argv[1:])}`\n\n```\n{text}\n```\n")
-
-
-def _geomean(values) -> float:
-    return float(np.exp(np.mean(np.log(values))))
 
 
 if __name__ == "__main__":

@@ -298,11 +298,9 @@ def run_task(family: str, devices: int, index: int, tables, memory: int, args, m
             r["work_bound_ratio"] = work_bound / best
             r["a2a_ratio_to_best_baseline"] = r["a2a_bytes_per_device"] / best_bytes
     per_device = [{"family": family, "devices": devices, "task": index, "algorithm": p.name, "device": d,
-                   "measured_ms": p.compute_ms[d], "estimated_ms": p.estimated_compute_ms[d],
-                   "shards": len(p.plan.shards_on(d)),
-                   "rows": sum(s.num_rows for s in p.plan.shards_on(d)),
-                   "width": sum(s.num_cols for s in p.plan.shards_on(d))}
-                  for p in result.plans for d in range(p.plan.num_devices)]
+                   "measured_ms": p.compute_ms[d], "estimated_ms": p.estimated_compute_ms[d], "shards": len(on),
+                   "rows": sum(s.num_rows for s in on), "width": sum(s.num_cols for s in on)}
+                  for p in result.plans for d in range(p.plan.num_devices) for on in [p.plan.shards_on(d)]]
     if CONTROL in measured:
         by_name = {p.name: p.compute_ms for p in result.plans}
         rows.append({**{k: rows[0][k] for k in ("family", "devices", "task", "tables", "memory_bytes",
